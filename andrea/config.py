@@ -1,0 +1,338 @@
+"""Typed run configuration: dataclasses read from TOML, with `section.key=value` overrides.
+
+Reads preset TOML files shipped in `andrea/presets/`, user TOML files and the run directory's `run.toml`
+(the resolved configuration a run was started with; written by the trainer). Every key is checked:
+an unknown or mistyped key, a wrong type or an out-of-range value raises `ConfigError` with one line
+that names the file and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message is one line naming the source and the key."""
+
+
+@dataclass
+class ModelConfig:
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 128
+    """Context length; also the number of learned position embeddings."""
+    vocab_size: int = 4096
+    """Size of the byte-level BPE vocabulary trained at the run's first start (at least 256 + specials)."""
+    dropout: float = 0.0
+    """0 for long pretraining runs; when > 0 the dropout RNG is seeded from (seed, step) so resume stays exact."""
+    bias: bool = True
+    """Biases in Linear and LayerNorm, as GPT-2."""
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"model.n_embd={self.n_embd} is not a multiple of model.n_head={self.n_head}")
+        if self.vocab_size < 260:
+            raise ConfigError(f"model.vocab_size={self.vocab_size} must be at least 260 (256 bytes + specials)")
+        if self.vocab_size > 65535:
+            raise ConfigError(f"model.vocab_size={self.vocab_size} must fit uint16 token files (<= 65535)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
+        for name in ("n_layer", "n_head", "n_embd", "block_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be >= 1")
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 1337
+    """Seeds initialisation, data order, dropout and the bandit; a run is a pure function of seed and config."""
+    batch_size: int = 16
+    steps: int = 200_000
+    """The step to stop at (counted from 0); `--steps` overrides it. The LR schedule does not depend on it."""
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    warmup_steps: int = 2000
+    lr_decay_steps: int = 200_000
+    """Horizon of the cosine decay; fixed per run so that stopping early never changes the schedule."""
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Global gradient-norm clip; 0 disables it."""
+    eval_every: int = 500
+    eval_batches: int = 8
+    log_every: int = 10
+    device: str = "auto"
+    """auto | cpu | cuda"""
+    kernels: str = "auto"
+    """auto | torch | triton (auto = Triton on CUDA, the plain-torch reference on CPU)"""
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"train.device={self.device!r} must be auto, cpu or cuda")
+        if self.kernels not in ("auto", "torch", "triton"):
+            raise ConfigError(f"train.kernels={self.kernels!r} must be auto, torch or triton")
+        if self.batch_size < 1 or self.steps < 0 or self.warmup_steps < 0 or self.lr_decay_steps < 1:
+            raise ConfigError("train.batch_size, steps, warmup_steps and lr_decay_steps must be positive")
+        if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
+            raise ConfigError("train.beta1 and train.beta2 must be in [0, 1)")
+        if self.eval_every < 1 or self.log_every < 1 or self.eval_batches < 1:
+            raise ConfigError("train.eval_every, eval_batches and log_every must be >= 1")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 100
+    """Cadence in steps (SPEC §1: ~17 minutes of work at risk on ANDREA-120M); equal to sample.every by default."""
+    keep_last: int = 5
+    keep_every: int = 10_000
+    """Checkpoints at multiples of this are "major" and never deleted; 0 disables."""
+    usr1: str = "step"
+    """step: SIGUSR1 checkpoints the step in flight; cadence: the next multiple of `every` (the pivot sequence)."""
+    on_write_error: str = "retry"
+    """retry: warn loudly and try again at the next cadence; stop: exit non-zero at once."""
+
+    def __post_init__(self) -> None:
+        if self.every < 1 or self.keep_last < 1 or self.keep_every < 0:
+            raise ConfigError("checkpoint.every and keep_last must be >= 1, keep_every >= 0")
+        if self.usr1 not in ("step", "cadence"):
+            raise ConfigError(f"checkpoint.usr1={self.usr1!r} must be 'step' or 'cadence'")
+        if self.on_write_error not in ("retry", "stop"):
+            raise ConfigError(f"checkpoint.on_write_error={self.on_write_error!r} must be 'retry' or 'stop'")
+
+
+@dataclass
+class SourceConfig:
+    """A user data source ("arm"): text files (a file, a directory or a glob) or a uint16 token file."""
+
+    name: str
+    path: str
+    kind: str = "text"
+    """text | tokens (a flat little-endian uint16 array, as nanoGPT's prepare.py writes)"""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("text", "tokens"):
+            raise ConfigError(f"data.sources[{self.name!r}].kind={self.kind!r} must be 'text' or 'tokens'")
+
+
+BUILTIN_ARMS = ("stdlib-docstrings", "stdlib-code", "pydoc-topics")
+
+
+@dataclass
+class DataConfig:
+    arms: list[str] = field(default_factory=lambda: list(BUILTIN_ARMS))
+    """Built-in arms to train on (embedded, offline): any of stdlib-docstrings, stdlib-code, pydoc-topics."""
+    sources: list[SourceConfig] = field(default_factory=list)
+    """User arms, `[[data.sources]]` tables with name, path, kind."""
+    max_bytes_per_arm: int = 8_000_000
+    """Cap on the text read per arm at the first start (bounds tokenizer training and preparation time)."""
+    val_fraction: float = 0.05
+    tokenizer: str = "bpe"
+    """bpe: train a byte-level BPE at the first start; or a path to an existing HF tokenizer.json."""
+
+    def __post_init__(self) -> None:
+        self.sources = [s if isinstance(s, SourceConfig) else _build(SourceConfig, s, "data.sources")
+                        for s in self.sources]
+        unknown = [a for a in self.arms if a not in BUILTIN_ARMS]
+        if unknown:
+            raise ConfigError(f"data.arms: unknown built-in arm {unknown[0]!r} (known: {', '.join(BUILTIN_ARMS)})")
+        names = self.arm_names()
+        if not names:
+            raise ConfigError("data: no arms configured (data.arms and data.sources are both empty)")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"data: arm names must be unique, got {names}")
+        if not 0.0 < self.val_fraction < 0.5:
+            raise ConfigError(f"data.val_fraction={self.val_fraction} must be in (0, 0.5)")
+
+    def arm_names(self) -> list[str]:
+        return list(self.arms) + [s.name for s in self.sources]
+
+
+@dataclass
+class PolicyConfig:
+    """The operator's bounds on the data mixture (SPEC §7) and the bandit's knobs."""
+
+    caps: dict[str, float] = field(default_factory=dict)
+    """Per-arm maximum share; arms not listed are uncapped (1.0)."""
+    floors: dict[str, float] = field(default_factory=dict)
+    """Per-arm minimum share; arms not listed have floor 0."""
+    update_every: int = 10
+    """The bandit updates its mixture every this many steps, from the losses of the finished window."""
+    eta: float = 0.1
+    """EXP3 learning rate on rescaled rewards."""
+    gamma: float = 0.05
+    """EXP3 exploration: share of uniform mixing before the caps/floors projection."""
+
+
+@dataclass
+class SampleConfig:
+    every: int = 0
+    """Sample-audit cadence; 0 means equal to checkpoint.every (SPEC §1)."""
+    prompts: list[str] = field(default_factory=lambda: ["def ", "The "])
+    max_new_tokens: int = 48
+    keep: int = 20
+    """Number of audits kept in .samples.json."""
+    temperature: float = 0.8
+    top_k: int = 40
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("andrea.presets").iterdir() if p.name.endswith(".toml"))
+
+
+def preset_text(name: str) -> str:
+    path = resources.files("andrea.presets") / f"{name}.toml"
+    if not path.is_file():
+        raise ConfigError(f"--preset {name}: unknown preset (known: {', '.join(preset_names())})")
+    return path.read_text()
+
+
+def parse_toml(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{source}: not valid TOML: {e}") from None
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
+    return parse_toml(text, str(path))
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`section.key=value` → (["section", "key"], value); the value is read as TOML, else kept as a string."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item}: expected section.key=value")
+    key, raw = item.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge `update` into a copy of `base` (tables merge, everything else replaces)."""
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def from_dict(raw: dict[str, Any], source: str = "config") -> RunConfig:
+    """Build and validate a RunConfig; every unknown key or bad value is one `ConfigError` line."""
+    unknown = set(raw) - set(SECTIONS)
+    if unknown:
+        raise ConfigError(f"{source}: {_unknown_message(sorted(unknown)[0], list(SECTIONS))}")
+    try:
+        return RunConfig(**{name: _build(cls, raw.get(name, {}), name) for name, cls in _section_types().items()})
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def load(preset: str | None = None, config_file: str | Path | None = None, base: dict[str, Any] | None = None,
+         overrides: list[str] = ()) -> RunConfig:
+    """Resolve a configuration: base (e.g. a run's run.toml) or preset, then a config file, then --set items."""
+    raw: dict[str, Any] = dict(base or {})
+    source = "config"
+    if preset is not None:
+        raw = merge(raw, parse_toml(preset_text(preset), f"preset {preset}"))
+        source = f"preset {preset}"
+    if config_file is not None:
+        raw = merge(raw, read_toml(config_file))
+        source = str(config_file)
+    for item in overrides:
+        keys, value = parse_override(item)
+        node: dict[str, Any] = {}
+        cursor = node
+        for k in keys[:-1]:
+            cursor = cursor.setdefault(k, {})
+        cursor[keys[-1]] = value
+        raw = merge(raw, node)
+        source = f"{source} + --set {item}"
+    return from_dict(raw, source)
+
+
+def _section_types() -> dict[str, type]:
+    hints = typing.get_type_hints(RunConfig)
+    return {name: hints[name] for name in SECTIONS}
+
+
+def _unknown_message(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown key {key!r}{hint}"
+
+
+def _build(cls: type, raw: Any, where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a table, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in names:
+            raise ConfigError(_unknown_message(f"{where}.{key}", [f"{where}.{n}" for n in names]))
+    kwargs = {k: _check_type(v, hints[k], f"{where}.{k}") for k, v in raw.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a required field is missing
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _check_type(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool):
+        if type(value) is not hint:
+            raise ConfigError(f"{where} must be {hint.__name__}, got {value!r}")
+        return value
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        if dataclasses.is_dataclass(item):
+            return [_build(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_check_type(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, item = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a table, got {value!r}")
+        return {k: _check_type(v, item, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(hint, types.UnionType):
+        return value
+    raise ConfigError(f"{where}: unsupported type {hint}")

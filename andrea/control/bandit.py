@@ -1,0 +1,365 @@
+"""The data-mixture bandit (SPEC §7): pure logic over plain data; its only I/O is a JSON-able dict.
+
+Reads per-sequence training losses (`observe`), writes a sampling distribution over the arms
+(`probabilities`, `allocate`) and its own state (`to_state` / `from_state`, the `.state.json` payload that the
+data proxy stores). Deterministic: no global RNG; `allocate` draws only from the generator it is given.
+
+Algorithm: EXP3.S with learning-progress rewards, after Graves, Bellemare, Menick, Munos and Kavukcuoglu,
+"Automated Curriculum Learning for Neural Networks", ICML 2017. Kept from the paper: log-weights w, policy
+(1-γ)·softmax(w) + γ/K, the fixed-share mixing of EXP3.S (it bounds how far an arm can fall behind, so an arm
+that becomes learnable late in a 200K-step run can win again), and rewards rescaled to [-1, 1] by the 20th/80th
+percentiles of the history of unscaled rewards. Deviations, and why:
+- Reward. The paper's loss-driven signals (prediction gain, self prediction gain) need a second forward pass
+  after the update. Here the reward is "self-progress" from losses the training step already computed: for each
+  arm seen in a window, (arm's loss EMA before the window) − (arm's mean loss in the window), in nats. A
+  learnable arm keeps beating its own lagging average; a flat or mastered one scores ~0 (compare the
+  learning-curve slope of Matiisen et al., "Teacher-Student Curriculum Learning", 2017).
+- Batches, not single pulls. Every arm sampled in a window gets its own reward at once, so there is no 1/π
+  importance weight: an arm with a small share would otherwise see its noise multiplied by up to K/γ.
+  An arm not sampled in a window gets no update.
+- Caps and floors. The operator's bounds are applied by Euclidean projection of the policy onto the capped
+  simplex {x : Σx = 1, lo ≤ x ≤ hi}; the weights learn unconstrained, what is sampled always obeys the bounds.
+- Reward history. A bounded FIFO of the most recent unscaled rewards rather than the whole history
+  (deterministic, needs no sampling RNG, and follows the shrinking loss scale of a long run).
+- Weights are mean-centred after each update (softmax is shift-invariant), so the numbers stay small in
+  `.state.json` and a new arm entering at the mean weight starts at the geometric-mean share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+STATE_FORMAT = 1
+LOSS_EMA_HORIZON_STEPS = 100.0
+"""Time constant of an arm's loss EMA in steps: one checkpoint interval (SPEC §1), long enough to average out
+per-window noise, short enough that the lag (the "progress" it measures against) is recent."""
+REWARD_EMA_DECAY = 0.9
+"""Per update; the reward EMA is reported in `.state.json` and does not drive the weights."""
+HISTORY_LEN = 1000
+"""Unscaled rewards kept for the 20th/80th percentile rescaling."""
+FIXED_SHARE = 1e-3
+"""EXP3.S α: each update moves this share of the other arms' weight onto every arm, so no log-weight falls more
+than ~log((K-1)/α) below the rest (≈ 7.6 for K = 3) and recovery takes tens of updates, not thousands."""
+
+
+class PolicyError(ValueError):
+    """Caps/floors that cannot define a mixture; the message is one line naming the arm or the sum."""
+
+
+class BanditStateError(ValueError):
+    """A `.state.json` payload that is not a bandit state; the message is one line naming the bad field."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Per-arm share bounds in arm order: lo[i] ≤ share of arms[i] ≤ hi[i]; validated by `validate_policy`."""
+
+    arms: tuple[str, ...]
+    lo: tuple[float, ...]
+    hi: tuple[float, ...]
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.array(self.lo, dtype=np.float64), np.array(self.hi, dtype=np.float64)
+
+    def fingerprint(self) -> str:
+        """16 hex digits over the arms that carry a cap or floor and their bounds, independent of arm order.
+
+        Unbounded arms (floor 0, cap 1) are left out on purpose: adding a source or losing one (the zombie arm of
+        SPEC §6) does not change what the operator asked for, so the other arms keep what they learned; any
+        change to a cap or floor, or to which arm carries one, is a pivot.
+        """
+        bounded = sorted((a, lo, hi) for a, lo, hi in zip(self.arms, self.lo, self.hi) if (lo, hi) != (0.0, 1.0))
+        return hashlib.sha256(json.dumps(bounded).encode()).hexdigest()[:16]
+
+
+def validate_policy(arms: list[str], caps: dict[str, float], floors: dict[str, float]) -> Policy:
+    """Build the Policy for `arms`; arms without a cap get 1, without a floor 0. Raises PolicyError."""
+    if not arms:
+        raise PolicyError("policy: no arms configured")
+    if len(set(arms)) != len(arms):
+        raise PolicyError(f"policy: arm names must be unique, got {list(arms)}")
+    for table, values in (("caps", caps), ("floors", floors)):
+        for arm, value in values.items():
+            if arm not in arms:
+                raise PolicyError(f"policy.{table}: unknown arm {arm!r} (configured arms: {', '.join(arms)})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise PolicyError(f"policy.{table}[{arm!r}]={value!r} must be a number in [0, 1]")
+    lo = tuple(float(floors.get(a, 0.0)) for a in arms)
+    hi = tuple(float(caps.get(a, 1.0)) for a in arms)
+    for arm, l, h in zip(arms, lo, hi):
+        if h < l:
+            raise PolicyError(f"policy: arm {arm!r} has cap {h!r} below its floor {l!r}")
+    # fsum is exactly rounded: floors written as 0.2/0.3/0.5 sum to 1, not 1.0000000000000002.
+    if math.fsum(lo) > 1.0:
+        raise PolicyError(f"policy.floors sum to {math.fsum(lo)!r} > 1: they cannot all be met")
+    if math.fsum(hi) < 1.0:
+        raise PolicyError(f"policy.caps sum to {math.fsum(hi)!r} < 1 (uncapped arms count 1): "
+                          "the mixture cannot fill the simplex")
+    return Policy(tuple(arms), lo, hi)
+
+
+def project_capped_simplex(p: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Euclidean projection of p onto {x : Σx = 1, lo ≤ x ≤ hi} (float64).
+
+    The projection is clip(p − τ, lo, hi) for the τ at which it sums to 1 (KKT); Σ clip(p − τ) falls as τ grows,
+    so τ is found by bisection down to adjacent floats, then re-solved exactly on the active set it reveals.
+    The final fix-up moves the leftover rounding residual (a few ulps) onto an arm strictly inside its bounds
+    and clips again, so lo ≤ x ≤ hi holds exactly (no tolerance) and Σx = 1 to a few ulps.
+    """
+    p, lo, hi = (np.asarray(a, dtype=np.float64) for a in (p, lo, hi))
+    if not (p.ndim == 1 and p.shape == lo.shape == hi.shape and p.size > 0):
+        raise ValueError(f"project_capped_simplex: shapes {p.shape}, {lo.shape}, {hi.shape} must be equal and 1-D")
+    if not (np.isfinite(p).all() and np.all(lo <= hi) and math.fsum(lo) <= 1.0 <= math.fsum(hi)):
+        raise ValueError("project_capped_simplex: p must be finite and lo ≤ hi, Σlo ≤ 1 ≤ Σhi")
+    below, above = float(np.min(p - hi)), float(np.max(p - lo))  # Σx ≥ 1 at τ=below, ≤ 1 at τ=above
+    for _ in range(2200):  # enough halvings to cross the whole float64 exponent range
+        mid = 0.5 * (below + above)
+        # ~1 ulp of τ is enough: τ only has to reveal the active set, the closed form below does the rest.
+        if mid <= below or mid >= above or above - below <= 2e-16 * max(1.0, abs(below), abs(above)):
+            break
+        if np.clip(p - mid, lo, hi).sum() > 1.0:
+            below = mid
+        else:
+            above = mid
+    # g(τ) can be flat at 1 over an interval (then τ is not unique, x is): re-solve τ in closed form on the
+    # active set found by bisection, so coordinates that belong on a bound land on it exactly, not an ulp off.
+    shifted = p - 0.5 * (below + above)
+    free = (shifted > lo) & (shifted < hi)
+    x = np.where(shifted <= lo, lo, hi)
+    if free.any():
+        x[free] = p[free] - (p[free].sum() - (1.0 - x[~free].sum())) / np.count_nonzero(free)
+    x = np.clip(x, lo, hi)
+    for _ in range(2 * p.size):  # each pass absorbs the residual or saturates one arm
+        residual = 1.0 - x.sum()
+        if residual == 0.0:
+            break
+        room = hi - x if residual > 0 else x - lo
+        # Arms strictly inside their bounds first: an arm on a bound belongs there (KKT), an ulp off it is noise.
+        inside = (x > lo) & (x < hi)
+        i = int(np.argmax(np.where(inside, room, -1.0))) if inside.any() else int(np.argmax(room))
+        if room[i] <= 0.0:
+            break
+        x[i] = min(max(x[i] + residual, lo[i]), hi[i])
+    return x
+
+
+def systematic_counts(p: np.ndarray, n: int, u: float) -> np.ndarray:
+    """Per-arm counts for n draws from p, each floor(p·n) or ceil(p·n), summing to n; u in [0, 1) is the offset.
+
+    floor(p·n) each, then the r leftover draws go to r distinct arms chosen by systematic sampling on the
+    fractional parts (each arm is picked with probability equal to its fraction), so E[count] = p·n.
+    """
+    scaled = p * n
+    counts = np.floor(scaled).astype(np.int64)
+    frac = scaled - counts
+    r = n - int(counts.sum())
+    if r > 0:
+        picks = np.searchsorted(np.cumsum(frac), u + np.arange(r), side="right")
+        chosen = [i for i in dict.fromkeys(picks.tolist()) if i < p.size and frac[i] > 0.0]
+        if len(chosen) < r:  # rounding at the end of the cumulative sum; largest fractions fill the gap
+            rest = [i for i in np.argsort(-frac, kind="stable").tolist() if frac[i] > 0.0 and i not in chosen]
+            chosen += rest[: r - len(chosen)]
+        counts[chosen] += 1
+    return counts
+
+
+class Bandit:
+    """EXP3.S over the configured arms with self-progress rewards, bounded by the policy's caps and floors.
+
+    The per-arm arrays (weights, pulls, loss_ema, ...) are public for logging; treat them as read-only, since
+    `probabilities()` is cached until the next `update()`.
+    """
+
+    def __init__(self, arms: list[str], policy: Policy, *, eta: float, gamma: float, update_every: int,
+                 alpha: float = FIXED_SHARE) -> None:
+        if tuple(arms) != policy.arms:
+            raise PolicyError(f"bandit arms {list(arms)} differ from the policy's {list(policy.arms)}")
+        if not (math.isfinite(eta) and eta > 0.0):
+            raise PolicyError(f"policy.eta={eta!r} must be > 0")
+        if not 0.0 <= gamma <= 1.0:
+            raise PolicyError(f"policy.gamma={gamma!r} must be in [0, 1]")
+        if isinstance(update_every, bool) or not isinstance(update_every, int) or update_every < 1:
+            raise PolicyError(f"policy.update_every={update_every!r} must be an integer >= 1")
+        if not 0.0 <= alpha < 1.0:
+            raise PolicyError(f"fixed-share alpha={alpha!r} must be in [0, 1)")
+        self.arms, self.policy = tuple(arms), policy
+        self.eta, self.gamma, self.update_every, self.alpha = float(eta), float(gamma), update_every, float(alpha)
+        self._lo, self._hi = policy.bounds()
+        k = len(self.arms)
+        self.weights = np.zeros(k)
+        self.pulls = np.zeros(k, dtype=np.int64)
+        self.loss_ema = np.full(k, np.nan)  # NaN until the arm's first window: no progress without a baseline
+        self.reward_ema = np.zeros(k)
+        self.window_sum = np.zeros(k)
+        self.window_count = np.zeros(k, dtype=np.int64)
+        self.reward_history: list[float] = []
+        self.updates = 0
+        self._probs: np.ndarray | None = None
+
+    def probabilities(self) -> np.ndarray:
+        """The realized sampling distribution: (1-γ)·softmax(w) + γ/K projected onto the caps/floors simplex."""
+        if self._probs is None:
+            e = np.exp(self.weights - self.weights.max())
+            mixed = (1.0 - self.gamma) * (e / e.sum()) + self.gamma / e.size
+            self._probs = project_capped_simplex(mixed, self._lo, self._hi)
+        return self._probs.copy()
+
+    def allocate(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """Arm index for each of n sequences: counts floor/ceil of p·n, order shuffled. Draws u, then a permutation."""
+        if n < 0:
+            raise ValueError(f"allocate: n={n} must be >= 0")
+        counts = systematic_counts(self.probabilities(), n, float(rng.random()))
+        return rng.permutation(np.repeat(np.arange(len(self.arms), dtype=np.int64), counts))
+
+    def observe(self, arm_ids: np.ndarray, losses: np.ndarray) -> None:
+        """Buffer one step's per-sequence mean losses. Non-finite losses are left out: one inf must not poison w."""
+        arm_ids, losses = np.asarray(arm_ids), np.asarray(losses, dtype=np.float64)
+        if arm_ids.shape != losses.shape or arm_ids.ndim != 1:
+            raise ValueError(f"observe: arm_ids {arm_ids.shape} and losses {losses.shape} must be equal 1-D shapes")
+        if arm_ids.size and (arm_ids.dtype.kind not in "iu" or arm_ids.min() < 0 or arm_ids.max() >= len(self.arms)):
+            raise ValueError(f"observe: arm ids must be integers in [0, {len(self.arms)})")
+        ok = np.isfinite(losses)
+        k = len(self.arms)
+        self.window_sum += np.bincount(arm_ids[ok], weights=losses[ok], minlength=k)
+        self.window_count += np.bincount(arm_ids[ok], minlength=k)
+
+    def update(self) -> dict[str, float]:
+        """Learn from the buffered window; returns the rescaled reward of each rewarded arm (for logging)."""
+        seen = self.window_count > 0
+        if not seen.any():
+            return {}
+        mean = np.where(seen, self.window_sum / np.maximum(self.window_count, 1), np.nan)
+        rewarded = seen & ~np.isnan(self.loss_ema)
+        raw = self.loss_ema - mean  # progress in nats: how far the window beat the arm's own running average
+        decay = math.exp(-self.update_every / LOSS_EMA_HORIZON_STEPS)
+        baseline = np.where(np.isnan(self.loss_ema), mean, self.loss_ema)  # an arm's first window starts its EMA
+        self.loss_ema = np.where(seen, decay * baseline + (1.0 - decay) * mean, self.loss_ema)
+        reward = np.zeros(len(self.arms))
+        if rewarded.any():
+            self.reward_history = (self.reward_history + [float(r) for r in raw[rewarded]])[-HISTORY_LEN:]
+            q_lo, q_hi = np.percentile(self.reward_history, [20.0, 80.0])
+            if q_hi > q_lo:
+                scaled = np.clip(2.0 * (raw - q_lo) / (q_hi - q_lo) - 1.0, -1.0, 1.0)
+            else:
+                scaled = np.sign(raw - q_lo)
+            reward = np.where(rewarded, scaled, 0.0)
+            self._exp3s_step(reward)
+            self.reward_ema = np.where(rewarded, REWARD_EMA_DECAY * self.reward_ema
+                                       + (1.0 - REWARD_EMA_DECAY) * reward, self.reward_ema)
+        self.pulls += self.window_count
+        self.window_sum = np.zeros(len(self.arms))
+        self.window_count = np.zeros(len(self.arms), dtype=np.int64)
+        self.updates += 1
+        return {a: float(r) for a, r, ok in zip(self.arms, reward, rewarded) if ok}
+
+    def _exp3s_step(self, reward: np.ndarray) -> None:
+        v = self.weights + self.eta * reward
+        k = v.size
+        if k > 1 and self.alpha > 0.0:
+            top = v.max()
+            e = np.exp(v - top)
+            # EXP3.S fixed share, in the log domain: w_i = log((1-α)e^v_i + α/(K-1)·Σ_{j≠i} e^v_j)
+            v = np.log((1.0 - self.alpha) * e + self.alpha / (k - 1) * (e.sum() - e)) + top
+        self.weights = v - v.mean()
+        self._probs = None
+
+    def to_state(self) -> dict:
+        """The `.state.json` payload. Floats are Python floats, never rounded (json writes repr: exact round trip).
+
+        {"format": 1, "policy_fingerprint": str, "updates": int, "reward_history": [float, ...] (oldest first),
+         "arms": {name: {"weight", "pulls", "loss_ema" (null before the arm's first window), "reward_ema",
+                         "window_loss_sum", "window_count", "share" (informational; not read back)}}}
+        """
+        share = self.probabilities()
+        return {
+            "format": STATE_FORMAT,
+            "policy_fingerprint": self.policy.fingerprint(),
+            "updates": self.updates,
+            "reward_history": list(self.reward_history),
+            "arms": {a: {"weight": float(self.weights[i]), "pulls": int(self.pulls[i]),
+                         "loss_ema": None if np.isnan(self.loss_ema[i]) else float(self.loss_ema[i]),
+                         "reward_ema": float(self.reward_ema[i]), "window_loss_sum": float(self.window_sum[i]),
+                         "window_count": int(self.window_count[i]), "share": float(share[i])}
+                     for i, a in enumerate(self.arms)},
+        }
+
+    @classmethod
+    def from_state(cls, d: object, arms: list[str], policy: Policy, **knobs) -> tuple[Bandit, list[str]]:
+        """Resume from `to_state()` output, validated against the current arms and policy; returns (bandit, warnings).
+
+        Zombie arms (in the state, not configured; SPEC §6) are dropped, new arms start fresh at the mean weight,
+        and a state learned under another policy fingerprint gives a fresh bandit (a pivot is a new policy).
+        Raises BanditStateError for anything that is not a well-formed state.
+        """
+        fingerprint, updates, history, saved = _parse_state(d)
+        bandit = cls(arms, policy, **knobs)
+        if fingerprint != policy.fingerprint():
+            return bandit, [f"bandit state was learned under policy {fingerprint}, the current policy is "
+                            f"{policy.fingerprint()}: starting a fresh bandit (new caps/floors are a new policy)"]
+        warnings = [f"dropping zombie arm {a!r} from .state.json (not a configured source)"
+                    for a in saved if a not in bandit.arms]
+        warnings += [f"arm {a!r} is not in .state.json: it starts fresh" for a in bandit.arms if a not in saved]
+        bandit.updates, bandit.reward_history = updates, history[-HISTORY_LEN:]
+        for i, a in enumerate(bandit.arms):
+            if a in saved:
+                s = saved[a]
+                bandit.weights[i], bandit.pulls[i], bandit.reward_ema[i] = s["weight"], s["pulls"], s["reward_ema"]
+                bandit.loss_ema[i] = np.nan if s["loss_ema"] is None else s["loss_ema"]
+                bandit.window_sum[i], bandit.window_count[i] = s["window_loss_sum"], s["window_count"]
+        if warnings:  # the arm set changed: new arms enter at the survivors' mean weight, then re-centre
+            known = np.array([a in saved for a in bandit.arms])
+            if known.any():
+                bandit.weights[~known] = bandit.weights[known].mean()
+            bandit.weights -= bandit.weights.mean()
+        return bandit, warnings
+
+
+def _parse_state(d: object) -> tuple[str, int, list[float], dict[str, dict]]:
+    if not isinstance(d, dict):
+        raise BanditStateError(f"bandit state must be a JSON object, got {type(d).__name__}")
+    for key in ("format", "policy_fingerprint", "updates", "reward_history", "arms"):
+        if key not in d:
+            raise BanditStateError(f"bandit state: missing key {key!r}")
+    if d["format"] != STATE_FORMAT or isinstance(d["format"], bool):
+        raise BanditStateError(f"bandit state: format={d['format']!r}, this andrea reads format {STATE_FORMAT}")
+    if not isinstance(d["policy_fingerprint"], str):
+        raise BanditStateError("bandit state: policy_fingerprint must be a string")
+    updates = _count(d["updates"], "updates")
+    if not isinstance(d["reward_history"], list):
+        raise BanditStateError("bandit state: reward_history must be a list")
+    history = [_finite(r, f"reward_history[{i}]") for i, r in enumerate(d["reward_history"])]
+    if not isinstance(d["arms"], dict):
+        raise BanditStateError("bandit state: arms must be an object keyed by arm name")
+    saved = {}
+    for name, s in d["arms"].items():
+        where = f"arms[{name!r}]"
+        if not isinstance(s, dict):
+            raise BanditStateError(f"bandit state: {where} must be an object")
+        for key in ("weight", "pulls", "loss_ema", "reward_ema", "window_loss_sum", "window_count"):
+            if key not in s:
+                raise BanditStateError(f"bandit state: {where} is missing {key!r}")
+        saved[name] = {
+            "weight": _finite(s["weight"], f"{where}.weight"), "pulls": _count(s["pulls"], f"{where}.pulls"),
+            "loss_ema": None if s["loss_ema"] is None else _finite(s["loss_ema"], f"{where}.loss_ema"),
+            "reward_ema": _finite(s["reward_ema"], f"{where}.reward_ema"),
+            "window_loss_sum": _finite(s["window_loss_sum"], f"{where}.window_loss_sum"),
+            "window_count": _count(s["window_count"], f"{where}.window_count"),
+        }
+    return d["policy_fingerprint"], updates, history, saved
+
+
+def _finite(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BanditStateError(f"bandit state: {where} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _count(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BanditStateError(f"bandit state: {where} must be a non-negative integer, got {value!r}")
+    return value

@@ -1,0 +1,151 @@
+"""The loss ledger `.loss.json`: the run's append-only audit record (SPEC §6), its writer and its reader.
+
+Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n". Two kinds of line:
+
+  step entry (one per optimizer update, no "event" key):
+    {"step": 41, "loss": 3.21, "lr": 0.0006, "grad_norm": 0.83, "tokens": 83968, "time": 1764430000.12,
+     "phase": 0}
+    step       header step after the update (the step a checkpoint of this state carries)
+    loss       mean training loss of the update's batch (fp32)
+    lr         learning rate used by the update
+    grad_norm  global gradient norm before clipping
+    tokens     training tokens seen up to and including this update
+    time       Unix time at which the control plane recorded the entry
+    phase      policy phase (0 until the first pivot)
+
+  marker (has an "event" key; always has "step" and "time"):
+    start   a new run began at step 0            {"event": "start", "step": 0, "n_params": ..., "seed": ...}
+    resume  training continues from a checkpoint {"event": "resume", "step": 40, "from": "step_000040.bin"}
+            — step entries above 40 written before this marker are superseded by the entries after it
+    eval    validation loss                      {"event": "eval", "step": 500, "val_loss": ..., "arms": {...}}
+    pivot   a new data policy (SPEC §5)          {"event": "pivot", "step": ..., "phase": k, ...}
+    branch  an audit branch starts here          {"event": "branch", "step": S, "parent": DIR}
+    torn_tail  a partial last line left by a crash was cut off at open {"event": "torn_tail", "bytes": k}
+
+Lifetime: the file is only ever appended to — never rewritten, archived or reset — with one exception made at
+open: a final line without its "\\n" (the trace of a crash in the middle of an append) carries no complete
+entry and is truncated away, and a `torn_tail` marker records how many bytes were cut. Everything before
+the last "\\n" is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LEDGER_NAME = ".loss.json"
+
+
+class LedgerError(ValueError):
+    """A ledger that cannot be read; one line naming the file and the line."""
+
+
+class LossLedger:
+    """Appends lines with O_APPEND writes; `sync` makes them durable. Not thread-safe: one writer thread."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.torn_bytes = _cut_torn_tail(self.path)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._dirty = False
+        if self.torn_bytes:
+            self.append([marker("torn_tail", step=-1, bytes=self.torn_bytes)])
+
+    def append(self, records: list[dict[str, Any]]) -> None:
+        if not records:
+            return
+        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+        self._dirty = True
+
+    def sync(self) -> None:
+        if self._dirty:
+            os.fsync(self._fd)
+            self._dirty = False
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self.sync()
+            os.close(self._fd)
+            self._fd = -1
+
+
+def marker(event: str, step: int, **fields: Any) -> dict[str, Any]:
+    return {"event": event, "step": step, "time": round(time.time(), 3), **fields}
+
+
+def _cut_torn_tail(path: Path) -> int:
+    if not path.exists():
+        return 0
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with open(path, "rb+") as f:
+        tail_from = max(0, size - (1 << 20))
+        f.seek(tail_from)
+        tail = f.read()
+        if tail.endswith(b"\n"):
+            return 0
+        last_nl = tail.rfind(b"\n")
+        keep = tail_from + last_nl + 1 if last_nl >= 0 else (0 if tail_from == 0 else None)
+        if keep is None:
+            raise LedgerError(f"{path}: last line is longer than 1 MiB and has no end; refusing to touch it")
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+        return size - keep
+
+
+@dataclass
+class LedgerContents:
+    entries: list[dict[str, Any]] = field(default_factory=list)  # every parsed line, markers included
+    torn_tail: bool = False  # the last line is partial (tolerated: a crash mid-append)
+
+
+def read_ledger(path: str | Path) -> LedgerContents:
+    """Parse every line; a partial LAST line is reported, a bad line anywhere else is an error."""
+    path = Path(path)
+    out = LedgerContents()
+    if not path.exists():
+        return out
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    for i, line in enumerate(lines):
+        if not line:
+            continue
+        last = i == len(lines) - 1  # no trailing "\n" after it
+        try:
+            entry = json.loads(line)
+            if not isinstance(entry, dict) or "step" not in entry:
+                raise ValueError("not an entry object")
+        except ValueError as e:
+            if last:
+                out.torn_tail = True
+                break
+            raise LedgerError(f"{path}: line {i + 1} is not a ledger entry ({e})") from None
+        if last:
+            out.torn_tail = True  # parsed, but its "\n" never reached the disk
+        out.entries.append(entry)
+    return out
+
+
+def history(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The effective step entries: a resume/branch marker at step S supersedes earlier entries above S."""
+    kept: list[dict[str, Any]] = []
+    for e in entries:
+        if e.get("event") in ("resume", "branch"):
+            kept = [k for k in kept if k["step"] <= e["step"]]
+        elif "event" not in e:
+            kept.append(e)
+    return kept
+
+
+def last_step(entries: list[dict[str, Any]]) -> int | None:
+    steps = [e["step"] for e in entries if "event" not in e]
+    return steps[-1] if steps else None

@@ -1,0 +1,279 @@
+"""The life of one training process: an asyncio loop that owns signals, checkpoints, the ledger and sidecars.
+
+Threads: the event loop (this module: decisions, signals, data prep, ledger lines); `andrea-train` (model
+steps, snapshots, evals, samples — the only thread that touches the model); `andrea-io` (every file write, in
+submission order: ledger appends, sidecars, checkpoint commits). Single-thread executors keep each resource
+owned by one thread, so ordering is by construction: a ledger append submitted before a commit lands first.
+
+Per step boundary (header step S = updates completed), in this order:
+    1. act on requests (SIGTERM/SIGINT stop, SIGUSR1 checkpoint, SIGHUP pivot) and the cadence;
+    2. a due checkpoint: drain the step records through S, queue their ledger lines, snapshot [w | m | v]
+       into a free staging buffer (the only stall), queue the commit (ledger fsync, `step_S.state.json`,
+       `.state.json`, then the atomic `.bin`);
+    3. eval / sample audits when due;
+    4. launch step S on the training thread, prepare batch S + 1 meanwhile, await the step.
+Reads `run.toml`, checkpoints, `tokenizer.json` and `data/`; writes everything listed in sidecars.py,
+`.loss.json` (control/ledger.py) and `step_NNNNNN.bin` (checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from andrea import audit
+from andrea import checkpoint as ckpt
+from andrea.config import RunConfig
+from andrea.control import sidecars
+from andrea.control.ledger import LEDGER_NAME, LossLedger, marker
+from andrea.control.proxy import Batch, DataProxy
+from andrea.control.records import StepRecord, StepRecords
+from andrea.control.runlock import RunLock
+from andrea.control.signals import Requests, abort_now, boundary_action, install_handlers, remove_handlers
+from andrea.control.writer import CheckpointWriter
+from andrea.data import store
+from andrea.progress import Progress
+from andrea.trainer import Trainer
+
+log = logging.getLogger("andrea.run")
+
+LEDGER_FLUSH_S, LEDGER_FSYNC_S = 1.0, 5.0
+
+
+class RunFailed(RuntimeError):
+    """The run stopped without the guarantee it owes (e.g. the final checkpoint could not be written)."""
+
+
+class TrainingRun:
+    def __init__(self, cfg: RunConfig, run_dir: Path, *, device: torch.device, kernels: str,
+                 init_from: Path | None = None):
+        self.cfg, self.run_dir = cfg, run_dir
+        self.device, self.kernels, self.init_from = device, kernels, init_from
+        self.req = Requests()
+        self.step = 0  # header step of the state the trainer holds
+        self.io = ThreadPoolExecutor(1, thread_name_prefix="andrea-io")
+        self.train = ThreadPoolExecutor(1, thread_name_prefix="andrea-train")
+        self.lines: list[dict] = []
+        self.last_flush = self.last_fsync = time.monotonic()
+        self.ledger_future = None
+
+    # --- signals -------------------------------------------------------------------------------------------
+    def on_signal(self, sig: signal.Signals) -> None:
+        self.req.received.append(sig.name)
+        ck = self.cfg.checkpoint
+        if sig in (signal.SIGTERM, signal.SIGINT):
+            if self.req.stop is not None and sig == signal.SIGINT:
+                abort_now()
+            self.req.stop = sig.name
+            log.warning("%s received: finishing step %d, then writing its checkpoint and exiting "
+                        "(send SIGINT again to abort without it)", sig.name, self.step + 1)
+        elif sig == signal.SIGUSR1:
+            if self.req.ask_checkpoint(self.step, ck.every, ck.usr1):
+                log.info("SIGUSR1 received: checkpoint at step %d, then training continues", self.req.checkpoint_at)
+            else:
+                log.info("SIGUSR1 received: coalesced into the pending checkpoint at step %d", self.req.checkpoint_at)
+        elif sig == signal.SIGHUP:
+            self.on_sighup()
+
+    def on_sighup(self) -> None:
+        log.warning("SIGHUP received: hot policy pivot is not supported by this build; ignoring it")
+
+    # --- start -------------------------------------------------------------------------------------------
+    async def start(self) -> tuple[Trainer, DataProxy]:
+        loop = asyncio.get_running_loop()
+        trainer = await loop.run_in_executor(self.train, Trainer, self.cfg, self.device, self.kernels)
+        codec, arms = await loop.run_in_executor(self.train, store.prepare, self.cfg.data, self.run_dir,
+                                                 self.cfg.model.vocab_size, self.cfg.model.block_size)
+        self.codec = codec
+        source, info = self.resume_point(trainer.n)
+        proxy = DataProxy(self.cfg, arms)
+        if info is None:
+            self.lines.append(marker("start", 0, n_params=trainer.n, seed=self.cfg.train.seed))
+        else:
+            step, payload = await loop.run_in_executor(self.train, ckpt.read_payload, info.path, trainer.n)
+            await loop.run_in_executor(self.train, trainer.load, torch.from_numpy(payload))
+            self.step = step
+            proxy = self.restore_proxy(arms, step, proxy)
+            origin = str(info.path.resolve()) if source else info.path.name
+            self.lines.append(marker("resume", step, phase=proxy.phase, **{"from": origin}))
+        self.writer = CheckpointWriter(self.run_dir, trainer.n, self.device, self.io,
+                                       keep_last=self.cfg.checkpoint.keep_last,
+                                       keep_every=self.cfg.checkpoint.keep_every)
+        if info is not None and info.path.parent == self.run_dir:
+            self.writer.last_committed = self.step
+        return trainer, proxy
+
+    def resume_point(self, n: int) -> tuple[str | None, ckpt.CheckpointInfo | None]:
+        if self.init_from is not None:
+            return "init-from", ckpt.validate(self.init_from, n, deep=True)
+        info, skipped = ckpt.newest_valid(self.run_dir, n)
+        if info is None and skipped:
+            # Checkpoints exist but none fits: starting over would bury a run (e.g. a forgotten --preset).
+            raise ckpt.CheckpointError(f"{skipped[0]} (no checkpoint in {self.run_dir} fits this model; "
+                                       "refusing to start over in a run directory that holds checkpoints)")
+        for line in skipped:
+            log.warning("skipping invalid checkpoint, resuming from an older one: %s", line)
+        return None, info
+
+    def restore_proxy(self, arms, step: int, fresh: DataProxy) -> DataProxy:
+        """The data proxy as of `step`: from step_S.state.json, else .state.json if it is at S, else fresh."""
+        for path in (sidecars.checkpoint_state_path(self.run_dir, step), self.run_dir / sidecars.STATE_NAME):
+            d = sidecars.read_json(path)
+            if d is None or (isinstance(d, dict) and d.get("step") != step and path.name == sidecars.STATE_NAME):
+                continue
+            proxy, warnings = DataProxy.from_state(self.cfg, arms, d, step, str(path))
+            for w in warnings:
+                log.warning("%s: %s", path, w)
+            return proxy
+        if step > 0:
+            log.warning("no data-proxy state for step %d: the bandit starts fresh (data order after this point "
+                        "differs from the original run's)", step)
+        return DataProxy(self.cfg, arms, phase=fresh.phase, phase_start=step)
+
+    # --- records and the ledger ----------------------------------------------------------------------------
+    def take_records(self, records: list[StepRecord], proxy: DataProxy, progress: Progress) -> None:
+        tokens_per_step = self.cfg.train.batch_size * self.cfg.model.block_size
+        for r in records:
+            if not (np.isfinite(r.loss) and np.isfinite(r.grad_norm)):
+                raise RunFailed(f"step {r.step}: loss {r.loss} / grad norm {r.grad_norm} is not finite; stopping "
+                                f"without checkpointing the diverged state (resume from the last checkpoint with a "
+                                f"lower train.lr)")
+            proxy.observe(r.step, r.seq_losses)
+            self.lines.append({"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
+                               "tokens": r.step * tokens_per_step, "time": round(time.time(), 3),
+                               "phase": proxy.phase})
+            progress.update(r.step, r.loss, r.lr)
+
+    def flush_ledger(self, force_sync: bool = False) -> None:
+        """Queue buffered lines for the I/O thread; fsync at least every LEDGER_FSYNC_S seconds."""
+        now = time.monotonic()
+        sync = force_sync or now - self.last_fsync >= LEDGER_FSYNC_S
+        if not (sync or now - self.last_flush >= LEDGER_FLUSH_S or len(self.lines) >= 512):
+            return
+        lines, self.lines = self.lines, []
+        self.ledger_future = self.io.submit(self._append, lines, sync)
+        self.last_flush = now
+        if sync:
+            self.last_fsync = now
+
+    def _append(self, lines: list[dict], sync: bool) -> None:
+        self.ledger.append(lines)
+        if sync:
+            self.ledger.sync()
+
+    # --- checkpoints ---------------------------------------------------------------------------------------
+    async def checkpoint(self, trainer: Trainer, proxy: DataProxy, records: StepRecords,
+                         progress: Progress) -> None:
+        step = self.step
+        self.take_records(records.pop_ready(wait_until_step=step), proxy, progress)
+        self.flush_ledger(force_sync=True)
+        state = proxy.state(step)
+        slot = await self.writer.free_slot()
+        t0 = time.perf_counter()
+        fence = await asyncio.get_running_loop().run_in_executor(self.train, trainer.snapshot,
+                                                                 self.writer.staging[slot])
+        self.writer.stall_seconds.append(time.perf_counter() - t0)
+
+        def before_commit() -> None:
+            self.ledger.sync()
+            sidecars.write_json(sidecars.checkpoint_state_path(self.run_dir, step), state)
+            sidecars.write_json(self.run_dir / sidecars.STATE_NAME, state)
+
+        self.writer.start_commit(slot, step, fence, before_commit)
+        if self.req.checkpoint_at is not None and step >= self.req.checkpoint_at:
+            self.req.checkpoint_at = None
+
+    async def audit(self, trainer: Trainer, proxy: DataProxy) -> None:
+        """Validation loss and sample audits at their cadences (never at step 0)."""
+        loop, step = asyncio.get_running_loop(), self.step
+        if step > 0 and step % self.cfg.train.eval_every == 0:
+            losses = await loop.run_in_executor(self.train, audit.evaluate, trainer, proxy.arms, self.cfg)
+            val = sum(losses.values()) / len(losses)
+            self.lines.append(marker("eval", step, val_loss=val, arms=losses))
+            log.info("step %d val_loss %.4f (%s)", step, val, ", ".join(f"{k} {v:.3f}" for k, v in losses.items()))
+        every = self.cfg.sample.every or self.cfg.checkpoint.every
+        if step > 0 and step % every == 0 and self.codec is not None and self.cfg.sample.prompts:
+            audits = await loop.run_in_executor(self.train, audit.sample_audits, trainer, self.codec, self.cfg, step)
+            self.io.submit(sidecars.append_audit, self.run_dir, audits, self.cfg.sample.keep)
+
+    # --- the loop ------------------------------------------------------------------------------------------
+    async def main(self, stop_at: int, out=sys.stdout) -> int:
+        loop = asyncio.get_running_loop()
+        lock = RunLock(self.run_dir)
+        lock.acquire()
+        install_handlers(loop, self.on_signal)
+        try:
+            for stale in ckpt.remove_stale_tmp(self.run_dir):
+                log.warning("removed %s left by an interrupted commit (never a valid checkpoint)", stale.name)
+            self.ledger = LossLedger(self.run_dir / LEDGER_NAME)
+            if self.ledger.torn_bytes:
+                log.warning("%s: cut a torn last line of %d bytes left by a crash", LEDGER_NAME,
+                            self.ledger.torn_bytes)
+            trainer, proxy = await self.start()
+            sidecars.write_atomic(self.run_dir / sidecars.CONFIG_NAME, self.cfg.to_toml().encode())
+            self.flush_ledger(force_sync=True)
+            print(f"ready pid={os.getpid()} run_dir={self.run_dir} step={self.step} "
+                  f"stop_at={stop_at} device={self.device} kernels={self.kernels}", file=out, flush=True)
+            return await self.loop(trainer, proxy, stop_at)
+        finally:
+            remove_handlers(loop)
+            self.train.shutdown(wait=True)
+            self.io.shutdown(wait=True)
+            if hasattr(self, "ledger"):
+                self.ledger.close()
+            lock.release()
+
+    async def loop(self, trainer: Trainer, proxy: DataProxy, stop_at: int) -> int:
+        loop = asyncio.get_running_loop()
+        ck, tc = self.cfg.checkpoint, self.cfg.train
+        records = StepRecords(64, tc.batch_size, self.device)
+        progress = Progress(self.step, stop_at, tc.batch_size * self.cfg.model.block_size, tc.log_every)
+        batch: Batch = await loop.run_in_executor(None, proxy.batch, self.step)
+        start = self.step
+        try:
+            while True:
+                action = boundary_action(self.step, stop_at, ck.every, self.req)
+                if action.checkpoint and self.writer.last_committed != self.step:
+                    await self.checkpoint(trainer, proxy, records, progress)
+                if self.step != start:  # the start step's audits ran before the previous process stopped
+                    await self.audit(trainer, proxy)
+                if action.stop:
+                    break
+                if self.writer.last_error and ck.on_write_error == "stop":
+                    raise RunFailed(self.writer.last_error)
+                self.take_records(records.make_room(), proxy, progress)
+                fut = loop.run_in_executor(self.train, self._step, trainer, records, batch)
+                next_step = self.step + 1
+                self.take_records(records.pop_ready(wait_until_step=proxy.cut_for(next_step)), proxy, progress)
+                batch = proxy.batch(next_step)
+                self.step = await fut
+                self.take_records(records.pop_ready(), proxy, progress)
+                self.flush_ledger()
+        finally:
+            progress.close()
+            self.take_records(records.pop_ready(wait_until_step=self.step), proxy, progress)
+            self.flush_ledger(force_sync=True)
+            results = await self.writer.drain()
+            if self.ledger_future is not None:
+                self.ledger_future.result()
+        failed = [r for r in results if r.error and r.step == self.step]
+        if failed:
+            raise RunFailed(failed[0].error)
+        log.info("stopped at step %d (%s); newest checkpoint %s", self.step,
+                 self.req.stop or "step target reached", ckpt.checkpoint_name(self.writer.last_committed or 0))
+        return 0
+
+    @staticmethod
+    def _step(trainer: Trainer, records: StepRecords, batch: Batch) -> int:
+        out = trainer.train_step(batch.step, batch.x, batch.y)
+        records.push(out)
+        return out.step

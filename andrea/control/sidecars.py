@@ -1,0 +1,100 @@
+"""The run directory's JSON sidecars and small files, each written atomically.
+
+Writes:
+    .state.json               the data proxy's live state (bandit, phase, policy fingerprint, step) — reset at a
+                              pivot (SPEC §6); rewritten at every checkpoint and at exit
+    step_NNNNNN.state.json    the same state as of that checkpoint, so resuming from any retained checkpoint
+                              is exact (deleted with its checkpoint by retention)
+    .samples.json             the last `sample.keep` sample audits: {"audits": [{"step", "prompt", "text"}]}
+    run.toml                  the resolved configuration the run trains with
+    archive/phase-K/          `.state.json` and `.samples.json` of a finished policy phase
+Atomic = temporary file, fsync, rename, fsync the directory: a reader sees the old or the new file, never half.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from andrea.checkpoint import checkpoint_name, fsync_dir
+
+STATE_NAME, SAMPLES_NAME, CONFIG_NAME, ARCHIVE_DIR = ".state.json", ".samples.json", "run.toml", "archive"
+
+
+class SidecarError(ValueError):
+    """A sidecar that cannot be used; one line naming the file and the problem."""
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_atomic(path, (json.dumps(obj, indent=1, allow_nan=False) + "\n").encode())
+
+
+def read_json(path: Path) -> Any | None:
+    """The parsed file, None if it does not exist; SidecarError on garbage."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SidecarError(f"{path}: cannot read: {e}") from None
+
+    def no_constants(name: str) -> float:
+        raise ValueError(f"{name} is not allowed")
+
+    try:
+        return json.loads(text, parse_constant=no_constants)
+    except ValueError as e:
+        raise SidecarError(f"{path}: not valid JSON: {e}") from None
+
+
+def checkpoint_state_path(run_dir: Path, step: int) -> Path:
+    return run_dir / (checkpoint_name(step)[:-4] + ".state.json")
+
+
+def append_audit(run_dir: Path, audits: list[dict[str, Any]], keep: int) -> None:
+    """Add sample audits to .samples.json, keeping the newest `keep`; a garbage file is replaced."""
+    path = run_dir / SAMPLES_NAME
+    try:
+        old = read_json(path) or {}
+    except SidecarError:
+        old = {}
+    kept = [a for a in old.get("audits", []) if isinstance(a, dict)] if isinstance(old, dict) else []
+    write_json(path, {"audits": (kept + audits)[-keep:]})
+
+
+def next_phase_dir(run_dir: Path) -> tuple[int, Path]:
+    archive = run_dir / ARCHIVE_DIR
+    k = 0
+    while (archive / f"phase-{k}").exists():
+        k += 1
+    return k, archive / f"phase-{k}"
+
+
+def archive_phase(run_dir: Path) -> Path:
+    """Move .state.json and .samples.json (only those: never .loss.json) into archive/phase-K/."""
+    _, dest = next_phase_dir(run_dir)
+    dest.mkdir(parents=True)
+    for name in (STATE_NAME, SAMPLES_NAME):
+        if (run_dir / name).exists():
+            shutil.move(str(run_dir / name), dest / name)
+    fsync_dir(dest)
+    fsync_dir(run_dir)
+    return dest
+
+
+def finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)

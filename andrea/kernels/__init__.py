@@ -1,0 +1,8 @@
+"""The math that runs on the GPU: each Triton kernel beside its plain-torch reference."""
+
+from andrea.kernels.adamw import adamw_reference, adamw_step
+from andrea.kernels.attention import attention, attention_reference
+from andrea.kernels.cross_entropy import cross_entropy, cross_entropy_reference
+
+__all__ = ["adamw_reference", "adamw_step", "attention", "attention_reference", "cross_entropy",
+           "cross_entropy_reference"]

@@ -1,0 +1,182 @@
+"""The GPT model, whose parameters are views into one flat fp32 buffer in checkpoint order.
+
+A GPT-2 style decoder: learned token and position embeddings, pre-LayerNorm blocks (causal self-attention,
+GELU MLP), a final LayerNorm and an output head. The head is NOT tied to the token embedding: SPEC §3 lists
+the output head as its own region of the flat weights, and an untied head keeps every parameter a plain view
+(export to HF GPT-2 sets `tie_word_embeddings = False`).
+
+Parameter-iteration order — part of the checkpoint format (SPEC §3), listed by `param_layout` and printed by
+`python -m andrea info`:
+    wte.weight (V, C), wpe.weight (T, C),
+    for each layer i: h.i.ln_1.{weight,bias} (C), h.i.attn.c_attn.{weight (3C, C), bias (3C)},
+                      h.i.attn.c_proj.{weight (C, C), bias (C)}, h.i.ln_2.{weight,bias} (C),
+                      h.i.mlp.c_fc.{weight (4C, C), bias (4C)}, h.i.mlp.c_proj.{weight (C, 4C), bias (C)},
+    ln_f.{weight,bias} (C), lm_head.weight (V, C).
+Linear weights are stored (out, in) as torch keeps them. With bias = false the bias entries are absent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from andrea.config import ModelConfig
+
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, attention: AttentionFn):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.attention = attention
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        # (B, T, C) -> (B, nh, T, hs)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = self.attention(q, k, v)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, attention: AttentionFn):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg, attention)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig, attention: AttentionFn = sdpa_attention):
+        super().__init__()
+        self.cfg = cfg
+        # Registration order below IS the checkpoint's parameter order; do not reorder.
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.h = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) → logits (B, T, V) and, with targets, the per-sequence mean loss (B,)."""
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        if targets is None:
+            return logits, None
+        # fp32 loss even under autocast; per-sequence means feed the data bandit at no extra cost.
+        token_loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), reduction="none")
+        return logits, token_loss.view(B, T).mean(dim=1)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter's place in the flat buffer (and so in the checkpoint's weights region)."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+    numel: int
+
+    @property
+    def decay(self) -> bool:
+        """Weight decay on matrices only (not on biases, LayerNorm gains), as GPT-2/nanoGPT."""
+        return len(self.shape) >= 2
+
+
+def param_layout(model: nn.Module) -> list[ParamSpec]:
+    layout, offset = [], 0
+    for name, p in model.named_parameters():
+        layout.append(ParamSpec(name, tuple(p.shape), offset, p.numel()))
+        offset += p.numel()
+    return layout
+
+
+def layout_for(cfg: ModelConfig) -> list[ParamSpec]:
+    """The layout of a configuration without allocating it (a 120M model costs nothing here)."""
+    with torch.device("meta"):
+        return param_layout(GPT(cfg))
+
+
+def n_params(layout: list[ParamSpec]) -> int:
+    return layout[-1].offset + layout[-1].numel
+
+
+def bind_flat(model: nn.Module, weights: torch.Tensor, grads: torch.Tensor) -> None:
+    """Make every parameter a view into `weights` and its .grad a view into `grads` (both flat, same length).
+
+    Autograd accumulates into an existing .grad in place, so after backward the flat gradient is complete;
+    zero it with `grads.zero_()`, never by setting .grad to None.
+    """
+    for spec in param_layout(model):
+        module_name, _, attr = spec.name.rpartition(".")
+        module = model.get_submodule(module_name)
+        view = weights[spec.offset:spec.offset + spec.numel].view(spec.shape)
+        param = nn.Parameter(view)
+        param.grad = grads[spec.offset:spec.offset + spec.numel].view(spec.shape)
+        setattr(module, attr, param)
+
+
+def init_weights(layout: list[ParamSpec], cfg: ModelConfig, seed: int) -> torch.Tensor:
+    """Deterministic GPT-2 initialisation of the flat weights, on CPU, so every device starts from the same bytes.
+
+    Matrices and embeddings ~ N(0, 0.02); the residual projections (attn.c_proj, mlp.c_proj) are scaled by
+    1/sqrt(2·n_layer) so the residual stream's variance does not grow with depth (GPT-2 paper); biases 0,
+    LayerNorm gains 1.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    flat = torch.empty(n_params(layout), dtype=torch.float32)
+    for spec in layout:
+        view = flat[spec.offset:spec.offset + spec.numel]
+        if spec.name.endswith(".bias"):
+            view.zero_()
+        elif ".ln_" in f".{spec.name}":  # LayerNorm gain: ln_1, ln_2, ln_f
+            view.fill_(1.0)
+        else:
+            std = 0.02 / math.sqrt(2 * cfg.n_layer) if spec.name.endswith("c_proj.weight") else 0.02
+            view.normal_(0.0, std, generator=gen)
+    return flat
+
+
+def decay_mask(layout: list[ParamSpec], device: torch.device | str = "cpu") -> torch.Tensor:
+    mask = torch.zeros(n_params(layout), dtype=torch.bool)
+    for spec in layout:
+        if spec.decay:
+            mask[spec.offset:spec.offset + spec.numel] = True
+    return mask.to(device)

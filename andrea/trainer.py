@@ -1,0 +1,177 @@
+"""The training engine: the model bound to the flat `[w | m | v]` state, one step at a time.
+
+Owns device memory only; reads and writes no files (checkpoints, ledger and sidecars belong to the control
+plane). Everything a step does is a pure function of (config, seed, step, batch, state), which is what makes
+a resumed run bit-identical to one that never stopped:
+- the learning rate comes from the step (`lr_at`), never from a counter that could drift;
+- the AdamW bias correction uses step + 1, the header step of the checkpoint the update produces;
+- dropout (off by default) draws from a generator seeded by (seed, step).
+
+Memory layout: `state.buffer` is ONE fp32 tensor of 3·n = [weights | m | v]; model parameters are views into
+its first third and their .grad views into `state.grad`. A checkpoint is a copy of `state.buffer` behind an
+8-byte header. On CUDA the forward runs under bf16 autocast while the masters stay fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from andrea.config import RunConfig, TrainConfig
+from andrea.model import GPT, ParamSpec, bind_flat, decay_mask, init_weights, n_params, param_layout
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to `lr`, cosine decay to `min_lr` at `lr_decay_steps`, then flat (nanoGPT's schedule)."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if step >= cfg.lr_decay_steps:
+        return cfg.min_lr
+    progress = (step - cfg.warmup_steps) / max(1, cfg.lr_decay_steps - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device=cuda but no CUDA device is available")
+    return torch.device(name)
+
+
+def resolve_kernels(name: str, device: torch.device) -> str:
+    return ("triton" if device.type == "cuda" else "torch") if name == "auto" else name
+
+
+class FlatState:
+    """The fp32 masters: `buffer` = [w | m | v] (3·n), and the gradient `grad` (n)."""
+
+    def __init__(self, n: int, device: torch.device):
+        self.n = n
+        self.buffer = torch.zeros(3 * n, dtype=torch.float32, device=device)
+        self.w, self.m, self.v = self.buffer.split(n)
+        self.grad = torch.zeros(n, dtype=torch.float32, device=device)
+
+
+@dataclass
+class StepOutput:
+    """What one step leaves on the device; the control plane copies it to the host without a sync."""
+
+    step: int  # header step after this update
+    lr: float
+    loss: torch.Tensor  # () mean loss of the batch
+    grad_norm: torch.Tensor  # () pre-clip global gradient norm
+    seq_losses: torch.Tensor  # (B,) per-sequence mean loss, for the data bandit
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, device: torch.device, kernels: str = "torch"):
+        self.cfg = cfg
+        self.device = device
+        self.kernels = kernels
+        attention = _attention_fn(kernels)
+        with torch.device("meta"):
+            self.model = GPT(cfg.model, attention)
+        self.layout: list[ParamSpec] = param_layout(self.model)
+        self.n = n_params(self.layout)
+        self.state = FlatState(self.n, device)
+        self.state.w.copy_(init_weights(self.layout, cfg.model, cfg.train.seed))
+        bind_flat(self.model, self.state.w, self.state.grad)
+        self.model.to(device)  # buffers only: parameters already live in the flat state
+        self.decay = decay_mask(self.layout, device)
+        self.adamw = _adamw_fn(kernels)
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext())
+        self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._snapshot_done: torch.cuda.Event | None = None
+
+    # --- state -------------------------------------------------------------------------------------------
+    def load(self, payload: torch.Tensor) -> None:
+        """Replace [w | m | v] from a host fp32 tensor of length 3·n (a checkpoint's payload)."""
+        self.state.buffer.copy_(payload.to(self.device))
+
+    def snapshot(self, staging: torch.Tensor) -> torch.cuda.Event | None:
+        """Start copying [w | m | v] into `staging` (host, pinned on CUDA); return the event that fences it.
+
+        On CUDA the copy runs on a side stream, overlapping the next forward and backward; only the next
+        optimizer update waits for it (`_wait_snapshot`). On CPU it is a plain memcpy, the checkpoint's stall.
+        """
+        if self._copy_stream is None:
+            staging.copy_(self.state.buffer)
+            return None
+        self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._copy_stream):
+            staging.copy_(self.state.buffer, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._copy_stream)
+        self._snapshot_done = event
+        return event
+
+    def _wait_snapshot(self) -> None:
+        if self._snapshot_done is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._snapshot_done)  # device-side, no host sync
+            self._snapshot_done = None
+
+    # --- one step ----------------------------------------------------------------------------------------
+    def train_step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> StepOutput:
+        """Forward, backward and AdamW update for the batch of `step`; leaves the state at header step + 1."""
+        tc = self.cfg.train
+        self.model.train()
+        self.state.grad.zero_()
+        if self.cfg.model.dropout > 0:
+            torch.manual_seed(hash((tc.seed, step)) & 0x7FFF_FFFF)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        with self.autocast:
+            _, seq_losses = self.model(x, y)
+        loss = seq_losses.mean()
+        loss.backward()
+        self._wait_snapshot()
+        lr = lr_at(step, tc)
+        grad_norm = self.adamw(self.state.w, self.state.grad, self.state.m, self.state.v, step=step + 1, lr=lr,
+                               beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay,
+                               decay_mask=self.decay, max_grad_norm=tc.grad_clip or None)
+        return StepOutput(step + 1, lr, loss.detach(), grad_norm, seq_losses.detach())
+
+    @torch.no_grad()
+    def loss_of(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.model.eval()
+        with self.autocast:
+            _, seq_losses = self.model(x.to(self.device), y.to(self.device))
+        return seq_losses.mean()
+
+    @torch.no_grad()
+    def generate(self, ids: list[int], max_new_tokens: int, *, temperature: float, top_k: int,
+                 generator: torch.Generator) -> list[int]:
+        """Sample a continuation; draws only from `generator`, so training's randomness is untouched."""
+        self.model.eval()
+        block = self.cfg.model.block_size
+        out = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, t)
+        for _ in range(max_new_tokens):
+            with self.autocast:
+                logits, _ = self.model(out[:, -block:])
+            logits = logits[0, -1].float() / max(temperature, 1e-5)  # (V,)
+            if top_k:
+                kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probs = torch.softmax(logits, dim=-1).cpu()
+            nxt = torch.multinomial(probs, 1, generator=generator).to(self.device)
+            out = torch.cat([out, nxt.view(1, 1)], dim=1)
+        return out[0, len(ids):].tolist()
+
+
+def _attention_fn(kernels: str):
+    if kernels == "triton":
+        from andrea.kernels import attention
+        return attention
+    from andrea.model import sdpa_attention
+    return sdpa_attention
+
+
+def _adamw_fn(kernels: str):
+    if kernels == "triton":
+        from andrea.kernels import adamw_step
+        return adamw_step
+    from andrea.kernels import adamw_reference
+    return adamw_reference

@@ -1,0 +1,121 @@
+"""Helpers for tests that drive real `python -m andrea` processes on the tiny preset.
+
+The first start of a run trains a tokenizer and tokenizes the corpus; `seeded_run_dir` copies a prepared
+`tokenizer.json` and `data/` (made once per session, exactly as a first start makes them) so each test pays
+only for what it tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--preset", "andrea-tiny"]
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT)
+    e.setdefault("OMP_NUM_THREADS", "1")  # equal thread counts across processes: equal float summation order
+    return e
+
+
+def andrea(*args: str, timeout: float = 300, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "andrea", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**env(), **(extra_env or {})}, cwd=ROOT)
+
+
+def train(run_dir: Path, *args: str, timeout: float = 300, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    return andrea("train", *TINY, "--run-dir", str(run_dir), *args, timeout=timeout, extra_env=extra_env)
+
+
+def seed_data(template: Path, run_dir: Path) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(template / "tokenizer.json", run_dir / "tokenizer.json")
+    shutil.copytree(template / "data", run_dir / "data", dirs_exist_ok=True)
+    return run_dir
+
+
+def ledger(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / ".loss.json").read_text().splitlines() if line]
+
+
+def steps_in_ledger(run_dir: Path) -> list[int]:
+    return [e["step"] for e in ledger(run_dir) if "event" not in e]
+
+
+def header(path: Path) -> tuple[int, int]:
+    step, n = np.fromfile(path, dtype="<i4", count=2)
+    return int(step), int(n)
+
+
+class Trainer:
+    """A live trainer subprocess whose output lines are read on a thread (no blocking reads in tests)."""
+
+    def __init__(self, run_dir: Path, *args: str, extra_env: dict | None = None):
+        self.proc = subprocess.Popen([sys.executable, "-m", "andrea", "train", *TINY, "--run-dir", str(run_dir),
+                                      *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**env(), **(extra_env or {})}, cwd=ROOT)
+        self.lines: list[str] = []
+        self._q: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self._q.put(line.rstrip("\n"))
+
+    def wait_for(self, predicate, timeout: float = 60.0) -> str:
+        """The first output line (past or future) for which predicate(line) holds; fails after timeout."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while True:
+            while seen < len(self.lines):
+                if predicate(self.lines[seen]):
+                    return self.lines[seen]
+                seen += 1
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no matching line within {timeout}s; output:\n" + "\n".join(self.lines[-40:]))
+            try:
+                self.lines.append(self._q.get(timeout=min(remaining, 0.5)))
+            except queue.Empty:
+                if self.proc.poll() is not None and self._q.empty():
+                    raise AssertionError("trainer exited:\n" + "\n".join(self.lines[-40:])) from None
+
+    def wait_ready(self, timeout: float = 90.0) -> str:
+        return self.wait_for(lambda l: l.startswith("ready "), timeout)
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        rc = self.proc.wait(timeout)
+        while not self._q.empty():
+            self.lines.append(self._q.get())
+        return rc
+
+    def output(self) -> str:
+        self.wait_exit(5) if self.proc.poll() is not None else None
+        return "\n".join(self.lines)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+
+def wait_until(condition, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")

@@ -1,0 +1,142 @@
+"""The trunk end to end, through the real CLI: layout on disk, bit-exact resume, learning, bad input."""
+
+import hashlib
+import json
+import math
+
+import numpy as np
+import pytest
+
+from tests.runs import andrea, header, ledger, seed_data, train
+
+
+def snapshot(run_dir):
+    """Every file's bytes hash: 'nothing in the run dir is damaged' means this does not change."""
+    return {p.relative_to(run_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run_dir.rglob("*")) if p.is_file() and p.name not in ("train.lock",)}
+
+
+def test_checkpoint_on_disk_matches_info_layout(prepared, tmp_path):
+    run = seed_data(prepared, tmp_path / "run")
+    assert train(run, "--steps", "3").returncode == 0
+    info = json.loads(andrea("info", "--preset", "andrea-tiny").stdout)
+    path = run / "step_000003.bin"
+    assert path.stat().st_size == info["checkpoint_bytes"] == 8 + 12 * info["n_params"]
+    assert header(path) == (3, info["n_params"])
+    n = info["n_params"]
+    data = np.fromfile(path, dtype="<f4", offset=8).reshape(3, n)
+    assert np.count_nonzero(data[1]) > n // 2 and np.count_nonzero(data[2]) > n // 2  # m and v after 3 steps
+    params = info["params"]
+    assert [p["name"] for p in params[:2]] == ["wte.weight", "wpe.weight"] and params[-1]["name"] == "lm_head.weight"
+    assert all(a["offset"] + math.prod(a["shape"]) == b["offset"] for a, b in zip(params, params[1:]))
+    ln_f = next(p for p in params if p["name"] == "ln_f.weight")
+    gain = data[0, ln_f["offset"]:ln_f["offset"] + ln_f["shape"][0]]
+    assert np.allclose(gain, 1.0, atol=0.05)  # a LayerNorm gain where the layout says it is
+
+
+def test_resume_is_bit_identical(prepared, tmp_path):
+    straight = seed_data(prepared, tmp_path / "straight")
+    assert train(straight, "--steps", "60", "--checkpoint-every", "20").returncode == 0
+    stopped = seed_data(prepared, tmp_path / "stopped")
+    assert train(stopped, "--steps", "40", "--checkpoint-every", "20").returncode == 0
+    assert train(stopped, "--steps", "60", "--checkpoint-every", "20").returncode == 0
+    reference = (straight / "step_000060.bin").read_bytes()
+    assert (stopped / "step_000060.bin").read_bytes() == reference
+    # Resume from an older retained checkpoint: delete the newer ones first.
+    for step in (40, 60):
+        (stopped / f"step_{step:06d}.bin").unlink()
+    result = train(stopped, "--steps", "60", "--checkpoint-every", "20")
+    assert result.returncode == 0, result.stderr
+    assert (stopped / "step_000060.bin").read_bytes() == reference
+    markers = [e for e in ledger(stopped) if e.get("event") == "resume"]
+    assert [m["step"] for m in markers] == [40, 20]
+
+
+def test_tiny_model_learns(prepared, tmp_path):
+    run = seed_data(prepared, tmp_path / "run")
+    result = train(run, "--steps", "300", "--set", "train.eval_every=50")
+    assert result.returncode == 0, result.stderr
+    evals = {e["step"]: e["val_loss"] for e in ledger(run) if e.get("event") == "eval"}
+    assert sorted(evals) == [50, 100, 150, 200, 250, 300]
+    uniform = math.log(512)  # an untrained model predicts ~uniformly
+    assert evals[300] < uniform - 1.5, evals
+    assert evals[300] < evals[50] - 0.5, evals
+
+
+def error_line(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert "Traceback" not in result.stderr, result.stderr
+    assert lines[-1].startswith("andrea: error: "), result.stderr
+    return lines[-1]
+
+
+@pytest.fixture
+def run_with_checkpoints(prepared, tmp_path):
+    run = seed_data(prepared, tmp_path / "run")
+    assert train(run, "--steps", "40", "--checkpoint-every", "20").returncode == 0
+    return run
+
+
+def test_truncated_newest_checkpoint_falls_back_to_previous(run_with_checkpoints):
+    run = run_with_checkpoints
+    newest = run / "step_000040.bin"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    result = train(run, "--steps", "30", "--checkpoint-every", "20")
+    assert result.returncode == 0, result.stderr
+    assert "step_000040.bin: truncated" in result.stderr
+    assert [e["step"] for e in ledger(run) if e.get("event") == "resume"] == [20]
+    assert newest.stat().st_size == 1000  # left as found, for the operator to inspect
+
+
+def test_init_from_truncated_file_is_refused(run_with_checkpoints, tmp_path):
+    run = run_with_checkpoints
+    bad = tmp_path / "step_000040.bin"
+    bad.write_bytes((run / "step_000040.bin").read_bytes()[:-4])
+    before = snapshot(run)
+    result = train(run, "--init-from", str(bad), "--steps", "50")
+    assert result.returncode == 1
+    assert str(bad) in error_line(result) and "truncated" in error_line(result)
+    assert snapshot(run) == before
+
+
+def test_checkpoint_of_another_model_is_refused(run_with_checkpoints, prepared, tmp_path):
+    run = run_with_checkpoints
+    before = snapshot(run)
+    result = train(run, "--set", "model.n_layer=3", "--steps", "50")
+    assert result.returncode == 1
+    line = error_line(result)
+    assert "step_000040.bin" in line and "n_params=169728" in line and "this model has" in line
+    assert snapshot(run) == before
+    other = seed_data(prepared, tmp_path / "other")
+    result = train(other, "--init-from", str(run / "step_000040.bin"), "--set", "model.n_embd=32", "--steps", "50")
+    assert result.returncode == 1 and "checkpoint of another model: n_params=169728" in error_line(result)
+
+
+def test_unknown_config_key_is_one_line_exit_2(run_with_checkpoints):
+    run = run_with_checkpoints
+    before = snapshot(run)
+    result = train(run, "--set", "train.learning_rate=0.1")
+    assert result.returncode == 2 and "unknown key 'train.learning_rate'" in error_line(result)
+    assert snapshot(run) == before
+
+
+def test_missing_data_path_is_one_line(tmp_path):
+    result = train(tmp_path / "run", "--set", "data.sources=[{name='mine', path='/no/such/dir/*.txt'}]")
+    assert result.returncode == 1
+    assert "data.sources['mine'].path: no file matches '/no/such/dir/*.txt'" in error_line(result)
+
+
+def test_verify_reports_each_bad_file(run_with_checkpoints):
+    run = run_with_checkpoints
+    assert andrea("verify", str(run)).returncode == 0
+    (run / "step_000020.bin").write_bytes(b"\0" * 64)
+    result = andrea("verify", str(run))
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "step_000020.bin" in result.stderr
+    assert "ok " in result.stdout and "step_000040.bin" in result.stdout
+
+
+def test_sample_generates_from_a_checkpoint(run_with_checkpoints):
+    result = andrea("sample", str(run_with_checkpoints), "--prompt", "def ", "--max-new-tokens", "8")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("def ") and len(result.stdout.strip()) > len("def")
