@@ -80,7 +80,8 @@ class TrainingRun:
             if self.req.ask_checkpoint(self.step, ck.every, ck.usr1):
                 log.info("SIGUSR1 received: checkpoint at step %d, then training continues", self.req.checkpoint_at)
             else:
-                log.info("SIGUSR1 received: coalesced into the pending checkpoint at step %d", self.req.checkpoint_at)
+                log.info("SIGUSR1 received: coalesced into the checkpoint of step %d, not yet landed",
+                         self.req.checkpoint_at if self.req.checkpoint_at is not None else self.req.landing)
         elif sig == signal.SIGHUP:
             self.on_sighup()
 
@@ -188,9 +189,10 @@ class TrainingRun:
             sidecars.write_json(sidecars.checkpoint_state_path(self.run_dir, step), state)
             sidecars.write_json(self.run_dir / sidecars.STATE_NAME, state)
 
-        self.writer.start_commit(slot, step, fence, before_commit)
+        commit = self.writer.start_commit(slot, step, fence, before_commit)
         if self.req.checkpoint_at is not None and step >= self.req.checkpoint_at:
-            self.req.checkpoint_at = None
+            self.req.checkpoint_at, self.req.landing = None, step
+            commit.add_done_callback(lambda _: setattr(self.req, "landing", None))
 
     async def audit(self, trainer: Trainer, proxy: DataProxy) -> None:
         """Validation loss and sample audits at their cadences (never at step 0)."""

@@ -32,13 +32,14 @@ class Requests:
     interrupts: int = 0
     checkpoint_at: int | None = None  # step at which a requested checkpoint is due (None: none pending)
     checkpoint_asked: int = 0  # signals received for it, coalesced
+    landing: int | None = None  # step of a requested checkpoint taken but not yet committed
     pivot: bool = False
     received: list[str] = field(default_factory=list)
 
     def ask_checkpoint(self, current_step: int, every: int, align: str) -> bool:
-        """Record a SIGUSR1/SIGHUP checkpoint request; False when it coalesced into a pending one."""
+        """Record a SIGUSR1/SIGHUP checkpoint request; False when it coalesced into one not yet landed."""
         self.checkpoint_asked += 1
-        if self.checkpoint_at is not None:
+        if self.checkpoint_at is not None or self.landing is not None:
             return False
         self.checkpoint_at = checkpoint_target(current_step, every, align)
         return True

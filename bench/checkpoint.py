@@ -1,0 +1,470 @@
+"""Async checkpoint throughput: andrea's snapshot + CheckpointWriter against torch.save and DCP async_save.
+
+What one checkpoint costs a run, measured side by side on the same state (the flat fp32 `[w | m | v]` of a preset,
+or of `--synthetic-params N` parameters) and the same directory:
+
+    andrea        stall = Trainer.snapshot into a CheckpointWriter staging buffer, launched on a training thread
+                  as control/runtime.py does; throughput = checkpoint bytes / the writer's commit seconds
+                  (write_regions + fsync + rename + directory fsync, on the I/O thread).
+    torch.save    torch.save({"model": state_dict, "optim": AdamW.state_dict()}) + fsync of a per-parameter
+                  nn.Module holding the same values; synchronous, so stall = throughput time = the whole save.
+    dcp.async     torch.distributed.checkpoint.async_save of that state dict (single-process gloo group on a
+                  FileStore); stall = until it returns, throughput = bytes / until its future completes.
+    raw write     one write() of the 12·n payload bytes + fsync: the disk floor.
+    memcpy        one copy of the 12·n payload into a preallocated host buffer: the staging floor.
+
+Plus, for a preset, the cadence cost: median Trainer.train_step time on random tokens of the preset's batch and
+overhead = andrea's stall / (every · step time), with every = checkpoint.every (100). The step after a snapshot
+runs while its commit is in flight; its extra time is reported too (on CPU the I/O thread shares the cores). On
+CUDA the stall is the host time snapshot() blocks plus any extra time the next step takes (the copy runs on a
+side stream and should cost next to nothing).
+
+Each repeat runs every method once, in turn, after an untimed warm-up round (first-touch page faults, DCP's
+staging set-up); files are deleted and the page cache flushed (os.sync) between methods, outside the timings.
+Targets, printed with PASS/MISS: stall <= 1.5x memcpy; andrea throughput >= 0.9x raw write; cadence overhead
+<= 1%. Timings describe this machine; nothing here fails on them.
+
+Reads the preset (andrea/presets/*.toml). Writes only in a fresh temporary directory made under `--dir` (default: beside the
+repository) and removed afterwards; not /dev/shm, which would measure RAM, not a disk, a markdown report to
+stdout and, with `--json PATH`, the raw seconds of every repeat.
+
+    python bench/checkpoint.py --preset andrea-12m --json out.json
+    python bench/checkpoint.py --preset andrea-120m --steps 1
+    python bench/checkpoint.py --synthetic-params 50000000 --repeats 5 --dir /mnt/nvme/tmp
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from andrea import checkpoint as ckpt  # noqa: E402
+from andrea import config as config_mod  # noqa: E402
+from andrea.control.writer import CheckpointWriter  # noqa: E402
+from andrea.trainer import FlatState, Trainer, resolve_device  # noqa: E402
+
+METHODS = ("andrea", "torch.save", "dcp.async_save", "raw write", "memcpy")
+STALL_VS_MEMCPY, THROUGHPUT_VS_RAW, MAX_OVERHEAD = 1.5, 0.9, 0.01
+
+
+# --- the state under test ------------------------------------------------------------------------------------
+def andrea_trainer(cfg: config_mod.RunConfig | None, n: int, device: torch.device) -> Trainer:
+    """The real Trainer of a preset; for a synthetic size, a Trainer shell holding only a FlatState of n.
+
+    The shell runs the real `Trainer.snapshot` (it reads only `state`, `device` and the copy stream). m and v are
+    filled as training leaves them: a fresh torch.zeros maps the shared zero page, which copies unrealistically fast.
+    """
+    if cfg is not None:
+        trainer = Trainer(cfg, device, "torch")
+    else:
+        trainer = Trainer.__new__(Trainer)
+        trainer.device, trainer.state, trainer._snapshot_done = device, FlatState(n, device), None
+        trainer._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        trainer.state.w.normal_(0.0, 0.02)
+    trainer.state.m.normal_(0.0, 1e-3)
+    trainer.state.v.uniform_(0.0, 1e-6)
+    return trainer
+
+
+def reference_state(cfg: config_mod.RunConfig | None, trainer: Trainer) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A per-parameter nn.Module + AdamW holding the same w, m, v as the trainer (what a plain-torch run saves)."""
+    state = trainer.state
+    if cfg is not None:
+        from andrea.model import GPT
+        with torch.device("meta"):
+            model = GPT(cfg.model)
+        model.to_empty(device=trainer.device)
+        params = list(model.parameters())
+    else:  # a synthetic size: 16 tensors of about n/16 each
+        sizes = [len(c) for c in torch.arange(state.n).chunk(16)]
+        model = torch.nn.ParameterList(torch.nn.Parameter(torch.empty(s, device=trainer.device)) for s in sizes)
+        params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            k = p.numel()
+            p.copy_(state.w[offset:offset + k].view_as(p))
+            opt.state[p] = {"step": torch.tensor(1.0), "exp_avg": state.m[offset:offset + k].view_as(p).clone(),
+                            "exp_avg_sq": state.v[offset:offset + k].view_as(p).clone()}
+            offset += k
+    assert offset == state.n, (offset, state.n)
+    return model, opt
+
+
+# --- one measurement per method: (stall seconds, total seconds, bytes on disk) --------------------------------
+class AndreaCheckpoint:
+    """Snapshot + commit exactly as control/runtime.py: snapshot on the training thread, commit on the I/O thread."""
+
+    def __init__(self, trainer: Trainer, run_dir: Path, batch: tuple[torch.Tensor, torch.Tensor] | None):
+        self.trainer, self.run_dir, self.batch = trainer, run_dir, batch
+        self.train_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-train")
+        self.io_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-io")
+        self.writer = CheckpointWriter(run_dir, trainer.state.n, trainer.device, self.io_pool,
+                                       keep_last=1 << 30, keep_every=0)  # retention off: the bench deletes files
+        self.step = 0
+        self.cuda = trainer.device.type == "cuda"
+
+    def _timed_step(self) -> float:
+        t0 = time.perf_counter()
+        self.trainer.train_step(self.step, *self.batch)
+        torch.cuda.synchronize(self.trainer.device)
+        return time.perf_counter() - t0
+
+    async def once(self) -> tuple[float, float, int, dict]:
+        loop = asyncio.get_running_loop()
+        self.step += 1
+        extra = {}
+        use_next_step = self.cuda and self.batch is not None
+        if use_next_step:
+            base = await loop.run_in_executor(self.train_pool, self._timed_step)
+        slot = await self.writer.free_slot()
+        t0 = time.perf_counter()
+        fence = await loop.run_in_executor(self.train_pool, self.trainer.snapshot, self.writer.staging[slot])
+        host_stall = time.perf_counter() - t0
+        fut = self.writer.start_commit(slot, self.step, fence)
+        stall = host_stall
+        if use_next_step:  # the copy overlaps this step on a side stream; only its slowdown is a stall
+            nxt = await loop.run_in_executor(self.train_pool, self._timed_step)
+            stall += max(0.0, nxt - base)
+            extra = {"host_stall_s": host_stall, "base_step_s": base, "next_step_s": nxt}
+        result = await fut
+        if result.error:
+            raise RuntimeError(result.error)
+        return stall, result.seconds, ckpt.checkpoint_bytes(self.trainer.state.n), extra
+
+    def close(self) -> None:
+        self.train_pool.shutdown()
+        self.io_pool.shutdown()
+
+
+def torch_save_once(model, opt, path: Path) -> tuple[float, float, int]:
+    t0 = time.perf_counter()
+    with open(path, "wb") as f:
+        torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - t0
+    return seconds, seconds, path.stat().st_size
+
+
+def dcp_once(model, opt, path: Path) -> tuple[float, float, int]:
+    import torch.distributed.checkpoint as dcp
+    t0 = time.perf_counter()
+    pending = dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=str(path))
+    stall = time.perf_counter() - t0
+    getattr(pending, "upload_completion", pending).result()  # AsyncSaveResponse (custom stager) or Future
+    total = time.perf_counter() - t0
+    return stall, total, sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def raw_write_once(payload: memoryview, path: Path) -> tuple[float, float, int]:
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        written = 0
+        while written < len(payload):
+            written += os.write(fd, payload[written:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    seconds = time.perf_counter() - t0
+    return seconds, seconds, len(payload)
+
+
+def memcpy_once(src: torch.Tensor, dst: torch.Tensor) -> tuple[float, float, int]:
+    t0 = time.perf_counter()
+    dst.copy_(src, non_blocking=src.device.type == "cuda")
+    if src.device.type == "cuda":
+        torch.cuda.synchronize(src.device)
+    seconds = time.perf_counter() - t0
+    return seconds, seconds, src.numel() * src.element_size()
+
+
+def settle(directory: Path) -> None:
+    """Delete what a method wrote and flush the page cache, so no method pays for another's write-back."""
+    for p in directory.iterdir():
+        if p.name == "pg-store":
+            continue
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    os.sync()
+
+
+def init_single_process_group(directory: Path) -> str:
+    """DCP runs without a group in torch 2.13 (with a warning); a 1-rank gloo group is what a real job has."""
+    import torch.distributed as dist
+    if not dist.is_available():
+        return "torch.distributed unavailable"
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"file://{directory / 'pg-store'}", rank=0, world_size=1)
+    return "gloo, 1 rank, FileStore"
+
+
+# --- the cadence cost ------------------------------------------------------------------------------------------
+def random_batch(cfg: config_mod.RunConfig, batch_size: int, device: torch.device, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, cfg.model.vocab_size, (batch_size, cfg.model.block_size + 1), generator=gen)
+    return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
+
+
+def step_times(trainer: Trainer, batch, warmup: int, steps: int, start: int = 0) -> tuple[list[float], list[float]]:
+    """(warm-up seconds, measured seconds) of train_step, synchronised on CUDA."""
+    times = []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        trainer.train_step(start + i, *batch)
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize(trainer.device)
+        times.append(time.perf_counter() - t0)
+    return times[:warmup], times[warmup:]
+
+
+async def step_during_commit(bench: AndreaCheckpoint, trainer: Trainer, batch) -> dict:
+    """One checkpoint taken between steps as the runtime does, then the next step while the commit is in flight."""
+    loop = asyncio.get_running_loop()
+    slot = await bench.writer.free_slot()
+    t0 = time.perf_counter()
+    fence = await loop.run_in_executor(bench.train_pool, trainer.snapshot, bench.writer.staging[slot])
+    stall = time.perf_counter() - t0
+    bench.step += 1
+    fut = bench.writer.start_commit(slot, bench.step, fence)
+    t1 = time.perf_counter()
+    await loop.run_in_executor(bench.train_pool, lambda: step_times(trainer, batch, 0, 1, start=10_000))
+    next_step = time.perf_counter() - t1
+    result = await fut
+    return {"stall_s": stall, "next_step_s": next_step, "commit_s": result.seconds,
+            "commit_overlapped_step": result.seconds < next_step}
+
+
+# --- report ----------------------------------------------------------------------------------------------------
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def fs_type(directory: Path) -> str:
+    best, kind = "", "unknown"
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            _, mount, fstype = line.split()[:3]
+            if str(directory.resolve()).startswith(mount) and len(mount) > len(best):
+                best, kind = mount, fstype
+    except OSError:
+        pass
+    return kind
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def report(res: dict) -> str:
+    gb = 1e9
+    lines = [f"# Checkpoint benchmark: {res['subject']} ({res['n_params']:,} params, {res['payload_bytes'] / gb:.3f} GB "
+             f"payload) on {res['device']}",
+             f"directory {res['dir']} ({res['fs']}), {res['repeats']} repeats after a warm-up round, medians; "
+             f"torch {torch.__version__}, {torch.get_num_threads()} threads", "",
+             "| method | stall s | write s | bytes | GB/s | note |", "|---|---|---|---|---|---|"]
+    for name in METHODS:
+        m = res["methods"][name]
+        if m["status"] != "ok":
+            lines.append(f"| {name} | - | - | - | - | not measured: {m['reason']} |")
+            continue
+        stall, total = median(m["stall_s"]), median(m["total_s"])
+        lines.append(f"| {name} | {stall:.4f} | {total:.4f} | {m['bytes']:,} | {m['bytes'] / total / gb:.2f} | "
+                     f"{m['note']} |")
+    c = res.get("cadence")
+    lines += ["", "## Cadence cost (train_step on random tokens)", ""]
+    if c is None or c.get("status") != "ok":
+        lines.append(f"not measured: {c['reason'] if c else 'no model'}")
+    else:
+        lines += [f"train_step: batch {c['batch_size']} x {c['block_size']}, median {c['step_median_s']:.3f} s of "
+                  f"{len(c['step_s'])} measured (+{len(c['warmup_s'])} warm-up); checkpoint every {c['every']} steps",
+                  f"overhead = stall / (every x step) = {c['stall_s']:.4f} / ({c['every']} x {c['step_median_s']:.3f})"
+                  f" = {100 * c['overhead']:.4f}%",
+                  f"step after a snapshot, its commit in flight: {c['during_commit']['next_step_s']:.3f} s "
+                  f"(commit {c['during_commit']['commit_s']:.3f} s) -> with that slowdown "
+                  f"{100 * c['overhead_with_interference']:.4f}% (informational; no target)"]
+    lines += ["", "## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
+    for t in res["targets"]:
+        lines.append(f"| {t['target']} | {t['measured']} | {t['verdict']} |")
+    if res["device"].startswith("cuda"):
+        lines.append("\nOn CUDA the snapshot is a non-blocking copy on a side stream: andrea's stall should be near "
+                     "zero (host time of snapshot() + extra time of the next step).")
+    else:
+        lines.append("\nOn a CUDA device the stall should be near zero (non-blocking device-to-host copy on a side "
+                     "stream, overlapping the next forward and backward); on CPU it is a memcpy.")
+    return "\n".join(lines)
+
+
+def targets(res: dict) -> list[dict]:
+    out, m = [], res["methods"]
+
+    def ok(name):
+        return m[name]["status"] == "ok"
+
+    if ok("andrea") and ok("memcpy"):
+        a, f = median(m["andrea"]["stall_s"]), median(m["memcpy"]["stall_s"])
+        out.append(dict(target=f"andrea stall <= {STALL_VS_MEMCPY}x memcpy", measured=f"{a:.4f} s = {a / f:.2f}x "
+                        f"memcpy {f:.4f} s", verdict=verdict(a <= STALL_VS_MEMCPY * f)))
+    if ok("andrea") and ok("raw write"):
+        ta = m["andrea"]["bytes"] / median(m["andrea"]["total_s"])
+        tr = m["raw write"]["bytes"] / median(m["raw write"]["total_s"])
+        out.append(dict(target=f"andrea throughput >= {THROUGHPUT_VS_RAW}x raw write",
+                        measured=f"{ta / 1e9:.2f} GB/s = {ta / tr:.2f}x raw {tr / 1e9:.2f} GB/s",
+                        verdict=verdict(ta >= THROUGHPUT_VS_RAW * tr)))
+    c = res.get("cadence")
+    if c and c.get("status") == "ok":
+        out.append(dict(target=f"cadence-{c['every']} overhead <= {100 * MAX_OVERHEAD:g}%",
+                        measured=f"{100 * c['overhead']:.4f}%", verdict=verdict(c["overhead"] <= MAX_OVERHEAD)))
+    return out
+
+
+# --- main ------------------------------------------------------------------------------------------------------
+async def measure(args, cfg, trainer: Trainer, directory: Path) -> dict:
+    device = trainer.device
+    n = trainer.state.n
+    batch = random_batch(cfg, args.batch_size or cfg.train.batch_size, device) if cfg is not None else None
+    methods: dict[str, dict] = {name: {"status": "ok", "stall_s": [], "total_s": [], "warmup": None, "bytes": 0}
+                                for name in METHODS}
+    notes = {"andrea": "stall: snapshot on the training thread; write: CheckpointWriter commit on the I/O thread",
+             "torch.save": "synchronous: stall = whole save + fsync",
+             "dcp.async_save": "stall: until async_save returns; write: until its future completes",
+             "raw write": "one write() + fsync of 12n bytes: the disk floor",
+             "memcpy": "copy of 12n bytes into a preallocated host buffer: the staging floor"}
+    for name, m in methods.items():
+        m["note"] = notes[name]
+
+    andrea_bench = AndreaCheckpoint(trainer, directory, batch if device.type == "cuda" else None)
+    model, opt = reference_state(cfg, trainer)
+    try:
+        methods["dcp.async_save"]["process_group"] = init_single_process_group(directory)
+    except Exception as e:  # noqa: BLE001 - any failure here is reported in the table instead of a number
+        methods["dcp.async_save"] = {"status": "skipped", "reason": f"process group: {type(e).__name__}: {e}"}
+    payload = memoryview(trainer.state.buffer.cpu().numpy()).cast("B") if device.type == "cuda" \
+        else memoryview(trainer.state.buffer.numpy()).cast("B")
+    host = torch.empty(3 * n, dtype=torch.float32, pin_memory=device.type == "cuda")
+    host.fill_(0.0)  # touch every page: the floor is a warm copy
+
+    runners = {
+        "andrea": andrea_bench.once,
+        "torch.save": lambda r: torch_save_once(model, opt, directory / f"torch_{r}.pt"),
+        "dcp.async_save": lambda r: dcp_once(model, opt, directory / f"dcp_{r}"),
+        "raw write": lambda r: raw_write_once(payload, directory / f"raw_{r}.bin"),
+        "memcpy": lambda r: memcpy_once(trainer.state.buffer, host),
+    }
+    for r in range(-1, args.repeats):  # round -1: the untimed warm-up
+        for name in METHODS:
+            m = methods[name]
+            if m["status"] != "ok":
+                continue
+            try:
+                if name == "andrea":
+                    stall, total, nbytes, extra = await runners[name]()
+                    if extra:
+                        m.setdefault("cuda_detail", []).append(extra)
+                else:
+                    stall, total, nbytes = runners[name](r)
+            except Exception as e:  # noqa: BLE001 - e.g. DCP unsupported here: say why, keep the others
+                if name in ("andrea", "raw write", "memcpy"):
+                    raise
+                methods[name] = {"status": "skipped", "reason": f"{type(e).__name__}: {e}"}
+                settle(directory)
+                continue
+            if r < 0:
+                m["warmup"] = {"stall_s": stall, "total_s": total}
+            else:
+                m["stall_s"].append(stall)
+                m["total_s"].append(total)
+            m["bytes"] = nbytes
+            settle(directory)
+    del model, opt, host
+
+    cadence = None
+    if cfg is None:
+        cadence = {"status": "skipped", "reason": "a synthetic size has no model to step; use --preset"}
+    elif args.steps == 0:
+        cadence = {"status": "skipped", "reason": "--steps 0"}
+    else:
+        warm, measured = step_times(trainer, batch, args.warmup_steps, args.steps)
+        during = await step_during_commit(andrea_bench, trainer, batch)
+        settle(directory)
+        step = median(measured)
+        stall = median(methods["andrea"]["stall_s"])
+        every = cfg.checkpoint.every
+        cadence = {"status": "ok", "batch_size": batch[0].shape[0], "block_size": batch[0].shape[1],
+                   "warmup_s": warm, "step_s": measured, "step_median_s": step, "every": every, "stall_s": stall,
+                   "overhead": stall / (every * step), "during_commit": during,
+                   "overhead_with_interference": (stall + max(0.0, during["next_step_s"] - step)) / (every * step)}
+    andrea_bench.close()
+    return {"methods": methods, "cadence": cadence}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--preset", help="an andrea preset (default andrea-12m): its Trainer and its real state size")
+    size.add_argument("--synthetic-params", type=int, metavar="N", help="a flat state of N parameters, no model")
+    p.add_argument("--dir", help="target directory (default: a temporary directory beside the repository)")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds after the warm-up round (default 3)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="measured train steps for the cadence cost (default 3; 1 for andrea-120m on CPU; 0 skips)")
+    p.add_argument("--warmup-steps", type=int, default=1, help="untimed train steps before those (default 1)")
+    p.add_argument("--batch-size", type=int, default=None, help="train-step batch (default: the preset's)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
+    p.add_argument("--json", metavar="PATH", help="also write every raw timing as JSON")
+    args = p.parse_args(argv)
+    if args.preset is None and args.synthetic_params is None:
+        args.preset = "andrea-12m"
+    if args.repeats < 1 or (args.synthetic_params is not None and args.synthetic_params < 1):
+        p.error("--repeats and --synthetic-params must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    cfg = config_mod.load(preset=args.preset) if args.preset else None
+    if args.steps is None:
+        args.steps = 1 if (args.preset == "andrea-120m" and device.type == "cpu") else 3
+    trainer = andrea_trainer(cfg, args.synthetic_params or 0, device)
+    parent = Path(args.dir) if args.dir else REPO.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="andrea-bench-ckpt-", dir=parent))  # ours alone: settle() empties it
+    try:
+        res = asyncio.run(measure(args, cfg, trainer, directory))
+    finally:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        shutil.rmtree(directory, ignore_errors=True)
+    n = trainer.state.n
+    res.update(subject=args.preset or "synthetic", n_params=n, payload_bytes=12 * n, device=str(device),
+               dir=str(directory), fs=fs_type(parent), repeats=args.repeats,
+               torch=torch.__version__, threads=torch.get_num_threads())
+    if device.type == "cuda":
+        res["device"] = f"cuda ({torch.cuda.get_device_name(device)})"
+    res["targets"] = targets(res)
+    print(report(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
