@@ -1,15 +1,170 @@
-"""Operations on a run's life: status (more to come with the data-proxy work)."""
+"""Operations on a run's life (SPEC §§2, 5): status, offline pivot, audit branches, compare, plot.
+
+    status   RUN_DIR                       step, newest checkpoint, loss EMA, arms' shares, phase, trainer pid
+    pivot    RUN_DIR --policy NEW.toml     new caps/floors; a running trainer gets it by SIGHUP (hot pivot)
+    branch   RUN_DIR --step S --to NEW_DIR [--config F] [--set k=v]   an audit branch from step_S.bin
+    compare  DIR_A DIR_B [--out PNG]       both loss curves from the branch point; which is lower at the end
+    plot     RUN_DIR --out PNG             the loss curve with resumes, pivots and branches marked
+Reads and writes run directories as laid out in control/sidecars.py; appends markers to `.loss.json`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import signal
 from pathlib import Path
+
+from andrea import checkpoint as ckpt
+from andrea import config as config_mod
+from andrea.control import ctl, pivot, sidecars
+from andrea.control.ledger import LEDGER_NAME, LossLedger, ema, history, marker, read_ledger
+from andrea.control.runlock import RunLock, is_locked, read_pid
+
+
+def loss_ema(entries: list[dict]) -> list[tuple[int, float]]:
+    return list(zip((e["step"] for e in entries), ema([e["loss"] for e in entries])))
+
+
+def run_config(run_dir: Path) -> config_mod.RunConfig:
+    path = run_dir / sidecars.CONFIG_NAME
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir}: not a run directory (no {sidecars.CONFIG_NAME})")
+    return config_mod.load(base=config_mod.read_toml(path))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from andrea.control.ctl import status
-    print(json.dumps(status(Path(args.run_dir)), indent=1))
+    run_dir = Path(args.run_dir)
+    st = ctl.status(run_dir)
+    steps = history(read_ledger(run_dir / LEDGER_NAME).entries)
+    state = sidecars.read_json(run_dir / sidecars.STATE_NAME) or {}
+    ema = loss_ema(steps)
+    st.update({"loss_ema": ema[-1][1] if ema else None, "phase": state.get("phase"),
+               "shares": state.get("shares"), "state_step": state.get("step")})
+    print(json.dumps(st, indent=1))
+    return 0
+
+
+def cmd_pivot(args: argparse.Namespace) -> int:
+    run_dir, policy_file = Path(args.run_dir), Path(args.policy)
+    cfg = run_config(run_dir)
+    new_cfg = pivot.read_policy(policy_file, cfg)
+    if is_locked(run_dir):
+        pid = read_pid(run_dir)
+        sidecars.write_atomic(run_dir / pivot.NEXT_POLICY, policy_file.read_bytes())
+        os.kill(pid, signal.SIGHUP)
+        print(f"trainer pid {pid} is running: sent SIGHUP for a hot pivot to {policy_file}")
+        return 0
+    lock = RunLock(run_dir)
+    lock.acquire()
+    try:
+        info, _ = ckpt.newest_valid(run_dir, _n_params(cfg))
+        if info is None:
+            raise ckpt.CheckpointError(f"{run_dir}: no valid checkpoint to pivot from")
+        state = sidecars.read_json(run_dir / sidecars.STATE_NAME) or {}
+        phase = state.get("phase", 0) + 1 if isinstance(state, dict) else 1
+        ledger = LossLedger(run_dir / LEDGER_NAME)
+        try:
+            ledger.append([pivot.apply_pivot(run_dir, new_cfg, info.step, phase)])
+        finally:
+            ledger.close()
+    finally:
+        lock.release()
+    print(f"pivoted {run_dir} at {info.path.name}: phase {phase}; the next start trains under the new policy")
+    return 0
+
+
+def _n_params(cfg: config_mod.RunConfig) -> int:
+    from andrea.model import layout_for, n_params
+    return n_params(layout_for(cfg.model))
+
+
+def cmd_branch(args: argparse.Namespace) -> int:
+    parent, dest, step = Path(args.run_dir), Path(args.to), args.step
+    parent_cfg = run_config(parent)
+    overrides = list(args.set or [])
+    cfg = config_mod.load(base=parent_cfg.to_dict(), config_file=args.config, overrides=overrides)
+    n = _n_params(parent_cfg)
+    if _n_params(cfg) != n:
+        raise config_mod.ConfigError(f"branch: the new configuration has {_n_params(cfg)} parameters, "
+                                     f"{ckpt.checkpoint_name(step)} has {n}: a branch keeps the model")
+    source = parent / ckpt.checkpoint_name(step)
+    ckpt.validate(source, n, deep=True)
+    if dest.exists() and any(dest.iterdir()):
+        raise FileExistsError(f"{dest}: already exists and is not empty")
+    dest.mkdir(parents=True, exist_ok=True)
+    _link_or_copy(source, dest / source.name)
+    state = sidecars.checkpoint_state_path(parent, step)
+    if state.exists():
+        shutil.copy(state, dest / state.name)
+    shutil.copy(parent / "tokenizer.json", dest / "tokenizer.json")
+    (dest / "data").mkdir()
+    for f in sorted((parent / "data").iterdir()):  # token files never change: share them
+        _link_or_copy(f, dest / "data" / f.name)
+    sidecars.write_atomic(dest / sidecars.CONFIG_NAME, cfg.to_toml().encode())
+    entries = [e for e in read_ledger(parent / LEDGER_NAME).entries if e["step"] <= step]
+    ledger = LossLedger(dest / LEDGER_NAME)
+    try:
+        ledger.append(entries + [marker("branch", step, parent=str(parent.resolve()),
+                                        config=args.config, overrides=overrides)])
+    finally:
+        ledger.close()
+    print(f"branch {dest} from {source} (step {step}); continue it with: python -m andrea train --run-dir {dest}")
+    return 0
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy(src, dst)
+
+
+def branch_point(a: list[dict], b: list[dict]) -> int:
+    """The step where two runs' histories split: a branch marker, else the last step they agree on."""
+    for entries in (b, a):
+        marks = [e["step"] for e in entries if e.get("event") == "branch"]
+        if marks:
+            return marks[-1]
+    same = 0
+    for x, y in zip(history(a), history(b)):
+        if x["step"] != y["step"] or x["loss"] != y["loss"]:
+            break
+        same = x["step"]
+    return same
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    dirs = [Path(args.dir_a), Path(args.dir_b)]
+    raw = [read_ledger(d / LEDGER_NAME).entries for d in dirs]
+    start = branch_point(*raw)
+    curves = [[e for e in history(r) if e["step"] >= start] for r in raw]
+    common = min((c[-1]["step"] for c in curves if c), default=start)
+    finals = []
+    for d, c in zip(dirs, curves):
+        ema = dict(loss_ema(c))
+        at = max((s for s in ema if s <= common), default=None)
+        finals.append(ema.get(at))
+        print(f"{d}: steps {c[0]['step'] if c else '-'}..{c[-1]['step'] if c else '-'}  "
+              f"loss EMA at step {common}: {ema.get(at, float('nan')):.4f}")
+    if None not in finals:
+        lower = dirs[0] if finals[0] <= finals[1] else dirs[1]
+        print(f"branch point: step {start}; lower loss EMA at step {common}: {lower} "
+              f"(by {abs(finals[0] - finals[1]):.4f})")
+    if args.out:
+        from andrea.plots import plot_compare
+        plot_compare(dirs, curves, start, Path(args.out))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from andrea.plots import plot_run
+    run_dir = Path(args.run_dir)
+    plot_run(run_dir, read_ledger(run_dir / LEDGER_NAME).entries, Path(args.out))
+    print(f"wrote {args.out}")
     return 0
 
 
@@ -17,3 +172,27 @@ def add_commands(sub, add_config_flags) -> None:
     p = sub.add_parser("status", help="a run's step, newest checkpoint, loss EMA, arms' shares, phase")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("pivot", help="switch a run to new caps and floors (SIGHUP if it is running)")
+    p.add_argument("run_dir")
+    p.add_argument("--policy", required=True, help="a TOML file with one [policy] table")
+    p.set_defaults(func=cmd_pivot)
+
+    p = sub.add_parser("branch", help="start an audit branch from a checkpoint")
+    p.add_argument("run_dir")
+    p.add_argument("--step", type=int, required=True)
+    p.add_argument("--to", required=True)
+    p.add_argument("--config")
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE")
+    p.set_defaults(func=cmd_branch)
+
+    p = sub.add_parser("compare", help="compare two runs' loss curves from their branch point")
+    p.add_argument("dir_a")
+    p.add_argument("dir_b")
+    p.add_argument("--out")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("plot", help="plot a run's loss curve with its resumes, pivots and branches")
+    p.add_argument("run_dir")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_plot)

@@ -149,3 +149,14 @@ def history(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def last_step(entries: list[dict[str, Any]]) -> int | None:
     steps = [e["step"] for e in entries if "event" not in e]
     return steps[-1] if steps else None
+
+
+EMA_BETA = 0.99  # the loss EMA of published claims: ~100-step memory, the checkpoint cadence
+
+
+def ema(values: list[float], beta: float = EMA_BETA) -> list[float]:
+    out, avg = [], None
+    for v in values:
+        avg = v if avg is None else beta * avg + (1 - beta) * v
+        out.append(avg)
+    return out

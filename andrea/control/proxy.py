@@ -121,8 +121,9 @@ class DataProxy:
             bandit, warnings = Bandit.from_state(d["bandit"], proxy.names, proxy.policy, eta=cfg.policy.eta,
                                                  gamma=cfg.policy.gamma, update_every=cfg.policy.update_every)
             if d["bandit"].get("policy_fingerprint") != proxy.policy.fingerprint():
-                # Learned under another policy: its observations belong to that policy too (SPEC §6).
-                return cls(cfg, arms, phase=d["phase"], phase_start=step, bandit=bandit), warnings
+                # Learned under another policy (a pivot happened since): a new phase with a fresh bandit
+                # (SPEC §6); the old phase's observations belong to the old policy.
+                return cls(cfg, arms, phase=d["phase"] + 1, phase_start=step, bandit=bandit), warnings
             proxy.bandit = bandit
             proxy.applied_upto = d["applied_upto"]
             pending = d["pending"]

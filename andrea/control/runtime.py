@@ -32,8 +32,8 @@ import torch
 
 from andrea import audit
 from andrea import checkpoint as ckpt
-from andrea.config import RunConfig
-from andrea.control import sidecars
+from andrea.config import ConfigError, RunConfig
+from andrea.control import pivot, sidecars
 from andrea.control.ledger import LEDGER_NAME, LossLedger, marker
 from andrea.control.proxy import Batch, DataProxy
 from andrea.control.records import StepRecord, StepRecords
@@ -86,7 +86,36 @@ class TrainingRun:
             self.on_sighup()
 
     def on_sighup(self) -> None:
-        log.warning("SIGHUP received: hot policy pivot is not supported by this build; ignoring it")
+        """Hot pivot: take the policy in RUN_DIR/policy.next.toml at the next (aligned) checkpoint."""
+        path = self.run_dir / pivot.NEXT_POLICY
+        if not path.exists():
+            log.warning("SIGHUP received: no %s, nothing to pivot to; training continues", path)
+            return
+        try:
+            self.next_cfg = pivot.read_policy(path, self.cfg)
+        except ConfigError as e:
+            log.error("SIGHUP received: refusing the new policy, training continues unchanged: %s", e)
+            return
+        self.req.pivot = True
+        self.req.ask_checkpoint(self.step, self.cfg.checkpoint.every, self.cfg.checkpoint.usr1)
+        log.warning("SIGHUP received: pivot to %s at the checkpoint of step %d", path.name,
+                    self.req.checkpoint_at if self.req.checkpoint_at is not None else self.req.landing)
+
+    def pivot(self, proxy: DataProxy) -> DataProxy:
+        """At the pivot checkpoint: queue the archive (after that checkpoint's sidecars) and start a new phase."""
+        new_cfg, step, phase = self.next_cfg, self.step, proxy.phase + 1
+        self.req.pivot = False
+
+        def archive() -> None:
+            self.ledger.append([pivot.apply_pivot(self.run_dir, new_cfg, step, phase)])
+            self.ledger.sync()
+            (self.run_dir / pivot.NEXT_POLICY).unlink(missing_ok=True)
+
+        self.io.submit(archive).result()  # the I/O thread is FIFO: runs after the checkpoint's commit
+        self.cfg = new_cfg
+        log.warning("pivot at step %d: phase %d under caps %s floors %s", step, phase, new_cfg.policy.caps,
+                    new_cfg.policy.floors)
+        return DataProxy(new_cfg, proxy.arms, phase=phase, phase_start=step)
 
     # --- start -------------------------------------------------------------------------------------------
     async def start(self) -> tuple[Trainer, DataProxy]:
@@ -246,6 +275,10 @@ class TrainingRun:
                 action = boundary_action(self.step, stop_at, ck.every, self.req)
                 if action.checkpoint and self.writer.last_committed != self.step:
                     await self.checkpoint(trainer, proxy, records, progress)
+                if action.pivot:
+                    self.flush_ledger(force_sync=True)
+                    proxy = await loop.run_in_executor(None, self.pivot, proxy)
+                    batch = proxy.batch(self.step)
                 if self.step != start:  # the start step's audits ran before the previous process stopped
                     await self.audit(trainer, proxy)
                 if action.stop:

@@ -107,7 +107,23 @@ def first_line_with(text: str, needle: str) -> str:
     return next((l for l in text.splitlines() if needle in l), "")
 
 
-def wait_for_path(condition, proc: subprocess.Popen, timeout: float, interval: float = 0.001) -> bool:
+def pause(proc: subprocess.Popen, seconds: float) -> None:
+    """Sleep up to `seconds`, returning early if the process exits (no busy polling)."""
+    try:
+        proc.wait(timeout=max(0.0, seconds))
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def has_name(directory: Path, prefix: str, suffix: str, exclude: frozenset = frozenset()) -> bool:
+    """Whether a file named prefix…suffix (not in `exclude`) is in `directory`: one cheap listdir."""
+    try:
+        return any(n.startswith(prefix) and n.endswith(suffix) and n not in exclude for n in os.listdir(directory))
+    except FileNotFoundError:
+        return False
+
+
+def wait_for_path(condition, proc: subprocess.Popen, timeout: float, interval: float = 0.002) -> bool:
     """Poll `condition()` until it holds (True) or the process exits / the timeout passes (False)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -19,6 +19,7 @@ retention deletes files while kills land.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import threading
@@ -31,8 +32,8 @@ import pytest
 from andrea import checkpoint as ckpt
 from andrea.control.ledger import history, read_ledger
 from tests.faults.conftest import FAULT_KILLS
-from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, newest_committed, sigkill, stale_tmp,
-                                  step_entries, wait_for_path)
+from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, newest_committed, pause, sigkill,
+                                  stale_tmp, step_entries, wait_for_path, has_name)
 from tests.runs import Trainer, seed_data, train
 
 BIG = 10_000_000  # the kill segments' --steps: never reached
@@ -86,27 +87,26 @@ def _kill_at(mode: str, t: Trainer, run_dir: Path, rng: random.Random) -> None:
     """Block until the chosen moment, then SIGKILL (returns at once if the trainer already exited)."""
     proc = t.proc
     if mode == "startup":
-        wait_for_path(lambda: False, proc, rng.uniform(0.0, 2.8))
+        pause(proc, rng.uniform(0.0, 2.8))
     elif not _wait_ready(t):
         return
     elif mode == "first-steps":
-        wait_for_path(lambda: False, proc, rng.uniform(0.0, 0.08))
+        pause(proc, rng.uniform(0.0, 0.08))
     elif mode == "steps":
-        wait_for_path(lambda: False, proc, rng.uniform(0.05, 0.8))
+        pause(proc, rng.uniform(0.05, 0.8))
     elif mode == "ledger-append":
         ledger = run_dir / ".loss.json"
         for _ in range(rng.randint(1, 4)):
             size = ledger.stat().st_size if ledger.exists() else 0
             wait_for_path(lambda: ledger.exists() and ledger.stat().st_size != size, proc, 10)
     elif mode == "commit-tmp":
-        wait_for_path(lambda: any(run_dir.glob("step_*.bin.tmp")), proc, 10, interval=0.0005)
+        wait_for_path(lambda: has_name(run_dir, "step_", ".bin.tmp"), proc, 10, interval=0.0005)
     elif mode == "commit-rename":
-        before = {p.name for p in run_dir.glob("step_*.bin")}
-        wait_for_path(lambda: bool({p.name for p in run_dir.glob("step_*.bin")} - before), proc, 10,
-                      interval=0.0005)
+        before = frozenset(os.listdir(run_dir))
+        wait_for_path(lambda: has_name(run_dir, "step_", ".bin", before), proc, 10, interval=0.0005)
     elif mode == "commit-window":
-        if wait_for_path(lambda: any(run_dir.glob("step_*.bin.tmp")), proc, 10):
-            wait_for_path(lambda: False, proc, rng.uniform(0.0, COMMIT_DELAY))
+        if wait_for_path(lambda: has_name(run_dir, "step_", ".bin.tmp"), proc, 10):
+            pause(proc, rng.uniform(0.0, COMMIT_DELAY))
     sigkill(proc)
 
 

@@ -1,0 +1,47 @@
+"""The policy pivot (SPEC §5): new caps and floors, same weights, m, v and loss history.
+
+Reads a policy file (a TOML file with a `[policy]` table: caps, floors and optionally the bandit's knobs) and
+the run's `run.toml`; writes `run.toml` with the new policy, moves `.state.json` and `.samples.json` into
+`archive/phase-K/` (sidecars.archive_phase) and returns the `pivot` marker for `.loss.json`.
+`.loss.json` itself is never touched here.
+
+The bandit restarts because the data proxy sees that the policy fingerprint of the checkpoint's saved state
+differs from the configuration's (control/proxy.py): a new phase starting at the pivot step. A hot pivot
+(SIGHUP) and an offline one (`python -m andrea pivot`) therefore continue identically, and a crash right
+after either resumes into the same new phase.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from andrea import config as config_mod
+from andrea.config import ConfigError, RunConfig
+from andrea.control import sidecars
+from andrea.control.bandit import validate_policy
+from andrea.control.ledger import marker
+
+NEXT_POLICY = "policy.next.toml"
+
+
+def read_policy(path: Path, cfg: RunConfig) -> RunConfig:
+    """`cfg` with the policy of `path`, validated against the run's arms (one-line errors)."""
+    raw = config_mod.read_toml(path)
+    if set(raw) != {"policy"}:
+        raise ConfigError(f"{path}: a policy file holds exactly one [policy] table, found {sorted(raw)}")
+    new = config_mod.from_dict({**cfg.to_dict(), "policy": raw["policy"]}, str(path))
+    try:
+        validate_policy(new.data.arm_names(), new.policy.caps, new.policy.floors)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return new
+
+
+def apply_pivot(run_dir: Path, new_cfg: RunConfig, step: int, phase: int) -> dict:
+    """Archive the phase's sidecars and switch run.toml to the new policy; return the ledger marker."""
+    archived = sidecars.archive_phase(run_dir)
+    sidecars.write_atomic(run_dir / sidecars.CONFIG_NAME, new_cfg.to_toml().encode())
+    policy = dataclasses.asdict(new_cfg.policy)
+    return marker("pivot", step, phase=phase, archived=str(archived.relative_to(run_dir)),
+                  caps=policy["caps"], floors=policy["floors"])

@@ -1,0 +1,336 @@
+"""Bad inputs: every corrupt or impossible input gives a one-line error naming the file and the field with a
+non-zero exit and leaves the run directory byte-for-byte unchanged — or takes the documented fallback to the
+previous valid checkpoint, asserted exactly (which checkpoint, and that the redone one equals the original).
+
+All cases start from a copy of the session's trained run (checkpoints at 10 and 20, run.toml, sidecars). The
+trainers run two at a time in a module fixture; each test below asserts one case. Every case's exit code and
+message goes into the fault table.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from andrea import checkpoint as ckpt
+from andrea.control.ledger import read_ledger
+from tests.faults.harness import REPORT, digest_diff, first_line_with, last_error_line, tree_digest
+from tests.runs import train
+
+STEP10, STEP20 = ckpt.checkpoint_name(10), ckpt.checkpoint_name(20)
+
+
+# --- corruptions of one checkpoint file ------------------------------------------------------------------------
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _header_step(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    step, n = ckpt.HEADER.unpack(data[:8])
+    data[:8] = ckpt.header(step + 1, n)
+    path.write_bytes(bytes(data))
+
+
+def _other_model(path: Path) -> None:
+    step, n = ckpt.HEADER.unpack(path.read_bytes()[:8])
+    other = n - 64  # a consistent file (size 8 + 12·n') of a smaller model
+    payload = np.fromfile(path, dtype="<f4", offset=8, count=3 * other)
+    path.write_bytes(ckpt.header(step, other) + payload.tobytes())
+
+
+def _poke_weight(value: float) -> Callable[[Path], None]:
+    def poke(path: Path) -> None:
+        data = np.fromfile(path, dtype="<f4", offset=8)
+        data[123] = value
+        path.write_bytes(path.read_bytes()[:8] + data.tobytes())
+    return poke
+
+
+def _zeros(path: Path) -> None:
+    path.write_bytes(bytes(path.stat().st_size))
+
+
+CORRUPTIONS = {  # kind -> (corrupt, words the message must contain)
+    "truncated": (_truncate, ["truncated"]),
+    "header-step-disagrees-with-name": (_header_step, ["header step", "file name"]),
+    "n_params-of-another-model": (_other_model, ["n_params"]),
+    "nan-in-weights": (_poke_weight(float("nan")), ["weights[123]", "not finite"]),
+    "inf-in-weights": (_poke_weight(float("inf")), ["weights[123]", "not finite"]),
+    "all-zeros": (_zeros, ["n_params=0"]),
+}
+
+
+@dataclass
+class Case:
+    name: str
+    prepare: Callable[[Path, Path], list[str]]  # (run_dir, scratch) -> extra train args
+    rc: int  # expected exit code (0: a documented fallback)
+    words: list[str]  # the message must contain each
+    steps: int = 20
+    fallback: str = ""  # for rc 0: what the fallback is, in words
+    result: dict = field(default_factory=dict)
+
+
+def _checkpoint_fallback(kind: str) -> Case:
+    corrupt, words = CORRUPTIONS[kind]
+
+    def prepare(run: Path, scratch: Path) -> list[str]:
+        corrupt(run / STEP20)
+        return []
+    return Case(f"newest .bin {kind}", prepare, 0, [STEP20, *words],
+                fallback="skips it with a warning, resumes from step 10, redoes step 20 byte-identically")
+
+
+def _checkpoint_refused(kind: str) -> Case:
+    corrupt, words = CORRUPTIONS[kind]
+
+    def prepare(run: Path, scratch: Path) -> list[str]:
+        corrupt(run / STEP10)
+        corrupt(run / STEP20)
+        return []
+    return Case(f"every .bin {kind}", prepare, 1, [STEP20, *words, "refusing to start over"])
+
+
+def _init_from_bad(run: Path, scratch: Path) -> list[str]:
+    bad = scratch / "elsewhere" / STEP20
+    bad.parent.mkdir()
+    shutil.copy(run / STEP20, bad)
+    _truncate(bad)
+    return ["--init-from", str(bad)]
+
+
+def _write(name: str, data: bytes, remove: tuple[str, ...] = ()) -> Callable[[Path, Path], list[str]]:
+    def prepare(run: Path, scratch: Path) -> list[str]:
+        for r in remove:
+            (run / r).unlink()
+        (run / name).write_bytes(data)
+        return []
+    return prepare
+
+
+def _edit_state(name: str, edit: Callable[[dict], object]) -> Callable[[Path, Path], list[str]]:
+    def prepare(run: Path, scratch: Path) -> list[str]:
+        d = json.loads((run / name).read_text())
+        out = edit(d)
+        (run / name).write_text(json.dumps(d if out is None else out))
+        return []
+    return prepare
+
+
+def _set_key(d: dict, keys: list[str], value) -> None:
+    for k in keys[:-1]:
+        d = d[k]
+    d[keys[-1]] = value
+
+
+def _zombie_arm(d: dict) -> None:
+    d["arms"].append("repo-docstrings")
+    d["bandit"]["arms"]["repo-docstrings"] = dict(d["bandit"]["arms"]["stdlib-code"], weight=1.546)
+
+
+def _source(kind: str, content: bytes | None) -> Callable[[Path, Path], list[str]]:
+    def prepare(run: Path, scratch: Path) -> list[str]:
+        path = scratch / "src" / ("extra.u16" if kind == "tokens" else "extra.txt")
+        path.parent.mkdir()
+        if content is not None:
+            path.write_bytes(content)
+        return ["--set", f'data.sources=[{{name="extra", path="{path}", kind="{kind}"}}]']
+    return prepare
+
+
+def _args(*args: str) -> Callable[[Path, Path], list[str]]:
+    return lambda run, scratch: list(args)
+
+
+def _run_toml(old: str, new: str) -> Callable[[Path, Path], list[str]]:
+    def prepare(run: Path, scratch: Path) -> list[str]:
+        text = (run / "run.toml").read_text()
+        assert old in text
+        (run / "run.toml").write_text(text.replace(old, new))
+        return []
+    return prepare
+
+
+def _torn_ledger(run: Path, scratch: Path) -> list[str]:
+    with open(run / ".loss.json", "ab") as f:
+        f.write(b'{"step":21,"loss":4.12')
+    return []
+
+
+S20 = "step_000020.state.json"
+CASES = [
+    *[_checkpoint_fallback(k) for k in CORRUPTIONS],
+    *[_checkpoint_refused(k) for k in CORRUPTIONS],
+    Case("--init-from a truncated file", _init_from_bad, 1, [STEP20, "truncated"]),
+    Case("--init-from a missing file", _args("--init-from", "/nonexistent/step_000020.bin"), 1,
+         ["/nonexistent/step_000020.bin"]),
+    Case("step_N.state.json garbage", _write(S20, b"\x00{garbage"), 1, [S20, "JSON"]),
+    Case("step_N.state.json wrong type (step is a string)", _edit_state(S20, lambda d: d.update(step="20")), 1,
+         [S20, "'step'"]),
+    Case("step_N.state.json wrong type (a list)", _edit_state(S20, lambda d: [d]), 1, [S20, "object"]),
+    Case("step_N.state.json bandit.updates wrong type",
+         _edit_state(S20, lambda d: _set_key(d, ["bandit", "updates"], "many")), 1, [S20, "updates"]),
+    Case(".state.json garbage (no step_N.state.json)", _write(".state.json", b"{\"step\": 20, oops", (S20,)), 1,
+         [".state.json", "JSON"]),
+    Case(".state.json wrong type (no step_N.state.json)", _write(".state.json", b"[1, 2, 3]", (S20,)), 1,
+         [".state.json", "object"]),
+    Case(".state.json garbage beside a good step_N.state.json", _write(".state.json", b"\xff\xfe garbage"), 0,
+         [], steps=25, fallback="ignored: step_N.state.json is the state of the checkpoint; rewritten at step 25"),
+    Case("zombie arm in step_N.state.json (SPEC §6)", _edit_state(S20, _zombie_arm), 0,
+         ["zombie arm 'repo-docstrings'"], steps=25, fallback="drops the zombie arm with a warning, trains on"),
+    Case("torn .loss.json tail", _torn_ledger, 0, [".loss.json", "torn"],
+         fallback="cuts the torn last line, appends a torn_tail marker, resumes from step 20"),
+    Case("missing data source", _source("text", None), 1, ["data.sources['extra'].path", "extra.txt"]),
+    Case("empty data source (text)", _source("text", b""), 1, ["data.sources['extra']", "empty"]),
+    Case("empty data source (tokens)", _source("tokens", b""), 1, ["extra.u16", "0 bytes"]),
+    Case("unknown config key", _args("--set", "checkpoint.evry=5"), 2, ["checkpoint.evry", "evry"]),
+    Case("unknown config section", _args("--set", "chekpoint.every=5"), 2, ["chekpoint"]),
+    Case("mistyped config value", _args("--set", "checkpoint.every=often"), 2, ["checkpoint.every", "often"]),
+    Case("unknown key in run.toml", _run_toml("keep_last =", "keep_lst ="), 2, ["run.toml", "keep_lst"]),
+    Case("run.toml not TOML", _write("run.toml", b"[model\nn_layer = = 2\n"), 2, ["run.toml", "TOML"]),
+    Case("floors that sum above 1",
+         _args("--set", 'policy.floors={"stdlib-code"=0.7,"pydoc-topics"=0.6}'), 1, ["policy.floors", "1.3"]),
+    Case("caps that sum below 1",
+         _args("--set", 'policy.caps={"stdlib-docstrings"=0.2,"stdlib-code"=0.2,"pydoc-topics"=0.2}'), 1,
+         ["policy.caps"]),
+    Case("a floor above its cap",
+         _args("--set", 'policy.caps={"stdlib-code"=0.1}', "--set", 'policy.floors={"stdlib-code"=0.3}'), 1,
+         ["stdlib-code", "floor"]),
+    Case("a cap for an arm that does not exist", _args("--set", 'policy.caps={"repo-docstrings"=0.5}'), 1,
+         ["policy.caps", "repo-docstrings"]),
+]
+BY_NAME = {c.name: c for c in CASES}
+
+
+def _run_case(case: Case, trained: Path, scratch: Path) -> None:
+    run = scratch / "run"
+    shutil.copytree(trained, run)
+    args = case.prepare(run, scratch)
+    before, original20 = tree_digest(run), (trained / STEP20).read_bytes()
+    result = train(run, "--steps", str(case.steps), *args, timeout=300)
+    case.result = {"rc": result.returncode, "stderr": result.stderr, "stdout": result.stdout,
+                   "changes": digest_diff(before, tree_digest(run)), "run": run,
+                   "redone20": (run / STEP20).read_bytes() == original20 if (run / STEP20).exists() else False}
+    if case.rc == 0:
+        words = case.words or ["WARNING"]
+        message = first_line_with(result.stderr, words[0]) or first_line_with(result.stderr, "WARNING")
+        message = message.split(": ", 1)[-1] if " andrea." in message else message
+        outcome = f"fallback ({case.fallback})"
+    else:
+        message, outcome = last_error_line(result.stderr), "refused"
+    REPORT.bad_input(case.name, outcome, result.returncode, message)
+
+
+@pytest.fixture(scope="module")
+def outcomes(trained, tmp_path_factory) -> dict[str, Case]:
+    root = tmp_path_factory.mktemp("bad-inputs")
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda ic: _run_case(ic[1], trained, root / f"case{ic[0]}"), enumerate(CASES)))
+    return BY_NAME
+
+
+def _assert_refused(case: Case) -> None:
+    r = case.result
+    assert r["rc"] == case.rc, f"{case.name}: exit {r['rc']}, expected {case.rc}\n{r['stderr'][-2000:]}"
+    last = last_error_line(r["stderr"])
+    assert last.startswith("andrea: error: "), f"{case.name}: last stderr line is not the error:\n{r['stderr'][-2000:]}"
+    assert "Traceback" not in r["stderr"], r["stderr"][-3000:]
+    assert sum(l.startswith("andrea: error") for l in r["stderr"].splitlines()) == 1
+    for word in case.words:
+        assert word in last, f"{case.name}: {word!r} not in the message: {last}"
+    assert not r["changes"], f"{case.name}: the failed start changed the run directory: {r['changes']}"
+    assert "ready " not in r["stdout"]
+
+
+@pytest.mark.parametrize("kind", list(CORRUPTIONS))
+def test_a_corrupt_newest_checkpoint_is_skipped_and_step_20_is_redone_byte_identically(outcomes, kind):
+    case = outcomes[f"newest .bin {kind}"]
+    r = case.result
+    assert r["rc"] == 0, r["stderr"][-2000:]
+    warning = first_line_with(r["stderr"], "skipping invalid checkpoint")
+    assert warning, f"no warning about the skipped checkpoint:\n{r['stderr'][-2000:]}"
+    for word in case.words:
+        assert word in warning, f"{word!r} not in: {warning}"
+    assert "ready " in r["stdout"] and " step=10 " in r["stdout"], r["stdout"]
+    assert r["redone20"], "step_000020.bin redone from step 10 differs from the original step 20"
+
+
+@pytest.mark.parametrize("kind", list(CORRUPTIONS))
+def test_when_every_checkpoint_is_corrupt_the_trainer_refuses_in_one_line_and_touches_nothing(outcomes, kind):
+    _assert_refused(outcomes[f"every .bin {kind}"])
+
+
+@pytest.mark.parametrize("name", ["--init-from a truncated file", "--init-from a missing file"])
+def test_a_bad_init_from_file_is_refused_in_one_line_naming_it(outcomes, name):
+    _assert_refused(outcomes[name])
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES if "state.json" in c.name and c.rc])
+def test_garbage_or_wrong_type_bandit_state_is_refused_in_one_line_naming_file_and_field(outcomes, name):
+    _assert_refused(outcomes[name])
+
+
+def test_garbage_live_state_beside_a_good_checkpoint_state_is_ignored_and_rewritten(outcomes):
+    r = outcomes[".state.json garbage beside a good step_N.state.json"].result
+    assert r["rc"] == 0, r["stderr"][-2000:]
+    state = json.loads((r["run"] / ".state.json").read_text())
+    assert state["step"] == 25
+
+
+def test_a_zombie_arm_in_bandit_state_is_dropped_with_a_warning_naming_it(outcomes):
+    case = outcomes["zombie arm in step_N.state.json (SPEC §6)"]
+    r = case.result
+    assert r["rc"] == 0, r["stderr"][-2000:]
+    assert first_line_with(r["stderr"], "zombie arm 'repo-docstrings'"), r["stderr"][-2000:]
+    assert "repo-docstrings" not in json.loads((r["run"] / "step_000025.state.json").read_text())["arms"]
+
+
+def test_a_torn_ledger_tail_is_cut_marked_and_everything_before_it_kept(outcomes, trained):
+    r = outcomes["torn .loss.json tail"].result
+    assert r["rc"] == 0, r["stderr"][-2000:]
+    torn = len(b'{"step":21,"loss":4.12')
+    assert first_line_with(r["stderr"], f"torn last line of {torn} bytes"), r["stderr"][-2000:]
+    original = (trained / ".loss.json").read_bytes()
+    now = (r["run"] / ".loss.json").read_bytes()
+    assert now.startswith(original), "bytes before the torn line changed"
+    contents = read_ledger(r["run"] / ".loss.json")
+    assert not contents.torn_tail
+    assert any(e.get("event") == "torn_tail" and e.get("bytes") == torn for e in contents.entries)
+
+
+@pytest.mark.parametrize("name", ["missing data source", "empty data source (text)", "empty data source (tokens)"])
+def test_a_missing_or_empty_data_source_is_refused_in_one_line_naming_it(outcomes, name):
+    _assert_refused(outcomes[name])
+
+
+@pytest.mark.parametrize("name", ["unknown config key", "unknown config section", "mistyped config value",
+                                  "unknown key in run.toml", "run.toml not TOML"])
+def test_a_bad_configuration_exits_2_in_one_line_naming_source_and_key(outcomes, name):
+    _assert_refused(outcomes[name])
+
+
+@pytest.mark.parametrize("name", ["floors that sum above 1", "caps that sum below 1", "a floor above its cap",
+                                  "a cap for an arm that does not exist"])
+def test_caps_and_floors_that_cannot_be_satisfied_are_refused_in_one_line(outcomes, name):
+    _assert_refused(outcomes[name])
+
+
+def test_a_read_only_run_directory_is_refused_in_one_line(trained_copy, readonly_view):
+    ro = readonly_view(trained_copy)
+    before = tree_digest(ro)
+    result = train(ro, "--steps", "30")
+    message = last_error_line(result.stderr)
+    REPORT.bad_input("run dir not writable (read-only bind mount)", "refused", result.returncode, message)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert message.startswith("andrea: error: ") and str(ro) in message and "writable" in message, message
+    assert "Traceback" not in result.stderr
+    assert tree_digest(ro) == before
