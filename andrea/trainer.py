@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from andrea.config import RunConfig, TrainConfig
+from andrea.data.store import DROPOUT_STREAM, rng_for
 from andrea.model import GPT, ParamSpec, bind_flat, decay_mask, init_weights, n_params, param_layout
 
 
@@ -120,8 +121,8 @@ class Trainer:
         tc = self.cfg.train
         self.model.train()
         self.state.grad.zero_()
-        if self.cfg.model.dropout > 0:
-            torch.manual_seed(hash((tc.seed, step)) & 0x7FFF_FFFF)
+        if self.cfg.model.dropout > 0:  # the only use of torch's global RNG, keyed by (seed, step)
+            torch.manual_seed(int(rng_for(tc.seed, step, DROPOUT_STREAM).integers(2**62)))
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         with self.autocast:
             _, seq_losses = self.model(x, y)

@@ -45,35 +45,58 @@ class LedgerError(ValueError):
 
 
 class LossLedger:
-    """Appends lines with O_APPEND writes; `sync` makes them durable. Not thread-safe: one writer thread."""
+    """Appends lines with O_APPEND writes; `sync` makes them durable. Not thread-safe: one writer thread.
+
+    A failed append (a full disk) is rolled back to the last complete line and its records are kept in a
+    backlog that the next append retries first, so a disk that fills up and frees again leaves neither a torn
+    line in the middle of the file nor a gap. `sync` raises while a backlog remains: a checkpoint is never
+    committed ahead of the ledger lines it vouches for.
+    """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.torn_bytes = _cut_torn_tail(self.path)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._dirty = False
+        self._backlog: list[dict[str, Any]] = []
         if self.torn_bytes:
             self.append([marker("torn_tail", step=-1, bytes=self.torn_bytes)])
 
     def append(self, records: list[dict[str, Any]]) -> None:
-        if not records:
+        self._backlog.extend(records)
+        if not self._backlog:
             return
-        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
+        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in self._backlog).encode()
+        size = os.fstat(self._fd).st_size
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view):]
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError:
+            os.ftruncate(self._fd, size)
+            raise
+        self._backlog = []
         self._dirty = True
 
+    @property
+    def backlog(self) -> int:
+        """Records not yet on disk because an append failed."""
+        return len(self._backlog)
+
     def sync(self) -> None:
+        if self._backlog:
+            self.append([])
         if self._dirty:
             os.fsync(self._fd)
             self._dirty = False
 
     def close(self) -> None:
         if self._fd >= 0:
-            self.sync()
-            os.close(self._fd)
-            self._fd = -1
+            try:
+                self.sync()
+            finally:
+                os.close(self._fd)
+                self._fd = -1
 
 
 def marker(event: str, step: int, **fields: Any) -> dict[str, Any]:
@@ -155,8 +178,9 @@ EMA_BETA = 0.99  # the loss EMA of published claims: ~100-step memory, the check
 
 
 def ema(values: list[float], beta: float = EMA_BETA) -> list[float]:
-    out, avg = [], None
-    for v in values:
-        avg = v if avg is None else beta * avg + (1 - beta) * v
-        out.append(avg)
+    """Bias-corrected exponential moving average (as Adam's moments): no drag from a zero or first value."""
+    out, avg = [], 0.0
+    for t, v in enumerate(values, start=1):
+        avg = beta * avg + (1 - beta) * v
+        out.append(avg / (1 - beta ** t))
     return out

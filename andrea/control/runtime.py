@@ -196,9 +196,12 @@ class TrainingRun:
             self.last_fsync = now
 
     def _append(self, lines: list[dict], sync: bool) -> None:
-        self.ledger.append(lines)
-        if sync:
-            self.ledger.sync()
+        try:
+            self.ledger.append(lines)
+            if sync:
+                self.ledger.sync()
+        except OSError as e:
+            log.error("%s: append failed, %d lines kept to retry: %s", self.ledger.path, self.ledger.backlog, e)
 
     # --- checkpoints ---------------------------------------------------------------------------------------
     async def checkpoint(self, trainer: Trainer, proxy: DataProxy, records: StepRecords,
@@ -300,6 +303,9 @@ class TrainingRun:
             results = await self.writer.drain()
             if self.ledger_future is not None:
                 self.ledger_future.result()
+            if self.ledger.backlog:
+                raise RunFailed(f"{self.ledger.path}: {self.ledger.backlog} ledger lines could not be written "
+                                "(disk full?); the last committed checkpoint precedes them")
         failed = [r for r in results if r.error and r.step == self.step]
         if failed:
             raise RunFailed(failed[0].error)

@@ -26,7 +26,7 @@ from andrea.config import DataConfig
 from andrea.data.sources import DataError, arm_documents, read_token_file
 
 EOT = "<|endoftext|>"
-TRAIN_STREAM, EVAL_STREAM, SAMPLE_STREAM = 0, 1, 2  # independent RNG streams per purpose
+TRAIN_STREAM, EVAL_STREAM, SAMPLE_STREAM, DROPOUT_STREAM = 0, 1, 2, 3  # independent RNG streams per purpose
 
 
 def rng_for(seed: int, step: int, stream: int, *extra: int) -> np.random.Generator:
