@@ -124,16 +124,16 @@ class TrainingRun:
         codec, arms = await loop.run_in_executor(self.train, store.prepare, self.cfg.data, self.run_dir,
                                                  self.cfg.model.vocab_size, self.cfg.model.block_size)
         self.codec = codec
-        source, info = self.resume_point(trainer.n)
-        proxy = DataProxy(self.cfg, arms)
+        info = self.resume_point(trainer.n)
         if info is None:
+            proxy = DataProxy(self.cfg, arms)
             self.lines.append(marker("start", 0, n_params=trainer.n, seed=self.cfg.train.seed))
         else:
             step, payload = await loop.run_in_executor(self.train, ckpt.read_payload, info.path, trainer.n)
             await loop.run_in_executor(self.train, trainer.load, torch.from_numpy(payload))
             self.step = step
-            proxy = self.restore_proxy(arms, step, proxy)
-            origin = str(info.path.resolve()) if source else info.path.name
+            proxy = self.restore_proxy(arms, info)
+            origin = info.path.name if info.path.parent == self.run_dir else str(info.path.resolve())
             self.lines.append(marker("resume", step, phase=proxy.phase, **{"from": origin}))
         self.writer = CheckpointWriter(self.run_dir, trainer.n, self.device, self.io,
                                        keep_last=self.cfg.checkpoint.keep_last,
@@ -142,9 +142,15 @@ class TrainingRun:
             self.writer.last_committed = self.step
         return trainer, proxy
 
-    def resume_point(self, n: int) -> tuple[str | None, ckpt.CheckpointInfo | None]:
+    def resume_point(self, n: int) -> ckpt.CheckpointInfo | None:
         if self.init_from is not None:
-            return "init-from", ckpt.validate(self.init_from, n, deep=True)
+            info = ckpt.validate(self.init_from, n, deep=True)
+            newer = [p.name for s, p in ckpt.list_checkpoints(self.run_dir) if s > info.step]
+            if newer:
+                # A restart would resume from those: two timelines in one directory. Branch instead.
+                raise ckpt.CheckpointError(f"{self.run_dir}: holds checkpoints newer than {info.path.name} "
+                                           f"({newer[-1]}); use `andrea branch` or move them away first")
+            return info
         info, skipped = ckpt.newest_valid(self.run_dir, n)
         if info is None and skipped:
             # Checkpoints exist but none fits: starting over would bury a run (e.g. a forgotten --preset).
@@ -152,11 +158,12 @@ class TrainingRun:
                                        "refusing to start over in a run directory that holds checkpoints)")
         for line in skipped:
             log.warning("skipping invalid checkpoint, resuming from an older one: %s", line)
-        return None, info
+        return info
 
-    def restore_proxy(self, arms, step: int, fresh: DataProxy) -> DataProxy:
-        """The data proxy as of `step`: from step_S.state.json, else .state.json if it is at S, else fresh."""
-        for path in (sidecars.checkpoint_state_path(self.run_dir, step), self.run_dir / sidecars.STATE_NAME):
+    def restore_proxy(self, arms, info: ckpt.CheckpointInfo) -> DataProxy:
+        """The data proxy as of the checkpoint: its step_S.state.json, else .state.json if at S, else fresh."""
+        step = info.step
+        for path in (sidecars.checkpoint_state_path(info.path.parent, step), self.run_dir / sidecars.STATE_NAME):
             d = sidecars.read_json(path)
             if d is None or (isinstance(d, dict) and d.get("step") != step and path.name == sidecars.STATE_NAME):
                 continue
@@ -167,7 +174,7 @@ class TrainingRun:
         if step > 0:
             log.warning("no data-proxy state for step %d: the bandit starts fresh (data order after this point "
                         "differs from the original run's)", step)
-        return DataProxy(self.cfg, arms, phase=fresh.phase, phase_start=step)
+        return DataProxy(self.cfg, arms, phase_start=step)
 
     # --- records and the ledger ----------------------------------------------------------------------------
     def take_records(self, records: list[StepRecord], proxy: DataProxy, progress: Progress) -> None:
