@@ -101,7 +101,7 @@ class GPT(nn.Module):
         if targets is None:
             return logits, None
         # fp32 loss even under autocast; per-sequence means feed the data bandit at no extra cost.
-        token_loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), reduction="none")
+        token_loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
         return logits, token_loss.view(B, T).mean(dim=1)
 
 

@@ -46,7 +46,8 @@ class CheckpointWriter:
         self.io = io
         self.keep_last, self.keep_every = keep_last, keep_every
         pinned = device.type == "cuda"
-        self.staging = [torch.empty(3 * n, dtype=torch.float32, pin_memory=pinned) for _ in range(2)]
+        # Zeroed now so the first snapshots do not pay for faulting in fresh pages on the training loop.
+        self.staging = [torch.zeros(3 * n, dtype=torch.float32, pin_memory=pinned) for _ in range(2)]
         self._busy: list[asyncio.Future | None] = [None, None]
         self.last_committed: int | None = None
         self.last_error: str | None = None
