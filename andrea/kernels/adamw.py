@@ -55,15 +55,23 @@ def adamw_reference(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.
         if coef is not None:
             g_ = torch.mul(g_, coef, out=a)
         if weight_decay:
-            if decay_mask is None:
+            decay = True if decay_mask is None else _uniform(decay_mask[lo:hi])
+            if decay is True:  # most slices lie inside one matrix: a scalar multiply, no mask pass
                 w_.mul_(1.0 - lr * weight_decay)
-            else:
+            elif decay is None:
                 w_.mul_(b.fill_(1.0).masked_fill_(decay_mask[lo:hi], 1.0 - lr * weight_decay))
         m_.lerp_(g_, 1.0 - beta1)
         v_.mul_(beta2).addcmul_(g_, g_, value=1.0 - beta2)
         denom = torch.sqrt(v_, out=b).div_(bias_correction2_sqrt).add_(eps)
         w_.addcdiv_(m_, denom, value=-lr / bias_correction1)
     return norm
+
+
+def _uniform(mask: torch.Tensor) -> bool | None:
+    """True if every element decays, False if none does, None if mixed."""
+    if mask.all():
+        return True
+    return None if mask.any() else False
 
 
 @triton.jit
