@@ -188,8 +188,12 @@ def commit_checkpoint(run_dir: str | Path, step: int, payload: np.ndarray | memo
 
 
 def remove_stale_tmp(run_dir: str | Path) -> list[Path]:
-    """Delete leftovers of interrupted commits (never valid checkpoints); return what was removed."""
-    stale = [p for p in Path(run_dir).glob(f"step_*.bin{TMP_SUFFIX}")]
+    """Delete leftovers of interrupted atomic writes (checkpoints, sidecars, token files); return them.
+
+    Every file andrea writes atomically goes through `<name>.tmp`, and none is ever read: all are garbage.
+    """
+    run_dir = Path(run_dir)
+    stale = sorted(run_dir.glob(f"*{TMP_SUFFIX}")) + sorted(run_dir.glob(f"data/*{TMP_SUFFIX}"))
     for p in stale:
         p.unlink(missing_ok=True)
     return stale

@@ -50,10 +50,13 @@ def resolve_config(args: argparse.Namespace, run_dir: Path | None) -> RunConfig:
     saved = run_dir / "run.toml" if run_dir is not None else None
     base = config_mod.read_toml(saved) if saved is not None and saved.exists() else None
     preset = args.preset or (None if args.config or base else DEFAULT_PRESET)
-    return config_mod.load(preset=preset, config_file=args.config, base=base, overrides=overrides)
+    return config_mod.load(preset=preset, config_file=args.config, base=base, overrides=overrides,
+                           base_source=str(saved))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from andrea.control.signals import EarlySignals
+    early = EarlySignals()  # before the slow imports: a SIGTERM from now on ends in a clean stop
     run_dir = Path(args.run_dir)
     cfg = resolve_config(args, run_dir)
     try:
@@ -72,7 +75,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     from andrea.control.runtime import TrainingRun
     run = TrainingRun(cfg, run_dir, device=device, kernels=kernels,
-                      init_from=Path(args.init_from) if args.init_from else None)
+                      init_from=Path(args.init_from) if args.init_from else None, early=early)
     return run_async(run.main(cfg.train.steps))
 
 
@@ -102,7 +105,7 @@ def expected_n_params(run_dir: Path) -> int | None:
     if not saved.exists():
         return None
     from andrea.model import layout_for, n_params
-    return n_params(layout_for(config_mod.load(base=config_mod.read_toml(saved)).model))
+    return n_params(layout_for(config_mod.load(base=config_mod.read_toml(saved), base_source=str(saved)).model))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -136,7 +139,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / "run.toml").exists():
         raise ckpt.CheckpointError(f"{run_dir}: not a run directory (no run.toml)")
-    cfg = config_mod.load(base=config_mod.read_toml(run_dir / "run.toml"))
+    cfg = config_mod.load(base=config_mod.read_toml(run_dir / "run.toml"), base_source=str(run_dir / "run.toml"))
     trainer = Trainer(cfg, torch.device("cpu"))
     if args.step is None:
         info, _ = ckpt.newest_valid(run_dir, trainer.n)

@@ -175,6 +175,10 @@ class PolicyConfig:
     gamma: float = 0.05
     """EXP3 exploration: share of uniform mixing before the caps/floors projection."""
 
+    def __post_init__(self) -> None:
+        if self.update_every < 1 or self.eta <= 0 or not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError("policy.update_every must be >= 1, policy.eta > 0 and policy.gamma in [0, 1]")
+
 
 @dataclass
 class SampleConfig:
@@ -196,6 +200,13 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
+
+    def __post_init__(self) -> None:
+        from andrea.control.bandit import PolicyError, validate_policy  # pure numpy; no import cycle
+        try:
+            validate_policy(self.data.arm_names(), self.policy.caps, self.policy.floors)
+        except PolicyError as e:
+            raise ConfigError(str(e)) from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -255,26 +266,40 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 def from_dict(raw: dict[str, Any], source: str = "config") -> RunConfig:
     """Build and validate a RunConfig; every unknown key or bad value is one `ConfigError` line."""
-    unknown = set(raw) - set(SECTIONS)
-    if unknown:
-        raise ConfigError(f"{source}: {_unknown_message(sorted(unknown)[0], list(SECTIONS))}")
+    check_keys(raw, source)
     try:
         return RunConfig(**{name: _build(cls, raw.get(name, {}), name) for name, cls in _section_types().items()})
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
 
 
+def check_keys(raw: dict[str, Any], source: str) -> None:
+    """Refuse unknown section or key names, naming `source` (checked per file, before layers are merged)."""
+    for section, body in raw.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"{source}: {_unknown_message(section, list(SECTIONS))}")
+        if isinstance(body, dict):
+            names = [f.name for f in dataclasses.fields(_section_types()[section])]
+            for key in body:
+                if key not in names:
+                    raise ConfigError(f"{source}: {_unknown_message(f'{section}.{key}', [f'{section}.{n}' for n in names])}")
+
+
 def load(preset: str | None = None, config_file: str | Path | None = None, base: dict[str, Any] | None = None,
-         overrides: list[str] = ()) -> RunConfig:
-    """Resolve a configuration: base (e.g. a run's run.toml) or preset, then a config file, then --set items."""
-    raw: dict[str, Any] = dict(base or {})
-    source = "config"
+         overrides: list[str] = (), base_source: str = "run.toml") -> RunConfig:
+    """Resolve a configuration. Later layers win: preset < base (a run's run.toml) < config file < --set items.
+
+    So an existing run keeps its own settings when a command line names its preset again, and anything
+    given explicitly (a file, a flag, --set) still applies. Each layer's keys are checked on their own, so
+    an unknown key is attributed to the file or flag that holds it.
+    """
+    layers: list[tuple[str, dict[str, Any]]] = []
     if preset is not None:
-        raw = merge(raw, parse_toml(preset_text(preset), f"preset {preset}"))
-        source = f"preset {preset}"
+        layers.append((f"preset {preset}", parse_toml(preset_text(preset), f"preset {preset}")))
+    if base:
+        layers.append((base_source, base))
     if config_file is not None:
-        raw = merge(raw, read_toml(config_file))
-        source = str(config_file)
+        layers.append((str(config_file), read_toml(config_file)))
     for item in overrides:
         keys, value = parse_override(item)
         node: dict[str, Any] = {}
@@ -282,9 +307,12 @@ def load(preset: str | None = None, config_file: str | Path | None = None, base:
         for k in keys[:-1]:
             cursor = cursor.setdefault(k, {})
         cursor[keys[-1]] = value
-        raw = merge(raw, node)
-        source = f"{source} + --set {item}"
-    return from_dict(raw, source)
+        layers.append((f"--set {item}", node))
+    raw: dict[str, Any] = {}
+    for source, layer in layers:
+        check_keys(layer, source)
+        raw = merge(raw, layer)
+    return from_dict(raw, " + ".join(source for source, _ in layers) or "defaults")
 
 
 def _section_types() -> dict[str, type]:

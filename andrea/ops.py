@@ -32,7 +32,7 @@ def run_config(run_dir: Path) -> config_mod.RunConfig:
     path = run_dir / sidecars.CONFIG_NAME
     if not path.exists():
         raise FileNotFoundError(f"{run_dir}: not a run directory (no {sidecars.CONFIG_NAME})")
-    return config_mod.load(base=config_mod.read_toml(path))
+    return config_mod.load(base=config_mod.read_toml(path), base_source=str(path))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -85,7 +85,8 @@ def cmd_branch(args: argparse.Namespace) -> int:
     parent, dest, step = Path(args.run_dir), Path(args.to), args.step
     parent_cfg = run_config(parent)
     overrides = list(args.set or [])
-    cfg = config_mod.load(base=parent_cfg.to_dict(), config_file=args.config, overrides=overrides)
+    cfg = config_mod.load(base=parent_cfg.to_dict(), config_file=args.config, overrides=overrides,
+                          base_source=str(parent / sidecars.CONFIG_NAME))
     n = _n_params(parent_cfg)
     if _n_params(cfg) != n:
         raise config_mod.ConfigError(f"branch: the new configuration has {_n_params(cfg)} parameters, "

@@ -96,9 +96,9 @@ def validate_policy(arms: list[str], caps: dict[str, float], floors: dict[str, f
             raise PolicyError(f"policy: arm {arm!r} has cap {h!r} below its floor {l!r}")
     # fsum is exactly rounded: floors written as 0.2/0.3/0.5 sum to 1, not 1.0000000000000002.
     if math.fsum(lo) > 1.0:
-        raise PolicyError(f"policy.floors sum to {math.fsum(lo)!r} > 1: they cannot all be met")
+        raise PolicyError(f"policy.floors sum to {math.fsum(lo):.6g} > 1: they cannot all be met")
     if math.fsum(hi) < 1.0:
-        raise PolicyError(f"policy.caps sum to {math.fsum(hi)!r} < 1 (uncapped arms count 1): "
+        raise PolicyError(f"policy.caps sum to {math.fsum(hi):.6g} < 1 (uncapped arms count 1): "
                           "the mixture cannot fill the simplex")
     return Policy(tuple(arms), lo, hi)
 

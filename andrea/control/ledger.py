@@ -17,6 +17,7 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
     start   a new run began at step 0            {"event": "start", "step": 0, "n_params": ..., "seed": ...}
     resume  training continues from a checkpoint {"event": "resume", "step": 40, "from": "step_000040.bin"}
             — step entries above 40 written before this marker are superseded by the entries after it
+            (a `start` marker likewise supersedes every entry before it: the run began again from step 0)
     eval    validation loss                      {"event": "eval", "step": 500, "val_loss": ..., "arms": {...}}
     pivot   a new data policy (SPEC §5)          {"event": "pivot", "step": ..., "phase": k, ...}
     branch  an audit branch starts here          {"event": "branch", "step": S, "parent": DIR}
@@ -159,10 +160,13 @@ def read_ledger(path: str | Path) -> LedgerContents:
 
 
 def history(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The effective step entries: a resume/branch marker at step S supersedes earlier entries above S."""
+    """The effective step entries: a start/resume/branch marker at step S supersedes earlier entries above S.
+
+    (A `start` after entries means a run that died before its first checkpoint began again from step 0.)
+    """
     kept: list[dict[str, Any]] = []
     for e in entries:
-        if e.get("event") in ("resume", "branch"):
+        if e.get("event") in ("start", "resume", "branch"):
             kept = [k for k in kept if k["step"] <= e["step"]]
         elif "event" not in e:
             kept.append(e)

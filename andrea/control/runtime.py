@@ -38,7 +38,8 @@ from andrea.control.ledger import LEDGER_NAME, LossLedger, marker
 from andrea.control.proxy import Batch, DataProxy
 from andrea.control.records import StepRecord, StepRecords
 from andrea.control.runlock import RunLock
-from andrea.control.signals import Requests, abort_now, boundary_action, install_handlers, remove_handlers
+from andrea.control.signals import (EarlySignals, Requests, abort_now, boundary_action, install_handlers,
+                                    remove_handlers)
 from andrea.control.writer import CheckpointWriter
 from andrea.data import store
 from andrea.progress import Progress
@@ -55,7 +56,7 @@ class RunFailed(RuntimeError):
 
 class TrainingRun:
     def __init__(self, cfg: RunConfig, run_dir: Path, *, device: torch.device, kernels: str,
-                 init_from: Path | None = None):
+                 init_from: Path | None = None, early: EarlySignals | None = None):
         self.cfg, self.run_dir = cfg, run_dir
         self.device, self.kernels, self.init_from = device, kernels, init_from
         self.req = Requests()
@@ -65,6 +66,7 @@ class TrainingRun:
         self.lines: list[dict] = []
         self.last_flush = self.last_fsync = time.monotonic()
         self.ledger_future = None
+        self.early = early
 
     # --- signals -------------------------------------------------------------------------------------------
     def on_signal(self, sig: signal.Signals) -> None:
@@ -252,6 +254,8 @@ class TrainingRun:
         lock = RunLock(self.run_dir)
         lock.acquire()
         install_handlers(loop, self.on_signal)
+        for sig in self.early.received if self.early else ():
+            self.on_signal(sig)
         try:
             for stale in ckpt.remove_stale_tmp(self.run_dir):
                 log.warning("removed %s left by an interrupted commit (never a valid checkpoint)", stale.name)

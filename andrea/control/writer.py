@@ -91,7 +91,11 @@ class CheckpointWriter:
             self._apply_retention()
             return CommitResult(step, self.run_dir / ckpt.checkpoint_name(step), time.perf_counter() - t0)
         except OSError as e:
-            reason = f"{self.run_dir / ckpt.checkpoint_name(step)}: checkpoint write failed: {e.strerror or e}"
+            final = self.run_dir / ckpt.checkpoint_name(step)
+            if not final.exists():  # companions of a checkpoint that never landed would only take space
+                for companion in self.run_dir.glob(f"{final.stem}.*.json"):
+                    companion.unlink(missing_ok=True)
+            reason = f"{final}: checkpoint write failed: {e.strerror or e}"
             return CommitResult(step, None, time.perf_counter() - t0, reason)
 
     def _finished(self, fut: asyncio.Future) -> None:

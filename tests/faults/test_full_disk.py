@@ -1,0 +1,195 @@
+"""Full disk: a real trainer on a size-limited tmpfs (and, always, ENOSPC injected in-process at the write call).
+
+Documented behaviour (checkpoint.on_write_error): "retry" logs the error, keeps training and tries again at the
+next cadence; a failed FINAL checkpoint exits 1 with the reason; "stop" exits 1 at once. In every case the
+previous checkpoint stays intact, no half-written file is left behind under a checkpoint name, and the ledger
+neither tears nor loses a line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from andrea import checkpoint as ckpt
+from andrea.control.writer import CheckpointWriter
+from tests.faults.conftest import remount_size
+from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, first_line_with, last_error_line,
+                                  newest_committed, stale_tmp)
+from tests.runs import Trainer, seed_data, train
+
+ENOSPC_TEXT = os.strerror(errno.ENOSPC)
+
+
+def _seeded_bytes(prepared: Path) -> int:
+    return (prepared / "tokenizer.json").stat().st_size + sum(p.stat().st_size for p in (prepared / "data").iterdir())
+
+
+def _one_and_a_half_checkpoints(prepared: Path, n: int) -> int:
+    """Room for the data, one checkpoint and its sidecars, but not for a second checkpoint's temporary file."""
+    return _seeded_bytes(prepared) + ckpt.checkpoint_bytes(n) * 3 // 2 + (256 << 10)
+
+
+def _fill(directory: Path) -> Path:
+    """Write a filler file until the filesystem is completely full (down to the last byte)."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for chunk in (1 << 20, 1 << 12, 1):
+            while True:
+                try:
+                    os.write(fd, bytes(chunk))
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    break
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_full_disk_retry_logs_the_error_keeps_training_and_a_failed_final_write_exits_1(prepared, tmpfs, n_params):
+    run = seed_data(prepared, tmpfs(_one_and_a_half_checkpoints(prepared, n_params)))
+    result = train(run, "--steps", "30", "--checkpoint-every", "10")
+    message = last_error_line(result.stderr)
+    REPORT.note("full disk", f"tmpfs, retry: exit {result.returncode}; {message[:200]}")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert message.startswith("andrea: error: ") and "step_000030.bin" in message and ENOSPC_TEXT in message, message
+    error20 = first_line_with(result.stderr, "step_000020.bin: checkpoint write failed")
+    assert " ERROR " in error20 and ENOSPC_TEXT in error20, result.stderr[-3000:]
+    assert [p.name for _, p in ckpt.list_checkpoints(run)] == ["step_000010.bin"]
+    assert not checkpoint_problems(run, n_params)
+    assert not list(run.glob("step_*.bin.tmp")), "a half-written checkpoint was left behind"
+    led = check_ledger(run, 30)  # training went on to 30 after the failed write at 20
+    assert led.ok, (led.broken, led.lost[:10], led.doubled[:10])
+
+
+def test_full_disk_with_the_stop_policy_exits_1_at_the_first_failed_write(prepared, tmpfs, n_params):
+    run = seed_data(prepared, tmpfs(_one_and_a_half_checkpoints(prepared, n_params)))
+    result = train(run, "--steps", "1000", "--checkpoint-every", "10", "--set", 'checkpoint.on_write_error="stop"')
+    message = last_error_line(result.stderr)
+    REPORT.note("full disk", f"tmpfs, stop: exit {result.returncode}; {message[:200]}")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "step_000020.bin" in message and ENOSPC_TEXT in message, message
+    led = check_ledger(run, 10)
+    assert led.ok, (led.broken, led.lost[:10])
+    assert max(e["step"] for e in led.entries if "event" not in e) < 40, "kept training after the failed write"
+    assert newest_committed(run) == 10 and not checkpoint_problems(run, n_params)
+    assert not list(run.glob("step_*.bin.tmp"))
+
+
+def test_after_space_is_freed_the_next_cadence_commits_and_sigterm_exits_0(prepared, tmpfs, launch, n_params):
+    disk = tmpfs(_one_and_a_half_checkpoints(prepared, n_params))
+    run = seed_data(prepared, disk)
+    t = launch(run, "--steps", "10000000", "--checkpoint-every", "10")
+    t.wait_ready()
+    t.wait_for(lambda l: "checkpoint write failed" in l, 60)
+    assert t.proc.poll() is None, "a failed write under the retry policy stopped training"
+    remount_size(disk, _seeded_bytes(prepared) + 8 * ckpt.checkpoint_bytes(n_params))
+    line = t.wait_for(lambda l: "committed" in l and "step_000010.bin" not in l, 60)
+    t.proc.send_signal(signal.SIGTERM)
+    assert t.wait_exit(60) == 0, t.output()
+    REPORT.note("full disk", f"tmpfs grown after a failed write: {line.split(': ', 1)[-1]}; SIGTERM exit 0")
+    assert not checkpoint_problems(run, n_params) and newest_committed(run) > 20
+    led = check_ledger(run, newest_committed(run))
+    assert led.ok, (led.broken, led.lost[:10], led.doubled[:10])
+
+
+@pytest.fixture(scope="module")
+def disk_filled_mid_run(prepared, tmp_path_factory, n_params):
+    """A trainer whose disk fills to the last byte mid-run (ledger appends fail too), then frees, then SIGTERM."""
+    disk = tmp_path_factory.mktemp("filled") / "disk"
+    disk.mkdir()
+    size = _seeded_bytes(prepared) + 4 * ckpt.checkpoint_bytes(n_params)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size // 1024}k", "tmpfs", str(disk)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); see the in-process ENOSPC test")
+    t = None
+    try:
+        run = seed_data(prepared, disk)
+        t = Trainer(run, "--steps", "10000000", "--checkpoint-every", "10", "--set", "checkpoint.keep_last=1")
+        t.wait_ready()
+        t.wait_for(lambda l: "step_000010.bin committed" in l, 60)
+        filler = _fill(disk)
+        failed = t.wait_for(lambda l: "checkpoint write failed" in l, 60)
+        failed_step = ckpt.step_of(failed.split(": checkpoint")[0].rsplit("/", 1)[-1])
+        t.wait_for(lambda l: f"step {failed_step + 20}/" in l or f"step_{failed_step + 10:06d}.bin" in l, 60)
+        filler.unlink()
+        t.wait_for(lambda l: "committed" in l and ckpt.checkpoint_name(failed_step) < l.split("checkpoint ")[-1], 60)
+        t.proc.send_signal(signal.SIGTERM)
+        rc = t.wait_exit(60)
+        REPORT.note("full disk", f"disk filled to the last byte mid-run (ledger too), then freed: exit {rc}; "
+                                 f"ledger errors logged: {sum('.loss.json' in l and 'ERROR' in l for l in t.lines)}; "
+                                 f"leftover temporary files: {stale_tmp(run)[:4]}")
+        yield run, rc, t
+    finally:
+        if t is not None:
+            t.kill()
+        if subprocess.run(["umount", str(disk)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_a_disk_full_to_the_last_byte_never_tears_or_silently_drops_ledger_lines(disk_filled_mid_run, n_params):
+    run, rc, t = disk_filled_mid_run
+    assert rc == 0, t.output()
+    assert not checkpoint_problems(run, n_params)
+    led = check_ledger(run, newest_committed(run))
+    assert led.broken is None, f"the full disk tore a line in the middle of the ledger: {led.broken}"
+    assert not led.lost, (f"{len(led.lost)} ledger entries at or before checkpoint {newest_committed(run)} were "
+                          f"silently lost while the disk was full: {led.lost[:10]}…")
+
+
+def test_a_full_disk_leaves_no_temporary_files_behind_after_a_clean_exit(disk_filled_mid_run):
+    run, rc, t = disk_filled_mid_run
+    assert not stale_tmp(run), f"temporary files left by failed writes: {stale_tmp(run)}"
+
+
+# --- ENOSPC injected in-process (works without mount privileges) --------------------------------------------------
+def _payload(n: int, seed: int) -> np.ndarray:
+    p = np.random.default_rng(seed).standard_normal(3 * n).astype(np.float32)
+    p[2 * n:] = np.abs(p[2 * n:])  # v >= 0
+    return p
+
+
+def test_enospc_at_the_write_call_fails_the_commit_cleanly_and_the_next_commit_succeeds(tmp_path, monkeypatch):
+    n = 1000
+    old = ckpt.commit_checkpoint(tmp_path, 10, _payload(n, 1))
+    old_bytes = old.read_bytes()
+    real_pwrite = os.pwrite
+    full = {"on": True}
+
+    def pwrite(fd, data, offset):
+        if full["on"] and len(data) > 8:  # the header fits, the payload does not: a partial file
+            raise OSError(errno.ENOSPC, ENOSPC_TEXT)
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    io = ThreadPoolExecutor(1)
+
+    async def commit(step: int):
+        writer = CheckpointWriter(tmp_path, n, torch.device("cpu"), io, keep_last=5, keep_every=0)
+        writer.staging[0].copy_(torch.from_numpy(_payload(n, step)))
+        await writer.start_commit(0, step, None)
+        return writer
+
+    writer = asyncio.run(commit(20))
+    REPORT.note("full disk", f"in-process ENOSPC at os.pwrite: {writer.last_error}")
+    assert writer.last_error and "step_000020.bin" in writer.last_error and ENOSPC_TEXT in writer.last_error
+    assert writer.last_committed is None
+    assert old.read_bytes() == old_bytes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000010.bin"], "a half file was left behind"
+    full["on"] = False
+    writer = asyncio.run(commit(30))
+    io.shutdown()
+    assert writer.last_error is None and writer.last_committed == 30
+    assert not checkpoint_problems(tmp_path, n)
