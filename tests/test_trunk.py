@@ -140,3 +140,25 @@ def test_sample_generates_from_a_checkpoint(run_with_checkpoints):
     result = andrea("sample", str(run_with_checkpoints), "--prompt", "def ", "--max-new-tokens", "8")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("def ") and len(result.stdout.strip()) > len("def")
+
+
+def test_user_arms_from_a_text_directory_and_a_token_file(tmp_path):
+    texts = tmp_path / "notes"
+    (texts / "sub").mkdir(parents=True)
+    for i in range(6):
+        (texts / "sub" / f"note{i}.md").write_text(f"Note {i}: the checkpoint is the heart of the run. " * 40)
+    tokens = tmp_path / "train.bin"
+    np.random.default_rng(0).integers(0, 512, 20_000, dtype=np.uint16).tofile(tokens)  # nanoGPT prepare.py layout
+    run = tmp_path / "run"
+    sources = f"[{{name='notes', path='{texts}'}}, {{name='tok', path='{tokens}', kind='tokens'}}]"
+    result = train(run, "--steps", "10", "--set", "data.arms=['pydoc-topics']", "--set", f"data.sources={sources}",
+                   "--set", "policy.floors={tok=0.25, notes=0.25}")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (run / "data").iterdir()) == [
+        "notes.train.u16", "notes.val.u16", "pydoc-topics.train.u16", "pydoc-topics.val.u16"]
+    shares = json.loads((run / ".state.json").read_text())["shares"]
+    assert set(shares) == {"pydoc-topics", "notes", "tok"} and shares["tok"] >= 0.25 and shares["notes"] >= 0.25
+    big = tmp_path / "big.bin"
+    np.full(100, 9000, dtype=np.uint16).tofile(big)
+    bad = train(tmp_path / "bad", "--steps", "1", "--set", f"data.sources=[{{name='big', path='{big}', kind='tokens'}}]")
+    assert bad.returncode == 1 and f"{big}: token id 9000 does not fit model.vocab_size=512" in error_line(bad)
