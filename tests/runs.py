@@ -7,6 +7,7 @@ only for what it tests.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import queue
@@ -52,6 +53,12 @@ def ledger(run_dir: Path) -> list[dict]:
 
 def steps_in_ledger(run_dir: Path) -> list[int]:
     return [e["step"] for e in ledger(run_dir) if "event" not in e]
+
+
+def tree_digest(run_dir: Path) -> dict[str, str]:
+    """sha256 of every file under run_dir, by relative path (what "unchanged" means for an error path)."""
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
 def header(path: Path) -> tuple[int, int]:

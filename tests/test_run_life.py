@@ -6,7 +6,7 @@ import signal
 
 from andrea import checkpoint as ckpt
 from andrea.control.ledger import history, read_ledger
-from tests.runs import Trainer, andrea, ledger, seed_data, train, wait_until
+from tests.runs import Trainer, andrea, ledger, seed_data, train
 
 EVERY = ["--checkpoint-every", "20", "--set", "sample.every=20"]
 POLICY = "[policy]\nfloors = { pydoc-topics = 0.6 }\ncaps = { stdlib-code = 0.1 }\n"

@@ -1,19 +1,12 @@
 """The trunk end to end, through the real CLI: layout on disk, bit-exact resume, learning, bad input."""
 
-import hashlib
 import json
 import math
 
 import numpy as np
 import pytest
 
-from tests.runs import andrea, header, ledger, seed_data, train
-
-
-def snapshot(run_dir):
-    """Every file's bytes hash: 'nothing in the run dir is damaged' means this does not change."""
-    return {p.relative_to(run_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(run_dir.rglob("*")) if p.is_file() and p.name not in ("train.lock",)}
+from tests.runs import andrea, header, ledger, seed_data, train, tree_digest
 
 
 def test_checkpoint_on_disk_matches_info_layout(prepared, tmp_path):
@@ -92,21 +85,21 @@ def test_init_from_truncated_file_is_refused(run_with_checkpoints, tmp_path):
     run = run_with_checkpoints
     bad = tmp_path / "step_000040.bin"
     bad.write_bytes((run / "step_000040.bin").read_bytes()[:-4])
-    before = snapshot(run)
+    before = tree_digest(run)
     result = train(run, "--init-from", str(bad), "--steps", "50")
     assert result.returncode == 1
     assert str(bad) in error_line(result) and "truncated" in error_line(result)
-    assert snapshot(run) == before
+    assert tree_digest(run) == before
 
 
 def test_checkpoint_of_another_model_is_refused(run_with_checkpoints, prepared, tmp_path):
     run = run_with_checkpoints
-    before = snapshot(run)
+    before = tree_digest(run)
     result = train(run, "--set", "model.n_layer=3", "--steps", "50")
     assert result.returncode == 1
     line = error_line(result)
     assert "step_000040.bin" in line and "n_params=169728" in line and "this model has" in line
-    assert snapshot(run) == before
+    assert tree_digest(run) == before
     other = seed_data(prepared, tmp_path / "other")
     result = train(other, "--init-from", str(run / "step_000040.bin"), "--set", "model.n_embd=32", "--steps", "50")
     assert result.returncode == 1 and "checkpoint of another model: n_params=169728" in error_line(result)
@@ -114,10 +107,10 @@ def test_checkpoint_of_another_model_is_refused(run_with_checkpoints, prepared, 
 
 def test_unknown_config_key_is_one_line_exit_2(run_with_checkpoints):
     run = run_with_checkpoints
-    before = snapshot(run)
+    before = tree_digest(run)
     result = train(run, "--set", "train.learning_rate=0.1")
     assert result.returncode == 2 and "unknown key 'train.learning_rate'" in error_line(result)
-    assert snapshot(run) == before
+    assert tree_digest(run) == before
 
 
 def test_missing_data_path_is_one_line(tmp_path):

@@ -9,7 +9,6 @@ Invariants (what a fault may never do to a run directory):
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -29,15 +28,6 @@ def tiny_n_params() -> int:
     from andrea import config
     from andrea.model import layout_for, n_params
     return n_params(layout_for(config.load(preset=TINY_PRESET).model))
-
-
-def tree_digest(run_dir: Path) -> dict[str, str]:
-    """sha256 of every file under run_dir, by relative path (what "unchanged" means for an error path)."""
-    out = {}
-    for p in sorted(run_dir.rglob("*")):
-        if p.is_file():
-            out[str(p.relative_to(run_dir))] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
 
 
 def digest_diff(before: dict[str, str], after: dict[str, str]) -> list[str]:

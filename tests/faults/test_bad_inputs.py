@@ -21,8 +21,8 @@ import pytest
 
 from andrea import checkpoint as ckpt
 from andrea.control.ledger import read_ledger
-from tests.faults.harness import REPORT, digest_diff, first_line_with, last_error_line, tree_digest
-from tests.runs import train
+from tests.faults.harness import REPORT, digest_diff, first_line_with, last_error_line
+from tests.runs import train, tree_digest
 
 STEP20, STEP70 = ckpt.checkpoint_name(20), ckpt.checkpoint_name(70)
 
