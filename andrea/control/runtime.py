@@ -246,7 +246,13 @@ class TrainingRun:
         every = self.cfg.sample.every or self.cfg.checkpoint.every
         if step > 0 and step % every == 0 and self.codec is not None and self.cfg.sample.prompts:
             audits = await loop.run_in_executor(self.train, audit.sample_audits, trainer, self.codec, self.cfg, step)
-            self.io.submit(sidecars.append_audit, self.run_dir, audits, self.cfg.sample.keep)
+            self.io.submit(self._write_audits, audits)
+
+    def _write_audits(self, audits: list[dict]) -> None:
+        try:
+            sidecars.append_audit(self.run_dir, audits, self.cfg.sample.keep)
+        except OSError as e:  # an audit is worth a warning, never the run
+            log.error("%s: sample audit of step %d not written: %s", sidecars.SAMPLES_NAME, audits[0]["step"], e)
 
     # --- the loop ------------------------------------------------------------------------------------------
     async def main(self, stop_at: int, out=sys.stdout) -> int:
@@ -258,7 +264,8 @@ class TrainingRun:
             self.on_signal(sig)
         try:
             for stale in ckpt.remove_stale_tmp(self.run_dir):
-                log.warning("removed %s left by an interrupted commit (never a valid checkpoint)", stale.name)
+                log.warning("removed %s left by an interrupted write (never read as a checkpoint or sidecar)",
+                            stale.relative_to(self.run_dir))
             self.ledger = LossLedger(self.run_dir / LEDGER_NAME)
             if self.ledger.torn_bytes:
                 log.warning("%s: cut a torn last line of %d bytes left by a crash", LEDGER_NAME,
