@@ -28,10 +28,22 @@ import torch.nn.functional as F
 from andrea.config import ModelConfig
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+LayerNormFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor]
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm (same parameters, same names) whose math can come from a fused kernel."""
+
+    def __init__(self, ndim: int, bias: bool, fn: LayerNormFn | None = None):
+        super().__init__(ndim, bias=bias)
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) if self.fn is None else self.fn(x, self.weight, self.bias, self.eps)
 
 
 class CausalSelfAttention(nn.Module):
@@ -65,11 +77,11 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, attention: AttentionFn):
+    def __init__(self, cfg: ModelConfig, attention: AttentionFn, layer_norm: LayerNormFn | None):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.ln_1 = LayerNorm(cfg.n_embd, cfg.bias, layer_norm)
         self.attn = CausalSelfAttention(cfg, attention)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.ln_2 = LayerNorm(cfg.n_embd, cfg.bias, layer_norm)
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -78,15 +90,18 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig, attention: AttentionFn = sdpa_attention):
+    def __init__(self, cfg: ModelConfig, attention: AttentionFn = sdpa_attention,
+                 layer_norm: LayerNormFn | None = None):
+        """`attention` and `layer_norm` choose the math (torch by default, the Triton kernels with
+        --kernels triton); they never change the parameters or their order."""
         super().__init__()
         self.cfg = cfg
         # Registration order below IS the checkpoint's parameter order; do not reorder.
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
-        self.h = nn.ModuleList(Block(cfg, attention) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.h = nn.ModuleList(Block(cfg, attention, layer_norm) for _ in range(cfg.n_layer))
+        self.ln_f = LayerNorm(cfg.n_embd, cfg.bias, layer_norm)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None

@@ -73,9 +73,8 @@ class Trainer:
         self.cfg = cfg
         self.device = device
         self.kernels = kernels
-        attention = _attention_fn(kernels)
         with torch.device("meta"):
-            self.model = GPT(cfg.model, attention)
+            self.model = GPT(cfg.model, *_model_kernels(kernels))
         self.layout: list[ParamSpec] = param_layout(self.model)
         self.n = n_params(self.layout)
         self.state = FlatState(self.n, device)
@@ -162,12 +161,13 @@ class Trainer:
         return out[0, len(ids):].tolist()
 
 
-def _attention_fn(kernels: str):
+def _model_kernels(kernels: str) -> tuple:
+    """(attention, layer_norm) for the model: the Triton kernels, or SDPA and torch's LayerNorm."""
     if kernels == "triton":
-        from andrea.kernels import attention
-        return attention
+        from andrea.kernels import attention, layer_norm
+        return attention, layer_norm
     from andrea.model import sdpa_attention
-    return sdpa_attention
+    return sdpa_attention, None
 
 
 def _adamw_fn(kernels: str):

@@ -3,6 +3,7 @@
 from andrea.kernels.adamw import adamw_reference, adamw_step
 from andrea.kernels.attention import attention, attention_reference
 from andrea.kernels.cross_entropy import cross_entropy, cross_entropy_reference
+from andrea.kernels.layernorm import layer_norm, layer_norm_reference
 
 __all__ = ["adamw_reference", "adamw_step", "attention", "attention_reference", "cross_entropy",
-           "cross_entropy_reference"]
+           "cross_entropy_reference", "layer_norm", "layer_norm_reference"]
