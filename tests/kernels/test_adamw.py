@@ -1,14 +1,18 @@
-"""AdamW (andrea/kernels/adamw.py): the Triton kernel and the plain-torch reference against torch.optim.AdamW.
+"""AdamW (andrea/kernels/adamw.py): the Triton kernel and the plain-torch reference against torch.optim.AdamW,
+on the CPU under the Triton interpreter and on CUDA with the compiled kernel (tests/kernels/conftest.py decides).
 
 The flat-buffer update with a decay mask must equal torch's AdamW over two parameter groups (masked-in params
-with weight decay, the rest with weight_decay=0) with clip_grad_norm_ before every step. Lengths are odd
-(1, 1000, 4097: one element, one partial program, a one-element tail program under the interpreter's 4096 block).
+with weight decay, the rest with weight_decay=0) with clip_grad_norm_ before every step, on the same device.
+Lengths are odd (1, 1000, 4097: one element, one partial program, a one-element tail program under the
+interpreter's 4096 block; on CUDA's 1024 block, 4097 is four full programs and a one-element tail, and 1,000,003
+adds ~1000 programs).
 """
 
 import pytest
 import torch
 
 from andrea.kernels import adamw_reference, adamw_step
+from tests.kernels.conftest import DEVICES, ON_CPU, ON_CUDA
 
 HYPER = dict(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
 MAX_GRAD_NORM = 1.0
@@ -27,12 +31,15 @@ def _decay_mask(n):
 
 
 def _torch_adamw(w0, grads, mask, beta1=HYPER["beta1"]):
-    """w, m, v after STEPS steps of torch.optim.AdamW, scattered back into flat buffers."""
+    """w, m, v after STEPS steps of torch.optim.AdamW on w0's device, scattered back into flat buffers.
+
+    fused=False: torch's own unfused implementation (the for-loop on CPU, foreach on CUDA) is the reference;
+    its fused CUDA kernel is what bench/kernels.py races against, not what defines the semantics."""
     decayed = w0[mask].clone().requires_grad_()
     plain = w0[~mask].clone().requires_grad_()
     opt = torch.optim.AdamW([{"params": [decayed], "weight_decay": HYPER["weight_decay"]},
                              {"params": [plain], "weight_decay": 0.0}],
-                            lr=HYPER["lr"], betas=(beta1, HYPER["beta2"]), eps=HYPER["eps"])
+                            lr=HYPER["lr"], betas=(beta1, HYPER["beta2"]), eps=HYPER["eps"], fused=False)
     for g in grads:
         decayed.grad, plain.grad = g[mask].clone(), g[~mask].clone()
         torch.nn.utils.clip_grad_norm_([decayed, plain], MAX_GRAD_NORM)
@@ -49,7 +56,7 @@ def _torch_adamw(w0, grads, mask, beta1=HYPER["beta1"]):
 def _flat_adamw(update, w0, grads, mask, beta1=HYPER["beta1"]):
     """w, m, v after STEPS calls of `update` on views into one flat [w | m | v] buffer, as the trainer holds them."""
     n = w0.numel()
-    state = torch.zeros(3 * n)
+    state = torch.zeros(3 * n, device=w0.device)
     w, m, v = state[:n], state[n:2 * n], state[2 * n:]
     w.copy_(w0)
     norms = []
@@ -75,12 +82,16 @@ def _assert_close(name, got, want, ulps):
 TORCH_ULPS = 8
 
 
+SIZES = [pytest.param("cpu", n, marks=ON_CPU) for n in (1, 1000, 4097)] + [
+    pytest.param("cuda", n, marks=ON_CUDA) for n in (1, 1000, 4097, 1_000_003)]
+
+
 @pytest.mark.parametrize("update", [adamw_step, adamw_reference], ids=["kernel", "reference"])
-@pytest.mark.parametrize("n", [1, 1000, 4097])
+@pytest.mark.parametrize("device,n", SIZES)
 @pytest.mark.parametrize("beta1", [0.9, 0.3])  # 0.3: lerp weight 0.7 takes torch's other lerp formula
-def test_matches_torch_optim_adamw(update, n, beta1):
-    w0 = torch.randn(n, generator=torch.Generator().manual_seed(n))
-    grads, mask = _grads(n), _decay_mask(n)
+def test_matches_torch_optim_adamw(update, device, n, beta1):
+    w0 = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(device)  # drawn on the CPU: same values
+    grads, mask = [g.to(device) for g in _grads(n)], _decay_mask(n).to(device)
     ours, _ = _flat_adamw(update, w0, grads, mask, beta1)
     theirs = _torch_adamw(w0, grads, mask, beta1)
     for name, a, b in zip("wmv", ours, theirs):
@@ -89,14 +100,15 @@ def test_matches_torch_optim_adamw(update, n, beta1):
 
 @pytest.mark.parametrize("n", [1000, 4097])
 @pytest.mark.parametrize("mask_on,clip", [(True, MAX_GRAD_NORM), (False, None)])
-def test_kernel_matches_reference(n, mask_on, clip):
+@pytest.mark.parametrize("device", DEVICES)
+def test_kernel_matches_reference(device, n, mask_on, clip):
     # Same norm code, same op order: only per-op rounding (FMA contraction, vectorisation) may differ.
-    w0 = torch.randn(n, generator=torch.Generator().manual_seed(7))
-    mask = _decay_mask(n) if mask_on else None
+    w0 = torch.randn(n, generator=torch.Generator().manual_seed(7)).to(device)
+    mask = _decay_mask(n).to(device) if mask_on else None
     states, norm_lists = [], []
     for update in (adamw_step, adamw_reference):
-        w, m, v = w0.clone(), torch.zeros(n), torch.zeros(n)
-        norms = [update(w, g, m, v, step=s, decay_mask=mask, max_grad_norm=clip, **HYPER)
+        w, m, v = w0.clone(), torch.zeros(n, device=device), torch.zeros(n, device=device)
+        norms = [update(w, g.to(device), m, v, step=s, decay_mask=mask, max_grad_norm=clip, **HYPER)
                  for s, g in enumerate(_grads(n, seed=1), start=1)]
         states.append((w, m, v))
         norm_lists.append(torch.stack(norms))
@@ -105,18 +117,22 @@ def test_kernel_matches_reference(n, mask_on, clip):
         _assert_close(name, a, b, 4)
 
 
-def test_two_runs_are_bit_identical():
-    w0, mask = torch.randn(4097), _decay_mask(4097)
-    (a, na), (b, nb) = (_flat_adamw(adamw_step, w0, _grads(4097), mask) for _ in range(2))
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_runs_are_bit_identical(device):
+    w0, mask = torch.randn(4097).to(device), _decay_mask(4097).to(device)
+    grads = [g.to(device) for g in _grads(4097)]
+    (a, na), (b, nb) = (_flat_adamw(adamw_step, w0, grads, mask) for _ in range(2))
     assert all(torch.equal(x, y) for x, y in zip(a + na, b + nb))
 
 
-def test_returns_pre_clip_norm_as_device_tensor():
-    g = torch.full((10,), 3.0)
-    norm = adamw_step(torch.zeros(10), g, torch.zeros(10), torch.zeros(10), step=1, max_grad_norm=1.0, **HYPER)
+@pytest.mark.parametrize("device", DEVICES)
+def test_returns_pre_clip_norm_as_device_tensor(device):
+    g = torch.full((10,), 3.0, device=device)
+    zeros = [torch.zeros(10, device=device) for _ in range(3)]
+    norm = adamw_step(zeros[0], g, zeros[1], zeros[2], step=1, max_grad_norm=1.0, **HYPER)
     assert norm.dim() == 0 and norm.device == g.device
     assert norm.item() == pytest.approx(3.0 * 10 ** 0.5)
-    assert torch.equal(g, torch.full((10,), 3.0))  # the caller's gradient is not clipped in place
+    assert torch.equal(g, torch.full((10,), 3.0, device=device))  # the caller's gradient is not clipped in place
 
 
 def test_rejects_bad_buffers():
