@@ -6,7 +6,7 @@ PRESET ?= andrea-12m
 RUN_DIR ?= runs/$(PRESET)
 ARGS ?=
 
-.PHONY: train test faults bench venv clean
+.PHONY: train test faults bench gpu-wheels venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ faults: venv
 bench: venv
 	$(PY) bench/checkpoint.py --preset andrea-12m
 	$(PY) bench/train.py
+
+# Wheels the offline GPU machine lacks, for bench/gpu_check.sh (carry build/gpu_wheels to the device).
+gpu-wheels:
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: -d build/gpu_wheels tomli-w
 
 clean:
 	rm -rf $(VENV) .pytest_cache

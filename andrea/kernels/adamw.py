@@ -47,15 +47,17 @@ def adamw_reference(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.
     norm, coef = clip_coefficient(g, max_grad_norm)
     bias_correction1 = 1.0 - beta1 ** step
     bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** step)
-    scratch = torch.empty(2, min(REFERENCE_CHUNK, w.numel()), dtype=w.dtype, device=w.device)
-    for lo in range(0, w.numel(), REFERENCE_CHUNK):
-        hi = min(lo + REFERENCE_CHUNK, w.numel())
+    # Slices pay on a CPU (cache-sized passes); on a GPU they would only multiply launches and host syncs.
+    chunk = REFERENCE_CHUNK if w.device.type == "cpu" else max(1, w.numel())
+    scratch = torch.empty(2, min(chunk, w.numel()), dtype=w.dtype, device=w.device)
+    for lo in range(0, w.numel(), chunk):
+        hi = min(lo + chunk, w.numel())
         w_, m_, v_, g_ = w[lo:hi], m[lo:hi], v[lo:hi], g[lo:hi]
         a, b = scratch[0, :hi - lo], scratch[1, :hi - lo]
         if coef is not None:
             g_ = torch.mul(g_, coef, out=a)
         if weight_decay:
-            decay = True if decay_mask is None else _uniform(decay_mask[lo:hi])
+            decay = True if decay_mask is None else _uniform(decay_mask[lo:hi]) if chunk < w.numel() else None
             if decay is True:  # most slices lie inside one matrix: a scalar multiply, no mask pass
                 w_.mul_(1.0 - lr * weight_decay)
             elif decay is None:

@@ -26,8 +26,9 @@ CUDA_SHAPES = [(2, 3, 256, 64), (1, 2, 1024, 64), (1, 2, 333, 128)]
 
 # (device, dtype) of the kernel and of the plain-torch baseline it must stay within 2x of. bf16 runs on CUDA only
 # (see test_fp16_matches_fp64_reference for why the interpreter cannot check it).
-FLASH_CASES = [pytest.param("cpu", torch.float32, marks=ON_CPU)] + [
-    pytest.param("cuda", dtype, marks=ON_CUDA) for dtype in (torch.float32, torch.bfloat16, torch.float16)]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+FLASH_CASES = [pytest.param("cpu", torch.float32, marks=ON_CPU, id="cpu-fp32")] + [
+    pytest.param("cuda", dtype, marks=ON_CUDA, id=f"cuda-{name}") for name, dtype in DTYPES.items()]
 
 # fp32 errors on O(1) values are a few ulps (~1e-7) and the reference's can be exactly 0 (T = 1: softmax of one
 # score is exactly 1), where "2x of 0" would demand bit-equality. 1e-6 is ~8 fp32 ulps at magnitude 1: far below
@@ -73,7 +74,7 @@ def test_non_causal_matches_fp64_reference(device, dtype, B, H, T, D):
 
 @ON_CUDA
 @pytest.mark.parametrize("B,H,T,D", CUDA_SHAPES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("causal", [True, False])
 def test_model_shapes_match_fp64_reference_on_cuda(causal, dtype, B, H, T, D):
     _assert_flash_rule(attention, B, H, T, D, dtype, "cuda", causal=causal)

@@ -13,6 +13,10 @@ import torch.nn.functional as F
 
 from andrea.kernels import layer_norm, layer_norm_reference
 from andrea.kernels.layernorm import MAX_COLUMNS, layer_norm_config
+from tests.kernels.conftest import ON_CPU
+
+# CPU tensors under the interpreter only, for now; CUDA cases (bf16 input) are still to be written.
+pytestmark = ON_CPU
 
 # Errors here are a few fp32 ulps of O(1..40) values (~1e-7..1e-5) and the reference's can be 0 (one row, C = 16:
 # both can round identically), where "2x of 0" would demand bit-equality. 1e-6 is ~8 ulps at magnitude 1: far below
