@@ -93,8 +93,7 @@ class CheckpointWriter:
         except OSError as e:
             final = self.run_dir / ckpt.checkpoint_name(step)
             if not final.exists():  # companions of a checkpoint that never landed would only take space
-                for companion in self.run_dir.glob(f"{final.stem}.*.json"):
-                    companion.unlink(missing_ok=True)
+                self._remove_companions(step)
             reason = f"{final}: checkpoint write failed: {e.strerror or e}"
             return CommitResult(step, None, time.perf_counter() - t0, reason)
 
@@ -113,10 +112,13 @@ class CheckpointWriter:
     def _apply_retention(self) -> None:
         steps = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
         for step in ckpt.retention_victims(steps, self.keep_last, self.keep_every):
-            stem = ckpt.checkpoint_name(step)[:-4]
-            (self.run_dir / f"{stem}.bin").unlink(missing_ok=True)
-            for companion in self.run_dir.glob(f"{stem}.*.json"):
-                companion.unlink(missing_ok=True)
+            (self.run_dir / ckpt.checkpoint_name(step)).unlink(missing_ok=True)
+            self._remove_companions(step)
+
+    def _remove_companions(self, step: int) -> None:
+        """Delete `step_NNNNNN.*.json`, the files that belong to one checkpoint."""
+        for companion in self.run_dir.glob(f"{Path(ckpt.checkpoint_name(step)).stem}.*.json"):
+            companion.unlink(missing_ok=True)
 
     async def drain(self) -> list[CommitResult]:
         """Wait for every commit in flight; return their results."""
