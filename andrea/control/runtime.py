@@ -83,7 +83,7 @@ class TrainingRun:
                 log.info("SIGUSR1 received: checkpoint at step %d, then training continues", self.req.checkpoint_at)
             else:
                 log.info("SIGUSR1 received: coalesced into the checkpoint of step %d, not yet landed",
-                         self.req.checkpoint_at if self.req.checkpoint_at is not None else self.req.landing)
+                         self.req.pending_step)
         elif sig == signal.SIGHUP:
             self.on_sighup()
 
@@ -98,10 +98,8 @@ class TrainingRun:
         except ConfigError as e:
             log.error("SIGHUP received: refusing the new policy, training continues unchanged: %s", e)
             return
-        self.req.pivot = True
-        self.req.ask_checkpoint(self.step, self.cfg.checkpoint.every, self.cfg.checkpoint.usr1)
-        log.warning("SIGHUP received: pivot to %s at the checkpoint of step %d", path.name,
-                    self.req.checkpoint_at if self.req.checkpoint_at is not None else self.req.landing)
+        self.req.ask_pivot(self.step, self.cfg.checkpoint.every, self.cfg.checkpoint.usr1)
+        log.warning("SIGHUP received: pivot to %s at the checkpoint of step %d", path.name, self.req.checkpoint_at)
 
     def pivot(self, proxy: DataProxy) -> DataProxy:
         """At the pivot checkpoint: queue the archive (after that checkpoint's sidecars) and start a new phase."""

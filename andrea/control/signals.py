@@ -44,6 +44,19 @@ class Requests:
         self.checkpoint_at = checkpoint_target(current_step, every, align)
         return True
 
+    def ask_pivot(self, current_step: int, every: int, align: str) -> None:
+        """Record a SIGHUP pivot: it needs a checkpoint of its own, taken after the request — one already
+        landing predates it, so unlike SIGUSR1 it does not coalesce into that one."""
+        self.pivot = True
+        self.checkpoint_asked += 1
+        if self.checkpoint_at is None:
+            self.checkpoint_at = checkpoint_target(current_step, every, align)
+
+    @property
+    def pending_step(self) -> int | None:
+        """The step of the requested checkpoint not yet taken, else of the one taken but not yet landed."""
+        return self.checkpoint_at if self.checkpoint_at is not None else self.landing
+
 
 def checkpoint_target(current_step: int, every: int, align: str) -> int:
     """Step whose state a requested checkpoint holds: the step in flight finishes at current_step + 1."""

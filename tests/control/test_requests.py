@@ -37,3 +37,16 @@ def test_boundary_actions():
     assert act.checkpoint and not act.stop and act.reason == "SIGUSR1"
     req.pivot = True
     assert boundary_action(57, 1000, 100, req).pivot
+
+
+def test_a_pivot_does_not_coalesce_into_a_checkpoint_already_landing():
+    req = Requests()
+    req.ask_checkpoint(10, 100, "step")
+    req.checkpoint_at, req.landing = None, 11  # the SIGUSR1 checkpoint is taken, its commit in flight
+    req.ask_pivot(12, 100, "step")
+    act = boundary_action(13, 1000, 100, req)
+    assert req.checkpoint_at == 13 and act.checkpoint and act.pivot
+    req = Requests()
+    req.ask_checkpoint(10, 100, "step")  # pending, not yet taken: the pivot rides on it
+    req.ask_pivot(10, 100, "step")
+    assert req.checkpoint_at == 11 and boundary_action(11, 1000, 100, req).pivot
