@@ -22,6 +22,7 @@ from pathlib import Path
 
 from andrea import checkpoint as ckpt
 from andrea import config as config_mod
+from andrea import ops
 from andrea.config import ConfigError, RunConfig
 
 DEFAULT_PRESET = "andrea-12m"
@@ -101,11 +102,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def expected_n_params(run_dir: Path) -> int | None:
-    saved = run_dir / "run.toml"
-    if not saved.exists():
+    if not (run_dir / "run.toml").exists():
         return None
     from andrea.model import layout_for, n_params
-    return n_params(layout_for(config_mod.load(base=config_mod.read_toml(saved), base_source=str(saved)).model))
+    return n_params(layout_for(ops.run_config(run_dir).model))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -137,9 +137,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from andrea.data.store import TextCodec
     from andrea.trainer import Trainer
     run_dir = Path(args.run_dir)
-    if not (run_dir / "run.toml").exists():
-        raise ckpt.CheckpointError(f"{run_dir}: not a run directory (no run.toml)")
-    cfg = config_mod.load(base=config_mod.read_toml(run_dir / "run.toml"), base_source=str(run_dir / "run.toml"))
+    cfg = ops.run_config(run_dir)
     trainer = Trainer(cfg, torch.device("cpu"))
     if args.step is None:
         info, _ = ckpt.newest_valid(run_dir, trainer.n)
@@ -207,7 +205,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=0.0, help="checkpoint/stop: wait up to this many seconds")
     p.set_defaults(func=cmd_ctl)
 
-    from andrea import ops
     ops.add_commands(sub, add_config_flags)
     return parser
 
