@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -29,10 +30,50 @@ from andrea.config import ModelConfig
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 LayerNormFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor]
+TokenLossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # logits (N, V), targets (N,) → fp32 (N,)
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class _TokenCrossEntropy(torch.autograd.Function):
+    """Per-token cross-entropy whose backward uses that the loss's gradient w.r.t. log-probabilities is one-hot.
+
+    Forward is torch's own log_softmax and gather, so the losses are F.cross_entropy's bits. Backward writes
+    dlogits = (exp(logp) - onehot) * dloss in one pass over (N, V), where autograd through F.cross_entropy would
+    zero-fill an (N, V) gradient, scatter into it and reduce it again in log_softmax's backward (~10 ms a step less
+    on ANDREA-12M's (1024, 8192) logits on one CPU thread).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(logits, dim=1)  # (N, V)
+        ctx.save_for_backward(logp, targets)
+        return -logp.gather(1, targets[:, None]).squeeze(1)  # (N,)
+
+    @staticmethod
+    def backward(ctx, dloss: torch.Tensor) -> tuple[torch.Tensor, None]:
+        logp, targets = ctx.saved_tensors
+        dloss = dloss[:, None]  # (N, 1)
+        dlogits = torch.exp(logp).mul_(dloss)  # (N, V)
+        index = targets[:, None]
+        # gather and scatter (not scatter_add_): one writer per element, deterministic on every device
+        return dlogits.scatter_(1, index, dlogits.gather(1, index) - dloss), None
+
+
+def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """logits (N, V), targets (N,) → per-token losses (N,) fp32 (an fp32 copy of half-precision logits)."""
+    return _TokenCrossEntropy.apply(logits.float(), targets)
+
+
+class ModelMath(NamedTuple):
+    """Where the model's math comes from: torch (the defaults) or the Triton kernels (--kernels triton).
+    The choice never changes the parameters, their order or the checkpoint."""
+
+    attention: AttentionFn = sdpa_attention
+    layer_norm: LayerNormFn | None = None  # None: torch's LayerNorm
+    token_loss: TokenLossFn = token_cross_entropy
 
 
 class LayerNorm(nn.LayerNorm):
@@ -90,18 +131,16 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig, attention: AttentionFn = sdpa_attention,
-                 layer_norm: LayerNormFn | None = None):
-        """`attention` and `layer_norm` choose the math (torch by default, the Triton kernels with
-        --kernels triton); they never change the parameters or their order."""
+    def __init__(self, cfg: ModelConfig, ops: ModelMath = ModelMath()):
         super().__init__()
         self.cfg = cfg
+        self.token_loss = ops.token_loss
         # Registration order below IS the checkpoint's parameter order; do not reorder.
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
-        self.h = nn.ModuleList(Block(cfg, attention, layer_norm) for _ in range(cfg.n_layer))
-        self.ln_f = LayerNorm(cfg.n_embd, cfg.bias, layer_norm)
+        self.h = nn.ModuleList(Block(cfg, ops.attention, ops.layer_norm) for _ in range(cfg.n_layer))
+        self.ln_f = LayerNorm(cfg.n_embd, cfg.bias, ops.layer_norm)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
@@ -115,8 +154,8 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits, None
-        # fp32 loss even under autocast; per-sequence means feed the data bandit at no extra cost.
-        token_loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
+        # fp32 losses even under autocast; per-sequence means feed the data bandit at no extra cost.
+        token_loss = self.token_loss(logits.view(-1, logits.size(-1)), targets.reshape(-1))  # (B·T,)
         return logits, token_loss.view(B, T).mean(dim=1)
 
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from andrea.config import RunConfig, TrainConfig
 from andrea.data.store import DROPOUT_STREAM, rng_for
-from andrea.model import GPT, ParamSpec, bind_flat, decay_mask, init_weights, n_params, param_layout
+from andrea.model import GPT, ModelMath, ParamSpec, bind_flat, decay_mask, init_weights, n_params, param_layout
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -74,7 +75,7 @@ class Trainer:
         self.device = device
         self.kernels = kernels
         with torch.device("meta"):
-            self.model = GPT(cfg.model, *_model_kernels(kernels))
+            self.model = GPT(cfg.model, _model_math(kernels))
         self.layout: list[ParamSpec] = param_layout(self.model)
         self.n = n_params(self.layout)
         self.state = FlatState(self.n, device)
@@ -161,13 +162,12 @@ class Trainer:
         return out[0, len(ids):].tolist()
 
 
-def _model_kernels(kernels: str) -> tuple:
-    """(attention, layer_norm) for the model: the Triton kernels, or SDPA and torch's LayerNorm."""
+def _model_math(kernels: str) -> ModelMath:
+    """The Triton kernels for attention, LayerNorm and the loss, or torch's math (ModelMath's defaults)."""
     if kernels == "triton":
-        from andrea.kernels import attention, layer_norm
-        return attention, layer_norm
-    from andrea.model import sdpa_attention
-    return sdpa_attention, None
+        from andrea.kernels import attention, cross_entropy, layer_norm
+        return ModelMath(attention, layer_norm, partial(cross_entropy, reduction="none"))
+    return ModelMath()
 
 
 def _adamw_fn(kernels: str):

@@ -11,7 +11,8 @@
 #                  while training, SIGTERM clean exit, verify, resume +20 steps; two identical 60-step runs
 #                  give the same step_000060.bin (GPU determinism); a run stopped at 30 and resumed to 60
 #                  gives it too (bit-exact resume on GPU).
-#   kernels_bench  bench/kernels.py: attention vs SDPA flash (bf16), AdamW vs torch fused, GB/s vs peak.
+#   kernels_bench  bench/kernels.py: attention vs SDPA flash (bf16), AdamW vs torch fused, GB/s vs peak,
+#                  fused cross-entropy and LayerNorm vs torch (time, GB/s, the cross-entropy's extra memory).
 #   train_bench    bench/train.py: andrea-12m and andrea-120m, andrea (torch / triton) vs a plain-torch loop.
 #   ckpt120_bench  bench/checkpoint.py --preset andrea-120m --repeats 3: snapshot stall and commit GB/s.
 #
@@ -260,6 +261,13 @@ if k:
     print("\n| AdamW params | impl | ms | GB/s | % of peak |\n|---|---|---|---|---|")
     for r in k["adamw"]:
         print(f"| {r['params']:,} | {r['impl']} | {r['ms']:.3f} | {r['gbs']:.0f} | {r['pct_of_peak']:.0f}% |")
+    print("\n| cross-entropy N x V | impl | ms fwd+bwd | GB/s | extra MiB | loss err |\n|---|---|---|---|---|---|")
+    for r in k.get("cross_entropy", []):
+        print(f"| {r['N']} x {r['V']} | {r['impl']} | {r['ms']:.3f} | {r['gbs']:.0f} | {r['extra_mib']:.0f} "
+              f"| {r['max_err']:.1e} |")
+    print("\n| LayerNorm N x C | impl | ms fwd+bwd | GB/s | max err |\n|---|---|---|---|---|")
+    for r in k.get("layer_norm", []):
+        print(f"| {r['N']} x {r['C']} | {r['impl']} | {r['ms']:.3f} | {r['gbs']:.0f} | {r['max_err']:.1e} |")
     print()
 t = load("train.json")
 if t:

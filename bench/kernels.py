@@ -1,14 +1,23 @@
-"""Kernel benchmarks on the GPU: fused attention vs PyTorch's flash SDPA, fused AdamW vs torch's fused AdamW.
+"""Kernel benchmarks on the GPU: each fused kernel against the best practical torch baseline.
 
-Reads nothing; prints a markdown table and, with `--json PATH`, writes the same rows as JSON:
+Reads nothing; prints markdown tables and, with `--json PATH`, writes the same rows as JSON:
   {"device": str, "peak_bandwidth_gbs": float, "bandwidth_source": "properties" | "measured copy",
    "attention": [{"T", "D", "B", "H", "impl", "pass", "ms", "tflops", "max_err"}...],
-   "adamw": [{"params", "impl", "ms", "gbs", "pct_of_peak"}...]}
+   "adamw": [{"params", "impl", "ms", "gbs", "pct_of_peak"}...],
+   "cross_entropy": [{"N", "V", "impl", "ms", "gbs", "extra_mib", "max_err"}...],
+   "layer_norm": [{"N", "C", "impl", "ms", "gbs", "max_err"}...]}
 Attention: bf16, causal, B * T = 16384 tokens and H * D = 2048 (the FlashAttention-2 paper's setup), FLOPs counted
 as the FlashAttention papers do (4 * B * H * T^2 * D forward, halved for causal; backward 2.5x forward).
-`max_err` is the forward's max |ours - SDPA|, a correctness smoke check on real hardware.
+`max_err` is the forward's max |ours - baseline|, a correctness smoke check on real hardware.
 AdamW: 28 bytes per parameter (read w, g, m, v; write w, m, v), the minimum traffic of any AdamW.
+Cross-entropy: the presets' losses (bf16 logits from autocast, B * T rows, their vocabularies), forward + backward
+against F.cross_entropy on an fp32 copy (what a model without the kernel does); GB/s on the minimum traffic (read
+the logits twice, write dlogits: 6 bytes per bf16 logit) and `extra_mib`, the peak memory beyond logits and dlogits.
+LayerNorm: the presets' (rows, C) in fp32 (the residual stream stays fp32 under autocast), forward + backward
+against F.layer_norm; GB/s on 20 bytes per element (read x, write y; read x and dy, write dx).
 Without a CUDA GPU: prints one line and exits 2. Timing: triton.testing.do_bench (median of CUDA-event timings).
+Every bench function takes the device and the timer, so tests/test_bench_smoke.py runs them on tiny shapes on a
+CPU under the Triton interpreter: the code a lent GPU runs has run before.
 """
 
 from __future__ import annotations
@@ -16,11 +25,43 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 TOKENS, MODEL_DIM = 16384, 2048
 ADAMW_BYTES_PER_PARAM = 28
+CE_BYTES_PER_LOGIT = 6  # bf16: read in the forward, reread and dlogits written in the backward
+LN_BYTES_PER_ELEMENT = 20  # fp32: x read and y written; x and dy read, dx written
+CE_SHAPES = [(32 * 256, 8192), (16 * 1024, 22528)]  # andrea-12m and andrea-120m: (batch x block, vocabulary)
+LN_SHAPES = [(32 * 256, 320), (16 * 1024, 768)]  # their (rows, n_embd)
+Timer = Callable[[Callable[[], object]], float]  # runs fn, returns milliseconds
+
+
+def cuda_timer(fn: Callable[[], object]) -> float:
+    import triton.testing
+    return triton.testing.do_bench(fn)
+
+
+def wall_timer(fn: Callable[[], object]) -> float:
+    """One call timed by the wall clock: for smoke runs on a CPU, where the figures mean nothing."""
+    t0 = time.perf_counter()
+    fn()
+    return 1e3 * (time.perf_counter() - t0)
+
+
+def peak_extra_mib(fn: Callable[[], object], device: torch.device, baseline_bytes: int) -> float | None:
+    """Peak memory one call of fn allocates beyond what is live before it plus `baseline_bytes` (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - before - baseline_bytes) / 2**20
 
 
 def attention_flops(B: int, H: int, T: int, D: int, causal: bool, backward: bool) -> float:
@@ -42,66 +83,126 @@ def peak_bandwidth_gbs() -> tuple[float, str]:
     return 2 * src.numel() * 4 / (ms * 1e-3) / 1e9, "measured copy"  # read + write
 
 
-def bench_attention(seq_lens: list[int], head_dims: list[int]) -> list[dict]:
-    import triton.testing
+def bench_attention(seq_lens: list[int], head_dims: list[int], device: torch.device, timer: Timer,
+                    dtype: torch.dtype = torch.bfloat16, tokens: int = TOKENS, model_dim: int = MODEL_DIM
+                    ) -> list[dict]:
+    return [row for D in head_dims for T in seq_lens
+            for row in _attention_rows(max(1, tokens // T), max(1, model_dim // D), T, D, device, timer, dtype)]
+
+
+def _attention_rows(B: int, H: int, T: int, D: int, device: torch.device, timer: Timer, dtype: torch.dtype
+                    ) -> list[dict]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention
 
     from andrea.kernels import attention
 
     def sdpa(q, k, v):
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return scaled_dot_product_attention(q, k, v, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v, do = (torch.randn(B, H, T, D, device=device, dtype=dtype, generator=gen) for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))  # (B, H, T, D)
+    reference = sdpa(q, k, v).detach()
     rows = []
-    for D in head_dims:
-        for T in seq_lens:
-            B, H = max(1, TOKENS // T), MODEL_DIM // D
-            gen = torch.Generator(device="cuda").manual_seed(0)
-            q, k, v, do = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-                           for _ in range(4))  # (B, H, T, D)
-            q, k, v = (t.requires_grad_() for t in (q, k, v))
-            reference = sdpa(q, k, v).detach()
-            for impl, fn in (("andrea", attention), ("sdpa-flash", sdpa)):
-                o = fn(q, k, v)
-                max_err = (o.detach().float() - reference.float()).abs().max().item()
-                fwd_ms = triton.testing.do_bench(lambda: fn(q, k, v))
-                bwd_ms = triton.testing.do_bench(lambda: o.backward(do, retain_graph=True), grad_to_none=[q, k, v])
-                for name, ms in (("fwd", fwd_ms), ("bwd", bwd_ms)):
-                    tflops = attention_flops(B, H, T, D, True, name == "bwd") / (ms * 1e-3) / 1e12
-                    rows.append(dict(T=T, D=D, B=B, H=H, impl=impl, **{"pass": name}, ms=ms, tflops=tflops,
-                                     max_err=max_err))
-                del o
+    for impl, fn in (("andrea", attention), ("sdpa-flash", sdpa)):
+        o = fn(q, k, v)
+
+        def backward(o=o):
+            q.grad = k.grad = v.grad = None  # fresh gradients, as in training: no accumulation in the timing
+            o.backward(do, retain_graph=True)
+
+        max_err = (o.detach().float() - reference.float()).abs().max().item()
+        for name, ms in (("fwd", timer(lambda fn=fn: fn(q, k, v))), ("bwd", timer(backward))):
+            tflops = attention_flops(B, H, T, D, True, name == "bwd") / (ms * 1e-3) / 1e12
+            rows.append({"T": T, "D": D, "B": B, "H": H, "impl": impl, "pass": name, "ms": ms, "tflops": tflops,
+                         "max_err": max_err})
     return rows
 
 
-def bench_adamw(sizes: list[int], peak_gbs: float) -> list[dict]:
-    import triton.testing
+def bench_adamw(sizes: list[int], peak_gbs: float, device: torch.device, timer: Timer) -> list[dict]:
+    rows = [row for n in sizes for row in _adamw_rows(n, peak_gbs, device, timer)]
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
 
+
+def _adamw_rows(n: int, peak_gbs: float, device: torch.device, timer: Timer) -> list[dict]:
     from andrea.kernels import adamw_step
 
-    hyper = dict(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+    hyper = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
+    w, g = torch.randn(n, device=device), torch.randn(n, device=device)
+    m, v = torch.zeros(n, device=device), torch.zeros(n, device=device)
+    mask = torch.rand(n, device=device) < 0.9
+    param = torch.nn.Parameter(torch.randn(n, device=device))
+    param.grad = torch.randn(n, device=device)
+    fused = torch.optim.AdamW([param], lr=hyper["lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
+    impls = (
+        ("andrea adamw_step", lambda: adamw_step(w, g, m, v, step=10, **hyper)),
+        ("andrea adamw_step +mask +clip",
+         lambda: adamw_step(w, g, m, v, step=10, decay_mask=mask, max_grad_norm=1.0, **hyper)),
+        ("torch AdamW(fused=True)", fused.step),
+    )
     rows = []
-    for n in sizes:
-        w, g, m, v = (torch.randn(n, device="cuda") for _ in range(4))
-        m.zero_()
-        v.zero_()
-        mask = torch.rand(n, device="cuda") < 0.9
-        param = torch.nn.Parameter(torch.randn(n, device="cuda"))
-        param.grad = torch.randn(n, device="cuda")
-        fused = torch.optim.AdamW([param], lr=hyper["lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
-        impls = (
-            ("andrea adamw_step", lambda: adamw_step(w, g, m, v, step=10, **hyper)),
-            ("andrea adamw_step +mask +clip", lambda: adamw_step(w, g, m, v, step=10, decay_mask=mask,
-                                                                 max_grad_norm=1.0, **hyper)),
-            ("torch AdamW(fused=True)", fused.step),
-        )
-        for impl, fn in impls:
-            ms = triton.testing.do_bench(fn)
-            gbs = ADAMW_BYTES_PER_PARAM * n / (ms * 1e-3) / 1e9
-            rows.append(dict(params=n, impl=impl, ms=ms, gbs=gbs, pct_of_peak=100 * gbs / peak_gbs))
-        del w, g, m, v, mask, param, fused
-        torch.cuda.empty_cache()
+    for impl, fn in impls:
+        ms = timer(fn)
+        gbs = ADAMW_BYTES_PER_PARAM * n / (ms * 1e-3) / 1e9
+        rows.append({"params": n, "impl": impl, "ms": ms, "gbs": gbs, "pct_of_peak": 100 * gbs / peak_gbs})
+    return rows
+
+
+def bench_cross_entropy(shapes: list[tuple[int, int]], device: torch.device, timer: Timer,
+                        dtype: torch.dtype = torch.bfloat16) -> list[dict]:
+    return [row for N, V in shapes for row in _cross_entropy_rows(N, V, device, timer, dtype)]
+
+
+def _cross_entropy_rows(N: int, V: int, device: torch.device, timer: Timer, dtype: torch.dtype) -> list[dict]:
+    from andrea.kernels import cross_entropy
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    logits = (3 * torch.randn(N, V, device=device, generator=gen)).to(dtype).requires_grad_()  # (N, V)
+    targets = torch.randint(0, V, (N,), device=device, generator=gen)
+    impls = (("andrea fused", lambda: cross_entropy(logits, targets)),
+             ("torch F.cross_entropy(fp32 copy)", lambda: F.cross_entropy(logits.float(), targets)))
+    reference = impls[1][1]().item()
+    rows = []
+    for impl, loss_fn in impls:
+        def fwd_bwd(loss_fn=loss_fn):
+            logits.grad = None  # dlogits written fresh each call, as in training
+            loss_fn().backward()
+
+        ms = timer(fwd_bwd)
+        # the logits are live before the call and dlogits is its output: the rest is the method's scratch
+        extra = peak_extra_mib(fwd_bwd, device, baseline_bytes=logits.numel() * logits.element_size())
+        rows.append({"N": N, "V": V, "impl": impl, "ms": ms, "gbs": CE_BYTES_PER_LOGIT * N * V / (ms * 1e-3) / 1e9,
+                     "extra_mib": extra, "max_err": abs(loss_fn().item() - reference)})
+    return rows
+
+
+def bench_layer_norm(shapes: list[tuple[int, int]], device: torch.device, timer: Timer) -> list[dict]:
+    return [row for N, C in shapes for row in _layer_norm_rows(N, C, device, timer)]
+
+
+def _layer_norm_rows(N: int, C: int, device: torch.device, timer: Timer) -> list[dict]:
+    from andrea.kernels import layer_norm
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(N, C, device=device, generator=gen).requires_grad_()  # (N, C) fp32
+    weight = (1 + 0.1 * torch.randn(C, device=device, generator=gen)).requires_grad_()
+    bias = (0.1 * torch.randn(C, device=device, generator=gen)).requires_grad_()
+    dy = torch.randn(N, C, device=device, generator=gen)
+    impls = (("andrea fused", lambda: layer_norm(x, weight, bias, 1e-5)),
+             ("torch F.layer_norm", lambda: F.layer_norm(x, (C,), weight, bias, 1e-5)))
+    reference = impls[1][1]().detach()
+    rows = []
+    for impl, fn in impls:
+        def fwd_bwd(fn=fn):
+            x.grad = weight.grad = bias.grad = None
+            fn().backward(dy)
+
+        ms = timer(fwd_bwd)
+        rows.append({"N": N, "C": C, "impl": impl, "ms": ms, "gbs": LN_BYTES_PER_ELEMENT * N * C / (ms * 1e-3) / 1e9,
+                     "max_err": (fn().detach() - reference).abs().max().item()})
     return rows
 
 
@@ -123,18 +224,25 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench/kernels.py: no CUDA GPU on this machine; nothing to benchmark", file=sys.stderr)
         return 2
+    cuda = torch.device("cuda")
     peak, source = peak_bandwidth_gbs()
-    device = torch.cuda.get_device_name(0)
-    attention_rows = bench_attention(args.seq_lens, args.head_dims)
-    adamw_rows = bench_adamw(args.adamw_params, peak)
-    print(f"# {device}: peak DRAM bandwidth {peak:.0f} GB/s ({source})\n\n## Attention (bf16, causal)\n")
-    print(markdown(attention_rows, ["T", "D", "B", "H", "impl", "pass", "ms", "tflops", "max_err"]))
+    name = torch.cuda.get_device_name(0)
+    results = dict(device=name, peak_bandwidth_gbs=peak, bandwidth_source=source,
+                   attention=bench_attention(args.seq_lens, args.head_dims, cuda, cuda_timer),
+                   adamw=bench_adamw(args.adamw_params, peak, cuda, cuda_timer),
+                   cross_entropy=bench_cross_entropy(CE_SHAPES, cuda, cuda_timer),
+                   layer_norm=bench_layer_norm(LN_SHAPES, cuda, cuda_timer))
+    print(f"# {name}: peak DRAM bandwidth {peak:.0f} GB/s ({source})\n\n## Attention (bf16, causal)\n")
+    print(markdown(results["attention"], ["T", "D", "B", "H", "impl", "pass", "ms", "tflops", "max_err"]))
     print(f"\n## AdamW ({ADAMW_BYTES_PER_PARAM} B/param)\n")
-    print(markdown(adamw_rows, ["params", "impl", "ms", "gbs", "pct_of_peak"]))
+    print(markdown(results["adamw"], ["params", "impl", "ms", "gbs", "pct_of_peak"]))
+    print(f"\n## Cross-entropy, forward + backward (bf16 logits, {CE_BYTES_PER_LOGIT} B/logit)\n")
+    print(markdown(results["cross_entropy"], ["N", "V", "impl", "ms", "gbs", "extra_mib", "max_err"]))
+    print(f"\n## LayerNorm, forward + backward (fp32, {LN_BYTES_PER_ELEMENT} B/element)\n")
+    print(markdown(results["layer_norm"], ["N", "C", "impl", "ms", "gbs", "max_err"]))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=device, peak_bandwidth_gbs=peak, bandwidth_source=source,
-                           attention=attention_rows, adamw=adamw_rows), f, indent=2)
+            json.dump(results, f, indent=2)
     return 0
 
 

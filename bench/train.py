@@ -7,7 +7,9 @@ and `fused=True` on CUDA, `clip_grad_norm_`, weight decay on matrices only, bf16
 its Trainer (flat `[w | m | v]`, its own AdamW) with `--kernels torch`, and on CUDA also with `triton`.
 
 Every subject sees the same random-token batches in the same order; steps alternate between subjects, so a
-noisy machine slows all of them alike. Warm-up steps are excluded; tokens/s = batch x block / median step time.
+noisy machine slows all of them alike, and the order of the subjects reverses every step (A B, B A, ...): on a
+CPU the subject that runs second after another one's step measured 1-2% slower or faster than when first.
+Warm-up steps are excluded; tokens/s = batch x block / median step time.
 The first step's losses are reported beside each other as a parity check (same init, same batch: they agree to
 float rounding). For andrea-120m on CUDA the model-FLOPs utilisation is reported: (6·N + 12·L·C·T) FLOPs per
 token (N = parameters in matmuls, i.e. all but the two embedding tables; the second term is attention, PaLM's
@@ -158,7 +160,8 @@ def bench_preset(preset: str, device: torch.device, batch_size: int, warmup: int
     times = {name: [] for name in subjects}
     losses = {name: [] for name in subjects}
     for step, (x, y) in enumerate(data):
-        for name, subject in subjects.items():  # alternate: machine noise hits every subject alike
+        order = list(subjects.items())  # alternate: machine noise hits every subject alike ...
+        for name, subject in order if step % 2 == 0 else order[::-1]:  # ... and so does running first or last
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()

@@ -1,14 +1,19 @@
 """Smoke test of the benchmarks: they run end to end and report every method; timings never decide pass/fail.
 
 Runs `bench/checkpoint.py --synthetic-params 200000 --repeats 1 --json` as a subprocess (writes a few MB in a
-temporary directory under pytest's tmp_path, and the JSON there) and `bench/train.py --help`. About 10 s on
-2 CPU cores. Run: `pytest tests/test_bench_smoke.py`.
+temporary directory under pytest's tmp_path, and the JSON there), `bench/train.py --help`, and bench/kernels.py's
+functions on tiny CPU shapes under the Triton interpreter (its GPU-only entry point must refuse here). About 15 s
+on 2 CPU cores. Run: `pytest tests/test_bench_smoke.py`.
 """
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 MEASURED_HERE = ("andrea", "torch.save", "raw write", "memcpy")  # need nothing beyond torch and a disk
@@ -45,3 +50,39 @@ def test_train_bench_help():
     result = run_bench("bench/train.py", "--help", timeout=60)
     assert result.returncode == 0, result.stderr
     assert "--include-120m-cpu" in result.stdout and "--json" in result.stdout
+
+
+def _load_kernel_bench():
+    spec = importlib.util.spec_from_file_location("bench_kernels", REPO / "bench" / "kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kernel_bench_runs_every_kernel_on_tiny_shapes():
+    """bench/kernels.py's functions on a CPU under the interpreter: the rows the GPU run will print, computed by the
+    same code, with each kernel's result checked against its baseline (max_err) on the way."""
+    kb = _load_kernel_bench()
+    cpu = torch.device("cpu")
+    attention = kb.bench_attention([17], [16], cpu, kb.wall_timer, dtype=torch.float32, tokens=34, model_dim=32)
+    assert {(r["impl"], r["pass"]) for r in attention} == {(i, p) for i in ("andrea", "sdpa-flash")
+                                                           for p in ("fwd", "bwd")}
+    assert all(r["B"] == 2 and r["H"] == 2 and r["max_err"] < 1e-5 for r in attention)  # fp32: ~1e-7 apart
+    adamw = kb.bench_adamw([1000], peak_gbs=1.0, device=cpu, timer=kb.wall_timer)
+    assert [r["impl"] for r in adamw] == ["andrea adamw_step", "andrea adamw_step +mask +clip",
+                                          "torch AdamW(fused=True)"]
+    ce = kb.bench_cross_entropy([(5, 300)], cpu, kb.wall_timer, dtype=torch.float16)
+    assert [r["impl"] for r in ce] == ["andrea fused", "torch F.cross_entropy(fp32 copy)"]
+    assert all(r["max_err"] < 1e-5 and r["extra_mib"] is None for r in ce)  # same fp16 logits, fp32 math
+    ln = kb.bench_layer_norm([(7, 100)], cpu, kb.wall_timer)
+    assert [r["impl"] for r in ln] == ["andrea fused", "torch F.layer_norm"] and ln[0]["max_err"] < 1e-5
+    for row in attention + adamw + ce + ln:
+        assert row["ms"] > 0 and all(v is not None for k, v in row.items() if k != "extra_mib"), row
+    table = kb.markdown(ce, ["N", "V", "impl", "ms", "gbs", "extra_mib", "max_err"])
+    assert table.count("\n") == 3 and "| 5 | 300 | andrea fused |" in table
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU this would run the whole benchmark")
+def test_kernel_bench_refuses_without_a_gpu():
+    result = run_bench("bench/kernels.py", timeout=60)
+    assert result.returncode == 2 and "no CUDA GPU" in result.stderr and result.stdout == ""

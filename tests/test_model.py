@@ -1,10 +1,15 @@
-"""The model's parameters are views into the flat buffer, in the documented checkpoint order."""
+"""The model: parameters are views into the flat buffer in the documented checkpoint order; the math is pluggable
+(torch or the Triton kernels) without touching them; the torch path's per-token loss is F.cross_entropy's."""
+
+from functools import partial
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from andrea import checkpoint as ckpt
 from andrea import config
+from andrea.model import token_cross_entropy
 from andrea.trainer import Trainer, lr_at
 
 
@@ -66,11 +71,39 @@ def test_schedule_warms_up_then_decays_to_min():
 
 
 def test_triton_kernels_replace_the_math_not_the_parameters():
-    from andrea.kernels import attention, layer_norm
+    from andrea.kernels import attention, cross_entropy, layer_norm
     cfg = config.load(preset="andrea-tiny")
     plain, fused = Trainer(cfg, torch.device("cpu")), Trainer(cfg, torch.device("cpu"), kernels="triton")
     assert fused.model.h[0].attn.attention is attention and fused.model.ln_f.fn is layer_norm
+    assert fused.model.token_loss.func is cross_entropy and fused.model.token_loss.keywords == {"reduction": "none"}
     assert [n for n, _ in fused.model.named_parameters()] == [n for n, _ in plain.model.named_parameters()]
     x = torch.randint(0, 512, (2, 16))
     # fp32 both ways; different summation orders (online softmax, fused LN) differ by ~1e-6 in the logits.
     torch.testing.assert_close(fused.loss_of(x, x), plain.loss_of(x, x), rtol=1e-5, atol=1e-5)
+
+
+def test_token_loss_is_torch_cross_entropy_with_a_one_pass_backward():
+    """The torch path's loss: F.cross_entropy's exact per-token values, and its gradient for any per-token weights."""
+    gen = torch.Generator().manual_seed(3)
+    logits = 4 * torch.randn(37, 1000, generator=gen, dtype=torch.float64)  # (N, V), softmax far from uniform
+    targets = torch.randint(0, 1000, (37,), generator=gen)
+    upstream = torch.rand(37, generator=gen, dtype=torch.float64)  # a different dloss per token
+
+    def run(fn, dtype):
+        x = logits.to(dtype).clone().requires_grad_()  # a fresh leaf (.to(float64) would return logits)
+        loss = fn(x, targets)
+        loss.backward(upstream.to(loss.dtype))
+        return loss.detach(), x.grad.double()
+
+    torch_loss = partial(F.cross_entropy, reduction="none")
+    ours, plain, truth = run(token_cross_entropy, torch.float32), run(torch_loss, torch.float32), run(torch_loss,
+                                                                                                      torch.float64)
+    assert torch.equal(ours[0], plain[0])  # the forward is torch's log_softmax and gather: the same bits
+    # The gradient is computed in another order (exp(logp) scaled, instead of log_softmax's backward): held to the
+    # acceptance rule of the kernels, twice fp32 torch's error against fp64 plus ~8 ulps of the O(1) values.
+    ours_err, torch_err = (ours[1] - truth[1]).abs().max(), (plain[1] - truth[1]).abs().max()
+    assert ours_err <= 2 * torch_err + 1e-6
+    x = logits.half().requires_grad_()  # autocast's case: fp32 losses from half logits, a half gradient
+    loss = token_cross_entropy(x, targets)
+    loss.sum().backward()
+    assert loss.dtype == torch.float32 and x.grad.dtype == torch.float16

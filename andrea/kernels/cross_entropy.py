@@ -1,11 +1,12 @@
 """Cross-entropy over the vocabulary: the plain-torch reference and a fused Triton kernel beside it.
 
-logits (N, V) in any float dtype, targets (N,) int64 in [0, V) or `ignore_index` → the mean loss over the rows not
-ignored, a 0-d fp32 tensor (exactly F.cross_entropy's contract; all rows ignored gives nan, as torch does).
+logits (N, V) in any float dtype, targets (N,) int64 in [0, V) or `ignore_index`. Reductions as F.cross_entropy:
+"none" → the per-row losses (N,) fp32, 0 on ignored rows (the trainer's choice: per-sequence losses feed the data
+bandit); "mean" → their mean over the rows not ignored (all rows ignored gives nan, as torch does); "sum".
 The forward reads each logit row once (online logsumexp over BLOCK-wide chunks, fp32 math) and writes the per-row
 loss and logsumexp, (N,) fp32 each; the backward rereads the logits and writes dlogits (N, V) in the logits' dtype:
-(softmax - onehot) * dloss / n_valid. One program per row and the mean taken by a torch sum: no atomics,
-deterministic, and the (N, V) fp32 softmax is never materialised.
+(softmax - onehot) * dloss[row]. One program per row, the reductions are torch sums over (N,): no atomics,
+deterministic, and neither an fp32 copy of bf16 logits nor the (N, V) softmax is ever materialised.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+REDUCTIONS = ("none", "mean", "sum")
 
-def cross_entropy_reference(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index)
+
+def cross_entropy_reference(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
+                            reduction: str = "mean") -> torch.Tensor:
+    return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction=reduction)
 
 
 @triton.jit
@@ -42,13 +46,13 @@ def _cross_entropy_fwd_kernel(LOGITS, TARGETS, LOSS, LSE, V, stride_row, ignore_
 
 
 @triton.jit
-def _cross_entropy_bwd_kernel(LOGITS, TARGETS, LSE, GRAD_SCALE, DLOGITS, V, stride_row, stride_drow, ignore_index,
-                              BLOCK: tl.constexpr):
+def _cross_entropy_bwd_kernel(LOGITS, TARGETS, LSE, DLOSS, DLOGITS, V, stride_row, stride_drow, stride_dloss,
+                              ignore_index, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     target = tl.load(TARGETS + row)
     lse = tl.load(LSE + row)
-    # dloss / n_valid, read on the device (no host sync); ignored rows get an all-zero gradient.
-    scale = tl.where(target != ignore_index, tl.load(GRAD_SCALE), 0.0)
+    # dloss[row] read on the device (no host sync; stride 0 when a mean broadcast it); ignored rows get zeros.
+    scale = tl.where(target != ignore_index, tl.load(DLOSS + row * stride_dloss).to(tl.float32), 0.0)
     offs = tl.arange(0, BLOCK)
     for start in range(0, V, BLOCK):
         cols = start + offs
@@ -67,54 +71,65 @@ def cross_entropy_block(vocab_size: int, device_type: str) -> tuple[int, int]:
     return block, (8 if block >= 2048 else 4)
 
 
-def _check_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
+def _check_inputs(logits: torch.Tensor, targets: torch.Tensor, reduction: str) -> None:
     if logits.dim() != 2 or targets.shape != logits.shape[:1] or targets.dtype != torch.int64:
         raise ValueError(f"want logits (N, V) and int64 targets (N,); got {logits.shape}, {targets.shape} "
                          f"{targets.dtype}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if logits.device.type == "cpu" and not triton.knobs.runtime.interpret:
         raise RuntimeError("CPU tensors need the Triton interpreter (TRITON_INTERPRET=1 before importing triton)")
 
 
-def cross_entropy_forward(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100):
-    """Returns (loss 0-d fp32, lse (N,) fp32, n_valid 0-d fp32)."""
-    _check_inputs(logits, targets)
-    logits, targets = logits.contiguous(), targets.contiguous()
+def cross_entropy_forward(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (loss, lse), (N,) fp32 each; loss is 0 on ignored rows."""
     N, V = logits.shape
-    loss_rows = torch.empty(N, device=logits.device, dtype=torch.float32)
+    loss = torch.empty(N, device=logits.device, dtype=torch.float32)
     lse = torch.empty(N, device=logits.device, dtype=torch.float32)
     block, num_warps = cross_entropy_block(V, logits.device.type)
-    _cross_entropy_fwd_kernel[(N,)](logits, targets, loss_rows, lse, V, logits.stride(0), ignore_index,
+    _cross_entropy_fwd_kernel[(N,)](logits, targets, loss, lse, V, logits.stride(0), ignore_index,
                                     BLOCK=block, num_warps=num_warps)
-    n_valid = (targets != ignore_index).sum().float()
-    return loss_rows.sum() / n_valid, lse, n_valid  # torch's sum: a fixed reduction order, deterministic
+    return loss, lse
 
 
 def cross_entropy_backward(dloss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
-                           n_valid: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    logits, targets = logits.contiguous(), targets.contiguous()
+                           ignore_index: int = -100) -> torch.Tensor:
+    """dlogits (N, V) in the logits' dtype for the per-row upstream gradient dloss (N,) (any stride)."""
     N, V = logits.shape
     dlogits = torch.empty_like(logits)
-    grad_scale = (dloss.float() / n_valid).reshape(1)  # 0-d → 1 element: read by pointer in the kernel
     block, num_warps = cross_entropy_block(V, logits.device.type)
-    _cross_entropy_bwd_kernel[(N,)](logits, targets, lse, grad_scale, dlogits, V, logits.stride(0),
-                                    dlogits.stride(0), ignore_index, BLOCK=block, num_warps=num_warps)
+    _cross_entropy_bwd_kernel[(N,)](logits, targets, lse, dloss, dlogits, V, logits.stride(0), dlogits.stride(0),
+                                    dloss.stride(0), ignore_index, BLOCK=block, num_warps=num_warps)
     return dlogits
 
 
 class CrossEntropyFunction(torch.autograd.Function):
+    """Per-row losses (N,) fp32; the reductions are plain torch on top, so autograd hands back dloss (N,)."""
+
     @staticmethod
     def forward(ctx, logits, targets, ignore_index: int):
-        loss, lse, n_valid = cross_entropy_forward(logits, targets, ignore_index)
-        ctx.save_for_backward(logits, targets, lse, n_valid)
+        loss, lse = cross_entropy_forward(logits, targets, ignore_index)
+        ctx.save_for_backward(logits, targets, lse)
         ctx.ignore_index = ignore_index
         return loss
 
     @staticmethod
     def backward(ctx, dloss):
-        logits, targets, lse, n_valid = ctx.saved_tensors
-        return cross_entropy_backward(dloss, logits, targets, lse, n_valid, ctx.ignore_index), None, None
+        logits, targets, lse = ctx.saved_tensors
+        return cross_entropy_backward(dloss, logits, targets, lse, ctx.ignore_index), None, None
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """Fused F.cross_entropy(logits, targets, ignore_index=...) with mean reduction; logits (N, V), targets (N,)."""
-    return CrossEntropyFunction.apply(logits, targets, ignore_index)
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
+                  reduction: str = "mean") -> torch.Tensor:
+    """Fused F.cross_entropy(logits, targets, ignore_index=..., reduction=...); logits (N, V), targets (N,).
+
+    The loss is fp32 whatever the logits' dtype (bf16 logits are read as they are, never copied to fp32)."""
+    _check_inputs(logits, targets, reduction)
+    rows = CrossEntropyFunction.apply(logits.contiguous(), targets.contiguous(), ignore_index)  # (N,) fp32
+    if reduction == "none":
+        return rows
+    if reduction == "sum":
+        return rows.sum()
+    # torch's sums over (N,): a fixed reduction order, deterministic; the count stays on the device (no sync).
+    return rows.sum() / (targets != ignore_index).sum()

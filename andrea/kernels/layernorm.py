@@ -8,6 +8,9 @@ rereads x and dy and writes dx (N, C) in x's dtype; dweight and dbias (C,) fp32 
 stages: each program sums dy * x_hat and dy over a fixed contiguous group of rows into its own row of a
 (n_programs, C) fp32 buffer, and a torch .sum(0) adds the groups. The grouping is a pure function of the shape and
 device type (never of SM count or timing) and there are no atomics, so two runs give the same bits.
+layer_norm_reference is the same math in plain torch ops, in x's dtype: with an fp16/bf16 x the mean, variance and
+rstd are rounded to that dtype at every step (the low-precision baseline the tests hold the kernel to), and y comes
+back in x's dtype as from F.layer_norm.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ def layer_norm_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
                          eps: float = 1e-5) -> torch.Tensor:
     mean = x.mean(-1, keepdim=True)  # (..., 1)
     var = (x - mean).pow(2).mean(-1, keepdim=True)  # (..., 1), biased: divides by C, as F.layer_norm
-    y = (x - mean) * torch.rsqrt(var + eps) * weight
-    return y if bias is None else y + bias
+    y = (x - mean) * torch.rsqrt(var + eps) * weight  # (..., C); an fp32 weight promotes an fp16/bf16 x's y to fp32
+    return (y if bias is None else y + bias).to(x.dtype)  # x's dtype, as F.layer_norm with mixed dtypes
 
 
 @triton.jit
@@ -97,6 +100,11 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if weight.shape != (C,) or (bias is not None and bias.shape != (C,)):
         raise ValueError(f"want x (..., C) with weight and bias (C,); got {tuple(x.shape)}, {tuple(weight.shape)}, "
                          f"{None if bias is None else tuple(bias.shape)}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        # the kernels read W + cols: a strided or foreign parameter would be read wrongly, not rejected
+        if p is not None and (not p.is_contiguous() or p.device != x.device or p.dtype != torch.float32):
+            raise ValueError(f"{name} must be a contiguous fp32 tensor on {x.device}; got {p.dtype} on {p.device}"
+                             f"{'' if p.is_contiguous() else ', strided'}")
     if x.device.type == "cpu" and not triton.knobs.runtime.interpret:
         raise RuntimeError("CPU tensors need the Triton interpreter (TRITON_INTERPRET=1 before importing triton)")
 
@@ -150,7 +158,7 @@ class LayerNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x2d, weight, mean, rstd = ctx.saved_tensors
         dx, dw, db = layer_norm_backward(dy, x2d, weight, mean, rstd, ctx.has_bias)
-        return dx.view(ctx.x_shape), dw.to(weight.dtype), db, None
+        return dx.view(ctx.x_shape), dw.to(weight.dtype), None if db is None else db.to(weight.dtype), None
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

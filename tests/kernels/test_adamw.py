@@ -8,9 +8,12 @@ interpreter's 4096 block; on CUDA's 1024 block, 4097 is four full programs and a
 adds ~1000 programs).
 """
 
+import math
+
 import pytest
 import torch
 
+from andrea.kernels import adamw as adamw_module
 from andrea.kernels import adamw_reference, adamw_step
 from tests.kernels.conftest import DEVICES, ON_CPU, ON_CUDA
 
@@ -143,3 +146,113 @@ def test_rejects_bad_buffers():
         adamw_step(x, x, x, torch.zeros(16)[::2], step=1, **HYPER)
     with pytest.raises(ValueError):
         adamw_step(x, x, x, x, step=1, decay_mask=torch.ones(8), **HYPER)
+
+
+# The CPU reference's fast paths (slices, a clip factor of exactly 1 skipped, per-run decay from a cached mask plan,
+# the bias-correction division skipped once it is 1) must change no bit. The yardstick is the update written out
+# once over whole tensors, taking every pass: g * coef, w * (a masked factor tensor), v.sqrt() / bc2 + eps.
+
+
+def _plain_reference(w, g, m, v, *, step, lr, beta1, beta2, eps, weight_decay, decay_mask=None, max_grad_norm=None):
+    norm = torch.linalg.vector_norm(g, 2.0, dtype=torch.float32)
+    if max_grad_norm:
+        g = g * torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0)
+    if weight_decay:
+        mask = torch.ones_like(w, dtype=torch.bool) if decay_mask is None else decay_mask
+        w.mul_(torch.ones_like(w).masked_fill_(mask, 1.0 - lr * weight_decay))
+    m.lerp_(g, 1.0 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+    w.addcdiv_(m, v.sqrt().div_(math.sqrt(1.0 - beta2 ** step)).add_(eps), value=-lr / (1.0 - beta1 ** step))
+    return norm
+
+
+def _run_bits(update, n, mask, clip, hyper, steps=(1, 2, 1000), seed=3):
+    """w, m, v and the norms after `steps` (1000: beta2 ** step < 2 ** -53, so the bias correction is exactly 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    w, m, v = torch.randn(n, generator=gen), torch.zeros(n), torch.zeros(n)
+    norms = []
+    for i, step in enumerate(steps):
+        g = torch.randn(n, generator=gen) * (10.0 if i % 2 == 0 else 1e-4)  # clipped, then not (for a small clip)
+        g0 = g.clone()
+        norms.append(update(w, g, m, v, step=step, decay_mask=mask() if callable(mask) else mask, max_grad_norm=clip,
+                            **hyper))
+        assert torch.equal(g, g0)  # the caller's gradient is never clipped in place
+    return [w, m, v, torch.stack(norms)]
+
+
+def _few_runs_mask(n, chunk):
+    """Mixed slices holding a few runs (the scalar-per-run path), a slice of many short runs (the masked multiply),
+    whole slices in and out, and runs that end exactly on slice bounds."""
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[: chunk // 3] = True
+    mask[chunk // 2: chunk + 5] = True
+    mask[2 * chunk: 3 * chunk] = torch.arange(chunk) % 3 != 0
+    mask[4 * chunk:] = True
+    mask[4 * chunk + 7: 4 * chunk + 40] = False
+    return mask
+
+
+@pytest.fixture
+def one_thread():
+    # Whole-tensor ops split across threads where the slices would not: torch's vectorised kernels and their scalar
+    # tails (another rounding for lerp's fused multiply-add) then cover other elements. One thread, one split.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("clip", [None, 1e-3, 1e30], ids=["no-clip", "clip-active", "clip-factor-1"])
+@pytest.mark.parametrize("mask_kind", ["none", "few-runs", "mod3", "all", "nothing"])
+@pytest.mark.parametrize("hyper", [HYPER, {**HYPER, "weight_decay": 0.0}, {**HYPER, "lr": 0.0}],
+                         ids=["decay", "no-decay", "lr-0"])
+def test_reference_fast_paths_are_bit_identical_to_the_plain_update(one_thread, monkeypatch, clip, mask_kind, hyper):
+    chunk = 1024  # 5 full slices and a partial one; a multiple of every CPU vector width, as REFERENCE_CHUNK is
+    monkeypatch.setattr(adamw_module, "REFERENCE_CHUNK", chunk)
+    n = 5 * chunk + 37
+    mask = {"none": None, "few-runs": _few_runs_mask(n, chunk), "mod3": _decay_mask(n),
+            "all": torch.ones(n, dtype=torch.bool), "nothing": torch.zeros(n, dtype=torch.bool)}[mask_kind]
+    ours = _run_bits(adamw_reference, n, mask, clip, hyper)
+    plain = _run_bits(_plain_reference, n, mask, clip, hyper)
+    for name, a, b in zip(["w", "m", "v", "norm"], ours, plain):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("clip", [1e-3, 1e30], ids=["clip-active", "clip-factor-1"])
+def test_reference_at_full_slice_size_is_bit_identical_to_the_plain_update(one_thread, clip):
+    n = 5 * adamw_module.REFERENCE_CHUNK + 37  # ~1.3M: the slicing that ships, no monkeypatch
+    mask = _few_runs_mask(n, adamw_module.REFERENCE_CHUNK)
+    ours = _run_bits(adamw_reference, n, mask, clip, HYPER, steps=(1, 1000))
+    plain = _run_bits(_plain_reference, n, mask, clip, HYPER, steps=(1, 1000))
+    for name, a, b in zip(["w", "m", "v", "norm"], ours, plain):
+        assert torch.equal(a, b), name
+
+
+def test_reference_mask_plan_cache_hits_and_never_goes_stale(one_thread, monkeypatch):
+    chunk = 1024
+    monkeypatch.setattr(adamw_module, "REFERENCE_CHUNK", chunk)
+    n = 5 * chunk + 37
+    mask = _few_runs_mask(n, chunk)
+    plain = _run_bits(_plain_reference, n, mask, MAX_GRAD_NORM, HYPER)
+    cached = _run_bits(adamw_reference, n, mask, MAX_GRAD_NORM, HYPER)  # one mask object: planned once, then hits
+    assert adamw_module._decay_plans(mask, chunk) is adamw_module._decay_plans(mask, chunk)
+    fresh = _run_bits(adamw_reference, n, mask.clone, MAX_GRAD_NORM, HYPER)  # a new mask object every step
+    for name, a, b, c in zip(["w", "m", "v", "norm"], cached, fresh, plain):
+        assert torch.equal(a, c) and torch.equal(b, c), name
+    # An in-place change bumps the mask's version counter: the next call plans again instead of reusing stale runs.
+    before = adamw_module._decay_plans(mask, chunk)
+    mask[100:3000] = ~mask[100:3000]
+    assert adamw_module._decay_plans(mask, chunk) != before
+    flipped = _run_bits(adamw_reference, n, mask, MAX_GRAD_NORM, HYPER)
+    assert all(torch.equal(a, b) for a, b in zip(flipped, _run_bits(_plain_reference, n, mask, MAX_GRAD_NORM, HYPER)))
+
+
+def test_reference_reads_nothing_back_off_the_cpu():
+    # Meta tensors hold no data: any .item() or bool() on the clip factor or the mask would raise. On a GPU, that
+    # read would be a host sync per step.
+    n = 5000
+    w, g, m, v = (torch.empty(n, device="meta") for _ in range(4))
+    mask = torch.empty(n, dtype=torch.bool, device="meta")
+    for clip, decay_mask in [(None, None), (MAX_GRAD_NORM, mask), (1e30, mask)]:
+        norm = adamw_reference(w, g, m, v, step=1000, decay_mask=decay_mask, max_grad_norm=clip, **HYPER)
+        assert norm.device.type == "meta"
