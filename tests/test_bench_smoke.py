@@ -1,13 +1,14 @@
 """Smoke test of the benchmarks: they run end to end and report every method; timings never decide pass/fail.
 
 Runs `bench/checkpoint.py --synthetic-params 200000 --repeats 1 --json` as a subprocess (writes a few MB in a
-temporary directory under pytest's tmp_path, and the JSON there), `bench/train.py --help`, and bench/kernels.py's
-functions on tiny CPU shapes under the Triton interpreter (its GPU-only entry point must refuse here). About 15 s
-on 2 CPU cores. Run: `pytest tests/test_bench_smoke.py`.
+temporary directory under pytest's tmp_path, and the JSON there), `bench/train.py` on the tiny preset (and
+`--help`), and bench/kernels.py's functions on tiny CPU shapes under the Triton interpreter (its GPU-only entry
+point must refuse here). About 20 s on 2 CPU cores. Run: `pytest tests/test_bench_smoke.py`.
 """
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,25 @@ def test_train_bench_help():
     result = run_bench("bench/train.py", "--help", timeout=60)
     assert result.returncode == 0, result.stderr
     assert "--include-120m-cpu" in result.stdout and "--json" in result.stdout
+
+
+def test_train_bench_runs_both_loops_in_parity(tmp_path):
+    """bench/train.py end to end on the tiny preset: both subjects timed on every step, and the same model, init and
+    batches really are trained by both (the first losses agree to fp32 rounding, and after three AdamW updates the
+    losses still agree: a subject training something else would drift by >1e-3)."""
+    out = tmp_path / "train.json"
+    result = run_bench("bench/train.py", "--presets", "andrea-tiny", "--warmup", "1", "--steps", "3",
+                       "--batch-size", "2", "--threads", "1", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    rows = {r["subject"]: r for r in json.loads(out.read_text())["results"][0]["rows"]}
+    assert set(rows) == {"andrea (torch)", "reference (torch.optim.AdamW)"}
+    andrea, reference = rows["andrea (torch)"], rows["reference (torch.optim.AdamW)"]
+    assert len(andrea["step_s"]) == len(reference["step_s"]) == 3 and len(andrea["warmup_s"]) == 1
+    assert andrea["first_loss"] == pytest.approx(reference["first_loss"], rel=1e-6)
+    assert andrea["last_loss"] == pytest.approx(reference["last_loss"], rel=1e-5)
+    assert andrea["last_loss"] != andrea["first_loss"]  # the updates happened
+    assert "| andrea-tiny | andrea (torch) | 2 x 64 |" in result.stdout
+    assert re.search(r"^- andrea-tiny: \d+\.\d\dx -> (PASS|MISS)$", result.stdout, re.M)  # the verdict is printed
 
 
 def _load_kernel_bench():
