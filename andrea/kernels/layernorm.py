@@ -158,7 +158,7 @@ class LayerNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x2d, weight, mean, rstd = ctx.saved_tensors
         dx, dw, db = layer_norm_backward(dy, x2d, weight, mean, rstd, ctx.has_bias)
-        return dx.view(ctx.x_shape), dw.to(weight.dtype), None if db is None else db.to(weight.dtype), None
+        return dx.view(ctx.x_shape), dw, db, None  # dw, db fp32 like the weight and bias (_check_inputs)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
