@@ -1,4 +1,7 @@
-"""The math that runs on the GPU: each Triton kernel beside its plain-torch reference."""
+"""The math that runs on the GPU: each Triton kernel beside its plain-torch reference.
+
+launch.py pins the compiler options every launch passes; compile_check.py compiles every kernel at every launch
+configuration the trainer can pick for sm_80 / sm_89 / sm_90 on a CPU (python -m andrea.kernels.compile_check)."""
 
 from andrea.kernels.adamw import adamw_reference, adamw_step
 from andrea.kernels.attention import attention, attention_reference

@@ -13,7 +13,8 @@ Returns the pre-clip global gradient norm as a 0-d device tensor (for logging wi
 `adamw_step` is the drop-in kernel: one torch reduction for the norm/clip factor (shared with the reference, so the
 norm is the same bits), then ONE Triton launch that reads w, g, m, v (+ the clip factor by pointer and the mask) and
 writes w, m, v in place: 28 bytes per parameter. Results match adamw_reference within a few fp32 ulps (the GPU
-contracts a*b+c into FMAs, torch's CPU kernels vectorise differently); see tests/kernels/test_adamw.py.
+contracts a*b+c into FMAs, launch.FP_FUSION; torch's CPU kernels vectorise differently); see
+tests/kernels/test_adamw.py.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import weakref
 import torch
 import triton
 import triton.language as tl
+
+from andrea.kernels.launch import FP_FUSION
 
 
 def clip_coefficient(g: torch.Tensor, max_grad_norm: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -180,10 +183,11 @@ def _adamw_kernel(W, G, M, V, DECAY_MASK, CLIP, n, lerp_weight, beta2, one_minus
     tl.store(V + offs, v, mask=ok)
 
 
-def adamw_block_size(device_type: str) -> int:
-    """Elements per program. GPU: 1024 (4 warps x 8 fp32 per thread, enough bytes in flight to stream HBM).
-    Interpreter: 4096, since each program costs Python overhead; odd lengths still span several programs."""
-    return 4096 if device_type == "cpu" else 1024
+def adamw_config(device_type: str) -> tuple[int, int]:
+    """(BLOCK, num_warps): elements per program and its warps, pinned per device type; never autotuned.
+    GPU: 1024 at 4 warps (8 fp32 per thread, enough bytes in flight to stream HBM). Interpreter: 4096, since each
+    program costs Python overhead; odd lengths still span several programs."""
+    return (4096, 4) if device_type == "cpu" else (1024, 4)
 
 
 @torch.no_grad()
@@ -203,7 +207,7 @@ def adamw_step(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tenso
     if n == 0:
         return norm
     lerp_weight = 1.0 - beta1
-    block = adamw_block_size(w.device.type)
+    block, num_warps = adamw_config(w.device.type)
     _adamw_kernel[(triton.cdiv(n, block),)](
         w, g, m, v,
         decay_mask.contiguous().view(torch.uint8) if decay_mask is not None else w,  # unused pointer when no mask
@@ -211,5 +215,5 @@ def adamw_step(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tenso
         n, lerp_weight, beta2, 1.0 - beta2, 1.0 - lr * weight_decay, lr / (1.0 - beta1 ** step),
         math.sqrt(1.0 - beta2 ** step), eps,
         HAS_MASK=decay_mask is not None, HAS_CLIP=coef is not None, LERP_FROM_START=abs(lerp_weight) < 0.5,
-        BLOCK=block, num_warps=4)
+        BLOCK=block, num_warps=num_warps, enable_fp_fusion=FP_FUSION)
     return norm

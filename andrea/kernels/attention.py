@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from andrea.kernels.launch import FP_FUSION
+
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                         scale: float | None = None) -> torch.Tensor:
@@ -207,7 +209,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     block_m, block_n = cfg.fwd
     _attn_fwd_kernel[(triton.cdiv(T, block_m), B * H)](
         q, k, v, o, lse, T, scale * LOG2E, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=D,
-        DOT_PRECISION=_dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        DOT_PRECISION=_dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        enable_fp_fusion=FP_FUSION)
     return o, lse
 
 
@@ -223,7 +226,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     delta = (do.float() * o.float()).sum(-1)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     meta = dict(CAUSAL=causal, HEAD_DIM=D, DOT_PRECISION=_dot_precision(q.dtype), num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages)
+                num_stages=cfg.num_stages, enable_fp_fusion=FP_FUSION)
     block_m, block_n = cfg.dkdv
     _attn_bwd_dkdv_kernel[(triton.cdiv(T, block_n), B * H)](
         q, k, v, do, lse, delta, dk, dv, T, scale, scale * LOG2E, BLOCK_M=block_m, BLOCK_N=block_n, **meta)

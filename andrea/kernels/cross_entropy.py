@@ -16,6 +16,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from andrea.kernels.launch import FP_FUSION
+
 REDUCTIONS = ("none", "mean", "sum")
 
 
@@ -89,7 +91,7 @@ def cross_entropy_forward(logits: torch.Tensor, targets: torch.Tensor, ignore_in
     lse = torch.empty(N, device=logits.device, dtype=torch.float32)
     block, num_warps = cross_entropy_block(V, logits.device.type)
     _cross_entropy_fwd_kernel[(N,)](logits, targets, loss, lse, V, logits.stride(0), ignore_index,
-                                    BLOCK=block, num_warps=num_warps)
+                                    BLOCK=block, num_warps=num_warps, enable_fp_fusion=FP_FUSION)
     return loss, lse
 
 
@@ -100,7 +102,8 @@ def cross_entropy_backward(dloss: torch.Tensor, logits: torch.Tensor, targets: t
     dlogits = torch.empty_like(logits)
     block, num_warps = cross_entropy_block(V, logits.device.type)
     _cross_entropy_bwd_kernel[(N,)](logits, targets, lse, dloss, dlogits, V, logits.stride(0), dlogits.stride(0),
-                                    dloss.stride(0), ignore_index, BLOCK=block, num_warps=num_warps)
+                                    dloss.stride(0), ignore_index, BLOCK=block, num_warps=num_warps,
+                                    enable_fp_fusion=FP_FUSION)
     return dlogits
 
 

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from andrea.kernels.launch import FP_FUSION
+
 MAX_COLUMNS = 4096  # one row per BLOCK: at 8 warps that is 16 fp32 per thread for each of x, dy, w
 
 
@@ -122,7 +124,8 @@ def layer_norm_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     if N:
         # Without a bias the kernel never reads B; weight stands in as a valid pointer.
         _layer_norm_fwd_kernel[(N,)](x2d, weight, weight if bias is None else bias, y, mean, rstd, C, x2d.stride(0),
-                                     y.stride(0), eps, HAS_BIAS=bias is not None, BLOCK=block, num_warps=num_warps)
+                                     y.stride(0), eps, HAS_BIAS=bias is not None, BLOCK=block, num_warps=num_warps,
+                                     enable_fp_fusion=FP_FUSION)
     return y.view(x.shape), x2d, mean, rstd
 
 
@@ -141,7 +144,7 @@ def layer_norm_backward(dy: torch.Tensor, x2d: torch.Tensor, weight: torch.Tenso
         _layer_norm_bwd_kernel[(n_programs,)](
             x2d, weight, dy, mean, rstd, dx, dw_partial, db_partial, N, C,
             rows_per_program, x2d.stride(0), dy.stride(0), dx.stride(0), HAS_BIAS=has_bias, BLOCK=block,
-            num_warps=num_warps)
+            num_warps=num_warps, enable_fp_fusion=FP_FUSION)
     # torch's sum over a fixed (n_programs, C) shape: a fixed reduction order, deterministic on CPU and GPU.
     return dx, dw_partial.sum(0), (db_partial.sum(0) if has_bias else None)
 
