@@ -2,12 +2,18 @@
 
 Both run on the training thread at a step boundary and leave training's state and randomness untouched:
 evaluation uses a fixed set of held-out windows per arm (drawn from the EVAL stream keyed by the seed only,
-so every eval of a run scores the same text), and sampling draws from its own generator keyed by
-(seed, step). Cost is bounded: `train.eval_batches` forward passes per arm; `len(sample.prompts)` ×
-`sample.max_new_tokens` single-sequence forwards per audit.
+so every eval of a run scores the same text), and sampling draws from its own generators keyed by
+(seed, step, prompt). Cost is bounded: `train.eval_batches` forward passes per arm; per sample audit, one batched
+prefill of all prompts and `sample.max_new_tokens - 1` one-token forwards through a KV cache (andrea/generate.py).
+
+Sample randomness: prompt p at step S samples from its own torch generator seeded from (seed, S, SAMPLE_STREAM,
+a 64-bit hash of p's text), so a prompt's draws do not depend on which other prompts are configured or their
+order (its text can differ from a batch of one only by float rounding; see andrea/generate.py).
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 import torch
@@ -31,13 +37,17 @@ def evaluate(trainer: Trainer, arms: list[ArmTokens], cfg: RunConfig) -> dict[st
     return losses
 
 
+def prompt_generator(seed: int, step: int, prompt: str) -> torch.Generator:
+    """The generator prompt `prompt` samples from at `step`: keyed by the prompt's text, not its index."""
+    key = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "little")
+    return torch.Generator().manual_seed(int(rng_for(seed, step, SAMPLE_STREAM, key).integers(2**62)))
+
+
 def sample_audits(trainer: Trainer, codec: TextCodec, cfg: RunConfig, step: int) -> list[dict]:
+    """One `.samples.json` entry per prompt: {"step", "prompt", "text"} (the continuation, prompt excluded)."""
     sc = cfg.sample
-    seed = int(rng_for(cfg.train.seed, step, SAMPLE_STREAM).integers(2**62))
-    gen = torch.Generator().manual_seed(seed)
-    audits = []
-    for prompt in sc.prompts:
-        ids = codec.encode(prompt) or [codec.eot]
-        new = trainer.generate(ids, sc.max_new_tokens, temperature=sc.temperature, top_k=sc.top_k, generator=gen)
-        audits.append({"step": step, "prompt": prompt, "text": codec.decode(new)})
-    return audits
+    prompts = [codec.encode(p) or [codec.eot] for p in sc.prompts]
+    generators = [prompt_generator(cfg.train.seed, step, p) for p in sc.prompts]
+    new = trainer.generate(prompts, sc.max_new_tokens, temperature=sc.temperature, top_k=sc.top_k,
+                           generators=generators)
+    return [{"step": step, "prompt": p, "text": codec.decode(ids)} for p, ids in zip(sc.prompts, new)]

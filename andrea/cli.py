@@ -4,6 +4,7 @@
     info     a preset's size and parameter layout, as JSON
     verify   validate checkpoints (a run directory or one file)
     sample   generate text from a checkpoint
+    export   a checkpoint as a Hugging Face GPT-2 directory (model.safetensors, config, tokenizer) or npz
     ctl      talk to a running trainer: checkpoint | stop | status
     status, pivot, branch, compare, plot: a run's life (andrea/ops.py)
 
@@ -68,16 +69,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise OSError(f"{run_dir}: the run directory is not writable")
     import torch
 
+    from andrea.distributed import World, check_batch
     from andrea.trainer import resolve_device, resolve_kernels
-    device = resolve_device(cfg.train.device)
+    world = World.from_env()  # torchrun's RANK / WORLD_SIZE / LOCAL_RANK; one process without them
+    check_batch(cfg.train.batch_size, world.size)
+    device = world.device(resolve_device(cfg.train.device))
     kernels = resolve_kernels(cfg.train.kernels, device)
     if kernels == "triton" and device.type == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # must precede the first `import triton`
     torch.set_num_threads(max(1, torch.get_num_threads()))
     from andrea.control.runtime import TrainingRun
-    run = TrainingRun(cfg, run_dir, device=device, kernels=kernels,
-                      init_from=Path(args.init_from) if args.init_from else None, early=early)
-    return run_async(run.main(cfg.train.steps))
+    world.init(device)
+    try:
+        run = TrainingRun(cfg, run_dir, device=device, kernels=kernels,
+                          init_from=Path(args.init_from) if args.init_from else None, early=early, world=world)
+        return run_async(run.main(cfg.train.steps))
+    finally:
+        world.close()
 
 
 def run_async(coro) -> int:
@@ -150,9 +158,15 @@ def cmd_sample(args: argparse.Namespace) -> int:
     trainer.load(torch.from_numpy(payload))
     codec = TextCodec.load(run_dir / "tokenizer.json")
     ids = codec.encode(args.prompt) or [codec.eot]
-    new = trainer.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=cfg.sample.top_k,
-                           generator=torch.Generator().manual_seed(args.seed))
+    [new] = trainer.generate([ids], args.max_new_tokens, temperature=args.temperature, top_k=cfg.sample.top_k,
+                             generators=[torch.Generator().manual_seed(args.seed)])
     print(args.prompt + codec.decode(new))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from andrea.export import export_run
+    print(export_run(Path(args.run_dir), Path(args.out), args.step, args.format))
     return 0
 
 
@@ -179,7 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.add_argument("--kernels", choices=["auto", "torch", "triton"])
-    p.add_argument("--init-from", metavar="FILE", help="start from this checkpoint instead of the run's newest")
+    p.add_argument("--init-from", metavar="PATH",
+                   help="start from this step_NNNNNN.bin instead of the run's newest checkpoint; or, in a run "
+                        "without checkpoints, from weights only (step 0, m = v = 0): a model.safetensors, "
+                        "model.npz, pytorch_model.bin or a GPT-2 directory holding one (andrea export's output)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("info", help="a preset's size and parameter layout (JSON)")
@@ -198,6 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_sample)
+
+    p = sub.add_parser("export", help="a checkpoint as a Hugging Face GPT-2 directory (or numpy arrays)")
+    p.add_argument("run_dir")
+    p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest valid checkpoint)")
+    p.add_argument("--out", required=True, help="the directory to create (absent or empty)")
+    p.add_argument("--format", choices=["safetensors", "npz"], default="safetensors",
+                   help="safetensors: HF GPT2LMHeadModel names (default); npz: andrea's layout names")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("ctl", help="signal a running trainer or read its state")
     p.add_argument("run_dir")

@@ -27,9 +27,14 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
+    """The GPT-2-shaped model; its shape fixes n_params and so the checkpoint size (8 + 12·n bytes)."""
+
     n_layer: int = 4
+    """Transformer blocks."""
     n_head: int = 4
+    """Attention heads per block; must divide n_embd."""
     n_embd: int = 128
+    """Width of the residual stream (embedding size)."""
     block_size: int = 128
     """Context length; also the number of learned position embeddings."""
     vocab_size: int = 4096
@@ -55,25 +60,38 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
+    """The optimizer, its schedule and the step loop's cadences."""
+
     seed: int = 1337
     """Seeds initialisation, data order, dropout and the bandit; a run is a pure function of seed and config."""
     batch_size: int = 16
+    """Sequences of block_size tokens per optimizer step (tokens per step = batch_size · block_size)."""
     steps: int = 200_000
     """The step to stop at (counted from 0); `--steps` overrides it. The LR schedule does not depend on it."""
     lr: float = 6e-4
+    """Peak learning rate, reached at the end of the linear warmup."""
     min_lr: float = 6e-5
+    """Learning rate at the end of the cosine decay, and after it."""
     warmup_steps: int = 2000
+    """Steps of linear warmup from lr/warmup_steps to lr."""
     lr_decay_steps: int = 200_000
     """Horizon of the cosine decay; fixed per run so that stopping early never changes the schedule."""
     weight_decay: float = 0.1
+    """AdamW decoupled weight decay, on matrices only (not biases or LayerNorm gains)."""
     beta1: float = 0.9
+    """AdamW first-moment decay (m in the checkpoint)."""
     beta2: float = 0.999
+    """AdamW second-moment decay (v in the checkpoint)."""
     eps: float = 1e-8
+    """AdamW epsilon, added to the square root of the bias-corrected v."""
     grad_clip: float = 1.0
     """Global gradient-norm clip; 0 disables it."""
     eval_every: int = 500
+    """Validation cadence in steps: an `eval` marker with per-arm held-out losses in .loss.json."""
     eval_batches: int = 8
+    """Held-out batches per arm in each validation."""
     log_every: int = 10
+    """Progress log-line cadence in steps when stderr is not a terminal (a terminal gets a live bar)."""
     device: str = "auto"
     """auto | cpu | cuda"""
     kernels: str = "auto"
@@ -94,9 +112,12 @@ class TrainConfig:
 
 @dataclass
 class CheckpointConfig:
+    """When checkpoints are written and which are kept (SPEC §§1, 4)."""
+
     every: int = 100
     """Cadence in steps (SPEC §1: ~17 minutes of work at risk on ANDREA-120M); equal to sample.every by default."""
     keep_last: int = 5
+    """Newest checkpoints kept; older ones are deleted unless they are multiples of keep_every."""
     keep_every: int = 10_000
     """Checkpoints at multiples of this are "major" and never deleted; 0 disables."""
     usr1: str = "step"
@@ -118,7 +139,9 @@ class SourceConfig:
     """A user data source ("arm"): text files (a file, a directory or a glob) or a uint16 token file."""
 
     name: str
+    """Arm name: unique among arms, used in policy caps/floors and in .state.json."""
     path: str
+    """A file, a directory or a glob of text files; or one token file (kind = tokens)."""
     kind: str = "text"
     """text | tokens (a flat little-endian uint16 array, as nanoGPT's prepare.py writes)"""
 
@@ -132,6 +155,8 @@ BUILTIN_ARMS = ("stdlib-docstrings", "stdlib-code", "pydoc-topics")
 
 @dataclass
 class DataConfig:
+    """The training data: built-in and user arms, the tokenizer, the held-out split."""
+
     arms: list[str] = field(default_factory=lambda: list(BUILTIN_ARMS))
     """Built-in arms to train on (embedded, offline): any of stdlib-docstrings, stdlib-code, pydoc-topics."""
     sources: list[SourceConfig] = field(default_factory=list)
@@ -139,6 +164,7 @@ class DataConfig:
     max_bytes_per_arm: int = 8_000_000
     """Cap on the text read per arm at the first start (bounds tokenizer training and preparation time)."""
     val_fraction: float = 0.05
+    """Share of each arm held out for validation (never trained on)."""
     tokenizer: str = "bpe"
     """bpe: train a byte-level BPE at the first start; or a path to an existing HF tokenizer.json."""
 
@@ -182,14 +208,82 @@ class PolicyConfig:
 
 @dataclass
 class SampleConfig:
+    """Sample audits written to .samples.json."""
+
     every: int = 0
     """Sample-audit cadence; 0 means equal to checkpoint.every (SPEC §1)."""
     prompts: list[str] = field(default_factory=lambda: ["def ", "The "])
+    """Prompts sampled at each sample audit."""
     max_new_tokens: int = 48
+    """Tokens generated per prompt."""
     keep: int = 20
     """Number of audits kept in .samples.json."""
     temperature: float = 0.8
+    """Sampling temperature."""
     top_k: int = 40
+    """Sample from the k most likely tokens only."""
+
+
+@dataclass
+class LogConfig:
+    """Where a run's records go besides the ledger (which is always written)."""
+
+    tensorboard: bool = False
+    """Also write the ledger's records as TensorBoard scalars under RUN_DIR/tb/ (andrea/control/tensorboard.py)."""
+    flush_secs: float = 30.0
+    """Longest time a TensorBoard scalar waits in memory before it is written to RUN_DIR/tb/."""
+
+    def __post_init__(self) -> None:
+        if not self.flush_secs > 0:
+            raise ConfigError(f"log.flush_secs={self.flush_secs} must be > 0")
+
+
+@dataclass
+class GuardConfig:
+    """The divergence guard (andrea/control/guard.py): detect, never checkpoint over the last good state, roll back.
+
+    Defaults are chosen so that healthy runs never trigger it (bench/guard.py checks the tiny preset's whole
+    schedule and ANDREA-12M's first steps): a healthy batch loss moves 10-15 % and a healthy gradient norm
+    spikes 4x on single batches, and neither happens on 3 of 5 consecutive steps.
+    """
+
+    enabled: bool = True
+    """false: no detection, no gating, no rollback (a non-finite loss then stops the run, as before)."""
+    window: int = 50
+    """Healthy steps in the robust baseline (median and MAD of the loss and of the gradient norm)."""
+    loss_sigmas: float = 6.0
+    """A loss more than this many robust sigmas (1.4826 · MAD) above the baseline median is anomalous..."""
+    loss_margin: float = 0.2
+    """...and more than this fraction above the median (the band's floor: a young window has MAD 0)."""
+    grad_sigmas: float = 8.0
+    """The same for the pre-clip gradient norm (in robust sigmas)."""
+    grad_margin: float = 4.0
+    """The gradient norm's floor: anomalous only above (1 + grad_margin) x its median."""
+    persist: int = 3
+    """An incident is this many anomalous steps among the last `persist_window` (a non-finite one at once)."""
+    persist_window: int = 5
+    """Steps the persistence rule looks back over; no checkpoint is committed while persist - 1 of them were anomalous."""
+    confirm_steps: int = 50
+    """A committed checkpoint becomes the known-good point after this many later steps without an incident."""
+    max_attempts: int = 6
+    """Rollbacks per incident series; the next incident stops the run non-zero, naming the checkpoint to resume."""
+    lr_factor: float = 0.5
+    """From the second rollback of a series on, the learning-rate scale is multiplied by this (it stays lowered)."""
+
+    def __post_init__(self) -> None:
+        for name in ("window", "persist", "persist_window", "max_attempts"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"guard.{name}={getattr(self, name)} must be >= 1")
+        if self.persist > self.persist_window:
+            raise ConfigError(f"guard.persist={self.persist} must be <= guard.persist_window={self.persist_window}")
+        if self.confirm_steps < self.persist_window:
+            raise ConfigError(f"guard.confirm_steps={self.confirm_steps} must be >= guard.persist_window="
+                              f"{self.persist_window} (a checkpoint is confirmed only once a divergence would show)")
+        for name in ("loss_sigmas", "loss_margin", "grad_sigmas", "grad_margin"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"guard.{name}={getattr(self, name)} must be > 0")
+        if not 0.0 < self.lr_factor < 1.0:
+            raise ConfigError(f"guard.lr_factor={self.lr_factor} must be in (0, 1)")
 
 
 @dataclass
@@ -200,6 +294,8 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
         from andrea.control.bandit import PolicyError, validate_policy  # pure numpy; no import cycle

@@ -20,6 +20,7 @@ from pathlib import Path
 from andrea import checkpoint as ckpt
 from andrea import config as config_mod
 from andrea.control import ctl, pivot, sidecars
+from andrea.control.guard import ledger_summary
 from andrea.control.ledger import LEDGER_NAME, LossLedger, ema, history, marker, read_ledger
 from andrea.control.runlock import RunLock, is_locked, read_pid
 
@@ -38,11 +39,13 @@ def run_config(run_dir: Path) -> config_mod.RunConfig:
 def cmd_status(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     st = ctl.status(run_dir)
-    steps = history(read_ledger(run_dir / LEDGER_NAME).entries)
+    entries = read_ledger(run_dir / LEDGER_NAME).entries
+    steps = history(entries)
     state = sidecars.read_json(run_dir / sidecars.STATE_NAME) or {}
     ema = loss_ema(steps)
     st.update({"loss_ema": ema[-1][1] if ema else None, "phase": state.get("phase"),
-               "shares": state.get("shares"), "state_step": state.get("step")})
+               "shares": state.get("shares"), "state_step": state.get("step"),
+               "guard": ledger_summary(entries)})  # incidents, rollbacks, the remedy in force (control/guard.py)
     print(json.dumps(st, indent=1))
     return 0
 
@@ -97,9 +100,9 @@ def cmd_branch(args: argparse.Namespace) -> int:
         raise FileExistsError(f"{dest}: already exists and is not empty")
     dest.mkdir(parents=True, exist_ok=True)
     _link_or_copy(source, dest / source.name)
-    state = sidecars.checkpoint_state_path(parent, step)
-    if state.exists():
-        shutil.copy(state, dest / state.name)
+    for state in (sidecars.checkpoint_state_path(parent, step), parent / f"step_{step:06d}.guard.json"):
+        if state.exists():  # the bandit and the guard (lr scale, data offset) as of that checkpoint
+            shutil.copy(state, dest / state.name)
     shutil.copy(parent / "tokenizer.json", dest / "tokenizer.json")
     (dest / "data").mkdir()
     for f in sorted((parent / "data").iterdir()):  # token files never change: share them

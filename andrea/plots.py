@@ -14,7 +14,33 @@ import matplotlib.pyplot as plt  # noqa: E402  (backend chosen first: no display
 
 from andrea.control.ledger import ema, history  # noqa: E402
 
-EVENT_STYLE = {"resume": ("tab:gray", ":"), "pivot": ("tab:red", "--"), "branch": ("tab:purple", "-.")}
+EMA_LABEL = "loss EMA (β=0.99, bias-corrected, at its mean step)"
+
+
+def smoothed(xs: list[int], ys: list[float]) -> tuple[list[float], list[float]]:
+    """The loss EMA as drawn: each value placed at the mean step of the losses it averages.
+
+    ema(ys)[t] is what `status` reports at step xs[t], but it averages the losses of ~100 earlier steps: drawn
+    at xs[t] it trails a falling curve by up to β/(1-β) = 99 steps, which reads like a worse run than it is.
+    The same weights give the mean step ema(xs)[t]; on any linear stretch of the curve ema(ys)[t] is exactly
+    the loss there, so the line lies on the curve. It ends at ema(xs)[-1], short of the last step by the
+    window's mean age: the last ~100 steps have no settled average yet.
+    """
+    return ema([float(x) for x in xs]), ema(ys)
+
+
+def live_evals(entries: list[dict]) -> list[dict]:
+    """The `eval` markers a later start/resume/branch/rollback did not supersede (ledger.history's rule).
+
+    An eval is offered to `history` as if it were a step entry (its "event" key dropped), among the markers.
+    """
+    return history([{k: v for k, v in e.items() if k != "event"} if e["event"] == "eval" else e
+                    for e in entries if "event" in e])
+
+
+EVENT_STYLE = {"resume": ("tab:gray", ":"), "pivot": ("tab:red", "--"), "branch": ("tab:purple", "-."),
+               "incident": ("tab:orange", ":"), "rollback": ("tab:green", "--"), "guard_stop": ("black", "-")}
+# incident at the step the guard saw the divergence; rollback at the step it resumed from (control/guard.py)
 
 
 def plot_run(run_dir: Path, entries: list[dict], out: Path) -> None:
@@ -22,8 +48,8 @@ def plot_run(run_dir: Path, entries: list[dict], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 5))
     xs, ys = [e["step"] for e in steps], [e["loss"] for e in steps]
     ax.plot(xs, ys, lw=0.6, alpha=0.4, label="loss")
-    ax.plot(xs, ema(ys), lw=1.6, label="loss EMA (β=0.99)")
-    evals = [e for e in entries if e.get("event") == "eval"]
+    ax.plot(*smoothed(xs, ys), lw=1.6, label=EMA_LABEL)
+    evals = live_evals(entries)
     if evals:
         ax.plot([e["step"] for e in evals], [e["val_loss"] for e in evals], "o-", ms=3, label="validation")
     labelled = set()
@@ -45,7 +71,7 @@ def plot_compare(dirs: list[Path], curves: list[list[dict]], start: int, out: Pa
     for d, c in zip(dirs, curves):
         xs, ys = [e["step"] for e in c], [e["loss"] for e in c]
         (line,) = ax.plot(xs, ys, lw=0.6, alpha=0.35)
-        ax.plot(xs, ema(ys), lw=1.6, color=line.get_color(), label=f"{d.name} (EMA)")
+        ax.plot(*smoothed(xs, ys), lw=1.6, color=line.get_color(), label=f"{d.name} (EMA at its mean step)")
     ax.axvline(start, color="tab:purple", ls="-.", lw=1, label=f"branch point ({start})")
     ax.set(xlabel="step", ylabel="loss", title="compare")
     ax.legend()

@@ -21,6 +21,7 @@ from functools import partial
 
 import torch
 
+from andrea import generate as generation
 from andrea.config import RunConfig, TrainConfig
 from andrea.data.store import DROPOUT_STREAM, rng_for
 from andrea.model import GPT, ModelMath, ParamSpec, bind_flat, decay_mask, init_weights, n_params, param_layout
@@ -87,6 +88,7 @@ class Trainer:
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext())
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._snapshot_done: torch.cuda.Event | None = None
+        self.lr_scale = 1.0  # the guard's remedy (control/guard.py): lr = lr_at(step) · lr_scale, saved beside checkpoints
 
     # --- state -------------------------------------------------------------------------------------------
     def load(self, payload: torch.Tensor) -> None:
@@ -98,6 +100,8 @@ class Trainer:
 
         On CUDA the copy runs on a side stream, overlapping the next forward and backward; only the next
         optimizer update waits for it (`_wait_snapshot`). On CPU it is a plain memcpy, the checkpoint's stall.
+        `staging` is the writer's fp32 view at byte 8 of an aligned file image (control/writer.py): the copy
+        lands where the checkpoint's payload sits in the file, and the image goes to disk with O_DIRECT as is.
         """
         if self._copy_stream is None:
             staging.copy_(self.state.buffer)
@@ -129,7 +133,7 @@ class Trainer:
         loss = seq_losses.mean()
         loss.backward()
         self._wait_snapshot()
-        lr = lr_at(step, tc)
+        lr = lr_at(step, tc) * self.lr_scale
         grad_norm = self.adamw(self.state.w, self.state.grad, self.state.m, self.state.v, step=step + 1, lr=lr,
                                beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay,
                                decay_mask=self.decay, max_grad_norm=tc.grad_clip or None)
@@ -143,23 +147,14 @@ class Trainer:
         return seq_losses.mean()
 
     @torch.no_grad()
-    def generate(self, ids: list[int], max_new_tokens: int, *, temperature: float, top_k: int,
-                 generator: torch.Generator) -> list[int]:
-        """Sample a continuation; draws only from `generator`, so training's randomness is untouched."""
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, *, temperature: float, top_k: int,
+                 generators: list[torch.Generator]) -> list[list[int]]:
+        """Sample a continuation of every prompt in one KV-cached batch (andrea/generate.py); row r draws only
+        from generators[r], so training's randomness is untouched."""
         self.model.eval()
-        block = self.cfg.model.block_size
-        out = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, t)
-        for _ in range(max_new_tokens):
-            with self.autocast:
-                logits, _ = self.model(out[:, -block:])
-            logits = logits[0, -1].float() / max(temperature, 1e-5)  # (V,)
-            if top_k:
-                kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            probs = torch.softmax(logits, dim=-1).cpu()
-            nxt = torch.multinomial(probs, 1, generator=generator).to(self.device)
-            out = torch.cat([out, nxt.view(1, 1)], dim=1)
-        return out[0, len(ids):].tolist()
+        with self.autocast:
+            return generation.decode(self.model, prompts, max_new_tokens,
+                                     generation.sampler(temperature, top_k, generators))
 
 
 def _model_math(kernels: str) -> ModelMath:

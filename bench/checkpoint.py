@@ -5,13 +5,18 @@ or of `--synthetic-params N` parameters) and the same directory:
 
     andrea        stall = Trainer.snapshot into a CheckpointWriter staging buffer, launched on a training thread
                   as control/runtime.py does; throughput = checkpoint bytes / the writer's commit seconds
-                  (write_regions + fsync + rename + directory fsync, on the I/O thread).
+                  (O_DIRECT write of the staged image + ftruncate + fsync + rename + directory fsync, on the I/O
+                  thread); CPU = the I/O thread's user + sys over the commit (CommitResult.cpu_seconds).
+    andrea buffered  the same writer with O_DIRECT off: the buffered path (page cache + fsync) that a filesystem
+                  refusing O_DIRECT gets, and that every commit took before O_DIRECT: the CPU baseline.
     torch.save    torch.save({"model": state_dict, "optim": AdamW.state_dict()}) + fsync of a per-parameter
                   nn.Module holding the same values; synchronous, so stall = throughput time = the whole save.
     dcp.async     torch.distributed.checkpoint.async_save of that state dict (single-process gloo group on a
                   FileStore); stall = until it returns, throughput = bytes / until its future completes.
-    raw write     one write() of the 12·n payload bytes + fsync: the disk floor.
+    buffered write   write() of the 8 + 12·n checkpoint bytes (64 MiB calls) + fsync: the page-cache floor.
+    O_DIRECT write   the same bytes, padded to 4096, from an aligned buffer with O_DIRECT + fsync: the disk floor.
     memcpy        one copy of the 12·n payload into a preallocated host buffer: the staging floor.
+CPU is time.thread_time() (user + sys) of the thread that made the write calls; "-" where that is not one thread.
 
 Plus, for a preset, the cadence cost: median Trainer.train_step time on random tokens of the preset's batch and
 overhead = andrea's stall / (every · step time), with every = checkpoint.every (100). The step after a snapshot
@@ -21,17 +26,19 @@ side stream and should cost next to nothing).
 
 Each repeat runs every method once, in turn, after an untimed warm-up round (first-touch page faults, DCP's
 staging set-up); files are deleted and the page cache flushed (os.sync) between methods, outside the timings.
-Targets, printed with PASS/MISS: stall <= 1.5x memcpy; andrea throughput >= 0.9x raw write (each the median of
-the per-round ratios: methods of one round share the machine's state); cadence overhead <= 1%. Timings describe
-this machine; nothing here fails on them.
+Targets, printed with PASS/MISS: stall <= 1.5x memcpy; andrea throughput >= 0.9x the O_DIRECT floor; andrea's
+commit CPU <= 0.1x the buffered writer's (each the median of the per-round ratios: methods of one round share the
+machine's state); cadence overhead <= 1%. Timings describe this machine; nothing here fails on them. The cost a
+whole training process pays, measured from outside it: bench/checkpoint_e2e.py.
 
 Reads the preset (andrea/presets/*.toml). Writes checkpoints only in a fresh temporary directory made under `--dir`
 (default: beside the repository; not /dev/shm, which would measure RAM, not a disk) and removed afterwards; a
 markdown report to stdout; with `--json PATH`, the raw seconds of every repeat.
 
     python bench/checkpoint.py --preset andrea-12m --json out.json
-    python bench/checkpoint.py --preset andrea-120m            # on CPU: 1 measured step, no warm-up
+    python bench/checkpoint.py --preset andrea-120m --repeats 3 --steps 0   # 1.45 GB; skip the minutes-long CPU step
     python bench/checkpoint.py --synthetic-params 50000000 --repeats 5 --dir /mnt/nvme/tmp
+    python bench/checkpoint.py --preset andrea-12m --writers 2   # distributed mode: 2 ZeRO-1 writers vs one
 """
 
 from __future__ import annotations
@@ -56,11 +63,12 @@ sys.path.insert(0, str(REPO))
 
 from andrea import checkpoint as ckpt  # noqa: E402
 from andrea import config as config_mod  # noqa: E402
-from andrea.control.writer import CheckpointWriter  # noqa: E402
+from andrea.control.writer import CheckpointWriter, staging_image  # noqa: E402
 from andrea.trainer import FlatState, Trainer, resolve_device  # noqa: E402
 
-METHODS = ("andrea", "torch.save", "dcp.async_save", "raw write", "memcpy")
-STALL_VS_MEMCPY, THROUGHPUT_VS_RAW, MAX_OVERHEAD = 1.5, 0.9, 0.01
+METHODS = ("andrea", "andrea buffered", "torch.save", "dcp.async_save", "buffered write", "O_DIRECT write", "memcpy")
+REQUIRED = ("andrea", "andrea buffered", "buffered write", "O_DIRECT write", "memcpy")  # failures here are errors
+STALL_VS_MEMCPY, THROUGHPUT_VS_DIRECT, CPU_VS_BUFFERED, MAX_OVERHEAD = 1.5, 0.9, 0.1, 0.01
 
 
 # --- the state under test ------------------------------------------------------------------------------------
@@ -108,7 +116,7 @@ def reference_state(cfg: config_mod.RunConfig | None, trainer: Trainer) -> tuple
     return model, opt
 
 
-# --- one measurement per method: (stall seconds, total seconds, bytes on disk) --------------------------------
+# --- one measurement per method: (stall seconds, total seconds, bytes on disk, CPU seconds or None) ------------
 class AndreaCheckpoint:
     """Snapshot + commit exactly as control/runtime.py: snapshot on the training thread, commit on the I/O thread."""
 
@@ -127,8 +135,10 @@ class AndreaCheckpoint:
         torch.cuda.synchronize(self.trainer.device)
         return time.perf_counter() - t0
 
-    async def once(self) -> tuple[float, float, int, dict]:
+    async def once(self, direct: bool = True) -> tuple[float, float, int, float, dict]:
+        """One checkpoint; direct=False: the same writer with O_DIRECT off (the buffered path)."""
         loop = asyncio.get_running_loop()
+        self.writer.direct = ckpt.DirectIO(direct)
         self.step += 1
         extra = {}
         use_next_step = self.cuda and self.batch is not None
@@ -147,54 +157,61 @@ class AndreaCheckpoint:
         result = await fut
         if result.error:
             raise RuntimeError(result.error)
-        return stall, result.seconds, ckpt.checkpoint_bytes(self.trainer.state.n), extra
+        if result.direct != direct:
+            raise RuntimeError(f"{self.run_dir}: the filesystem refuses O_DIRECT ({self.writer.direct.refusal}); "
+                               "pass --dir on a disk filesystem")
+        return stall, result.seconds, ckpt.checkpoint_bytes(self.trainer.state.n), result.cpu_seconds, extra
 
     def close(self) -> None:
         self.train_pool.shutdown()
         self.io_pool.shutdown()
 
 
-def torch_save_once(model, opt, path: Path) -> tuple[float, float, int]:
-    t0 = time.perf_counter()
+def torch_save_once(model, opt, path: Path) -> tuple[float, float, int, float]:
+    t0, c0 = time.perf_counter(), time.thread_time()
     with open(path, "wb") as f:
         torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, f)
         f.flush()
         os.fsync(f.fileno())
     seconds = time.perf_counter() - t0
-    return seconds, seconds, path.stat().st_size
+    return seconds, seconds, path.stat().st_size, time.thread_time() - c0
 
 
-def dcp_once(model, opt, path: Path) -> tuple[float, float, int]:
+def dcp_once(model, opt, path: Path) -> tuple[float, float, int, None]:
     import torch.distributed.checkpoint as dcp
     t0 = time.perf_counter()
     pending = dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=str(path))
     stall = time.perf_counter() - t0
     getattr(pending, "upload_completion", pending).result()  # AsyncSaveResponse (custom stager) or Future
     total = time.perf_counter() - t0
-    return stall, total, sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return stall, total, sum(p.stat().st_size for p in path.rglob("*") if p.is_file()), None  # its own threads
 
 
-def raw_write_once(payload: memoryview, path: Path) -> tuple[float, float, int]:
-    t0 = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def floor_write_once(image: memoryview, size: int, path: Path, direct: bool) -> tuple[float, float, int, float]:
+    """write() + fsync of the checkpoint's `size` bytes: buffered, or O_DIRECT of the aligned image up to 4096."""
+    length = -(-size // ckpt.DIRECT_ALIGN) * ckpt.DIRECT_ALIGN if direct else size
+    t0, c0 = time.perf_counter(), time.thread_time()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0), 0o644)
     try:
-        written = 0
-        while written < len(payload):
-            written += os.write(fd, payload[written:])
+        for lo in range(0, length, ckpt.WRITE_CHUNK):
+            chunk = image[lo:min(length, lo + ckpt.WRITE_CHUNK)]
+            written = 0
+            while written < len(chunk):
+                written += os.pwrite(fd, chunk[written:], lo + written)
         os.fsync(fd)
     finally:
         os.close(fd)
     seconds = time.perf_counter() - t0
-    return seconds, seconds, len(payload)
+    return seconds, seconds, size, time.thread_time() - c0
 
 
-def memcpy_once(src: torch.Tensor, dst: torch.Tensor) -> tuple[float, float, int]:
+def memcpy_once(src: torch.Tensor, dst: torch.Tensor) -> tuple[float, float, int, None]:
     t0 = time.perf_counter()
     dst.copy_(src, non_blocking=src.device.type == "cuda")
     if src.device.type == "cuda":
         torch.cuda.synchronize(src.device)
     seconds = time.perf_counter() - t0
-    return seconds, seconds, src.numel() * src.element_size()
+    return seconds, seconds, src.numel() * src.element_size(), None  # torch may copy on several threads
 
 
 def settle(directory: Path) -> None:
@@ -235,9 +252,10 @@ def step_times(trainer: Trainer, batch, warmup: int, steps: int, start: int = 0)
     return times[:warmup], times[warmup:]
 
 
-async def step_during_commit(bench: AndreaCheckpoint, trainer: Trainer, batch) -> dict:
+async def step_during_commit(bench: AndreaCheckpoint, trainer: Trainer, batch, direct: bool) -> dict:
     """One checkpoint taken between steps as the runtime does, then the next step while the commit is in flight."""
     loop = asyncio.get_running_loop()
+    bench.writer.direct = ckpt.DirectIO(direct)
     slot = await bench.writer.free_slot()
     t0 = time.perf_counter()
     fence = await loop.run_in_executor(bench.train_pool, trainer.snapshot, bench.writer.staging[slot])
@@ -248,7 +266,7 @@ async def step_during_commit(bench: AndreaCheckpoint, trainer: Trainer, batch) -
     await loop.run_in_executor(bench.train_pool, lambda: step_times(trainer, batch, 0, 1, start=10_000))
     next_step = time.perf_counter() - t1
     result = await fut
-    return {"stall_s": stall, "next_step_s": next_step, "commit_s": result.seconds,
+    return {"stall_s": stall, "next_step_s": next_step, "commit_s": result.seconds, "commit_cpu_s": result.cpu_seconds,
             "commit_overlapped_step": result.seconds < next_step}
 
 
@@ -279,17 +297,17 @@ def report(res: dict) -> str:
              f"{res['payload_bytes'] / gb:.3f} GB payload) on {res['device']}",
              f"directory {res['dir']} ({res['fs']}), {res['repeats']} repeats after a warm-up round, medians; "
              f"torch {torch.__version__}, {torch.get_num_threads()} threads", "",
-             "| method | stall s | write s | min stall s | min write s | bytes | GB/s | note |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| method | stall s | write s | min stall s | min write s | CPU s | bytes | GB/s | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name in METHODS:
         m = res["methods"][name]
         if m["status"] != "ok":
-            lines.append(f"| {name} | - | - | - | - | - | - | not measured: {m['reason']} |")
+            lines.append(f"| {name} | - | - | - | - | - | - | - | not measured: {m['reason']} |")
             continue
         stall, total = median(m["stall_s"]), median(m["total_s"])
+        cpu = f"{median(m['cpu_s']):.4f}" if m["cpu_s"] else "-"
         lines.append(f"| {name} | {stall:.4f} | {total:.4f} | {min(m['stall_s']):.4f} | {min(m['total_s']):.4f} | "
-                     f"{m['bytes']:,} | {m['bytes'] / total / gb:.2f} | "
-                     f"{m['note']} |")
+                     f"{cpu} | {m['bytes']:,} | {m['bytes'] / total / gb:.2f} | {m['note']} |")
     c = res.get("cadence")
     lines += ["", "## Cadence cost (train_step on random tokens)", ""]
     if c is None or c.get("status") != "ok":
@@ -299,9 +317,13 @@ def report(res: dict) -> str:
                   f"{len(c['step_s'])} measured (+{len(c['warmup_s'])} warm-up); checkpoint every {c['every']} steps",
                   f"overhead = stall / (every x step) = {c['stall_s']:.4f} / ({c['every']} x {c['step_median_s']:.3f})"
                   f" = {100 * c['overhead']:.4f}%",
-                  f"step after a snapshot, its commit in flight: {c['during_commit']['next_step_s']:.3f} s "
-                  f"(commit {c['during_commit']['commit_s']:.3f} s) -> with that slowdown "
-                  f"{100 * c['overhead_with_interference']:.4f}% (one sample, informational; no target)"]
+                  f"step after a snapshot, its O_DIRECT commit in flight: {c['during_commit']['next_step_s']:.3f} s "
+                  f"(commit {c['during_commit']['commit_s']:.3f} s, {c['during_commit']['commit_cpu_s']:.4f} s CPU) "
+                  f"-> with that slowdown {100 * c['overhead_with_interference']:.4f}% (one sample, informational)",
+                  f"the same with a buffered commit in flight: {c['during_buffered_commit']['next_step_s']:.3f} s "
+                  f"(commit {c['during_buffered_commit']['commit_s']:.3f} s, "
+                  f"{c['during_buffered_commit']['commit_cpu_s']:.4f} s CPU)"]
+    lines += ["", "## The two floors", ""] + comparisons(res)
     lines += ["", "## Targets (ratios: median over rounds of the ratio within a round)", "",
               "| target | measured | verdict |", "|---|---|---|"]
     for t in res["targets"]:
@@ -320,6 +342,28 @@ def paired_ratio(a: list[float], b: list[float]) -> float:
     return median([x / y for x, y in zip(a, b)])
 
 
+def throughput_ratio(m: dict, subject: str, floor: str) -> tuple[float, str]:
+    """(bytes_s / t_s) / (bytes_f / t_f), paired by round, and its one-line description."""
+    scale = m[subject]["bytes"] / m[floor]["bytes"]
+    ratio = scale * paired_ratio(m[floor]["total_s"], m[subject]["total_s"])
+    ts = m[subject]["bytes"] / median(m[subject]["total_s"])
+    tf = m[floor]["bytes"] / median(m[floor]["total_s"])
+    return ratio, f"{ratio:.2f}x ({ts / 1e9:.2f} vs {tf / 1e9:.2f} GB/s)"
+
+
+def comparisons(res: dict) -> list[str]:
+    """Informational ratios against the two floors (no target)."""
+    m, out = res["methods"], []
+    for subject, floor in (("O_DIRECT write", "buffered write"), ("andrea", "buffered write"),
+                           ("andrea buffered", "buffered write")):
+        if m[subject]["status"] == "ok" and m[floor]["status"] == "ok":
+            out.append(f"- {subject} throughput vs {floor}: {throughput_ratio(m, subject, floor)[1]}")
+    if m["O_DIRECT write"]["status"] == "ok" and m["buffered write"]["status"] == "ok":
+        ratio = paired_ratio(m["O_DIRECT write"]["cpu_s"], m["buffered write"]["cpu_s"])
+        out.append(f"- O_DIRECT write CPU vs buffered write CPU: {ratio:.3f}x")
+    return out
+
+
 def targets(res: dict) -> list[dict]:
     out, m = [], res["methods"]
 
@@ -332,15 +376,16 @@ def targets(res: dict) -> list[dict]:
                         measured=f"{ratio:.2f}x ({median(m['andrea']['stall_s']):.4f} s vs "
                                  f"{median(m['memcpy']['stall_s']):.4f} s)",
                         verdict=verdict(ratio <= STALL_VS_MEMCPY)))
-    if ok("andrea") and ok("raw write"):
-        # throughput ratio = (bytes_a / t_a) / (bytes_r / t_r)
-        scale = m["andrea"]["bytes"] / m["raw write"]["bytes"]
-        ratio = scale * paired_ratio(m["raw write"]["total_s"], m["andrea"]["total_s"])
-        ta = m["andrea"]["bytes"] / median(m["andrea"]["total_s"])
-        tr = m["raw write"]["bytes"] / median(m["raw write"]["total_s"])
-        out.append(dict(target=f"andrea throughput >= {THROUGHPUT_VS_RAW}x raw write",
-                        measured=f"{ratio:.2f}x ({ta / 1e9:.2f} vs {tr / 1e9:.2f} GB/s)",
-                        verdict=verdict(ratio >= THROUGHPUT_VS_RAW)))
+    if ok("andrea") and ok("O_DIRECT write"):
+        ratio, measured = throughput_ratio(m, "andrea", "O_DIRECT write")
+        out.append(dict(target=f"andrea throughput >= {THROUGHPUT_VS_DIRECT}x O_DIRECT write", measured=measured,
+                        verdict=verdict(ratio >= THROUGHPUT_VS_DIRECT)))
+    if ok("andrea") and ok("andrea buffered"):
+        ratio = paired_ratio(m["andrea"]["cpu_s"], m["andrea buffered"]["cpu_s"])
+        out.append(dict(target=f"andrea commit CPU <= {CPU_VS_BUFFERED}x the buffered writer's",
+                        measured=f"{ratio:.3f}x ({median(m['andrea']['cpu_s']):.4f} s vs "
+                                 f"{median(m['andrea buffered']['cpu_s']):.4f} s of I/O-thread CPU)",
+                        verdict=verdict(ratio <= CPU_VS_BUFFERED)))
     c = res.get("cadence")
     if c and c.get("status") == "ok":
         out.append(dict(target=f"cadence-{c['every']} overhead <= {100 * MAX_OVERHEAD:g}%",
@@ -353,12 +398,14 @@ async def measure(args, cfg, trainer: Trainer, directory: Path) -> dict:
     device = trainer.device
     n = trainer.state.n
     batch = random_batch(cfg, args.batch_size or cfg.train.batch_size, device) if cfg is not None else None
-    methods: dict[str, dict] = {name: {"status": "ok", "stall_s": [], "total_s": [], "warmup": None, "bytes": 0}
-                                for name in METHODS}
-    notes = {"andrea": "stall: snapshot on the training thread; write: CheckpointWriter commit on the I/O thread",
+    methods: dict[str, dict] = {name: {"status": "ok", "stall_s": [], "total_s": [], "cpu_s": [], "warmup": None,
+                                       "bytes": 0} for name in METHODS}
+    notes = {"andrea": "stall: snapshot on the training thread; write: O_DIRECT commit on the I/O thread",
+             "andrea buffered": "the same writer, O_DIRECT off (the fallback path; every commit before O_DIRECT)",
              "torch.save": "synchronous: stall = whole save + fsync",
              "dcp.async_save": "stall: until async_save returns; write: until its future completes",
-             "raw write": "one write() + fsync of 12n bytes: the disk floor",
+             "buffered write": "write() + fsync of the 8+12n bytes: the page-cache floor",
+             "O_DIRECT write": "O_DIRECT write + fsync of the same bytes (padded to 4096): the disk floor",
              "memcpy": "copy of 12n bytes into a preallocated host buffer: the staging floor"}
     for name, m in methods.items():
         m["note"] = notes[name]
@@ -369,16 +416,21 @@ async def measure(args, cfg, trainer: Trainer, directory: Path) -> dict:
         methods["dcp.async_save"]["process_group"] = init_single_process_group(directory)
     except Exception as e:  # noqa: BLE001 - any failure here is reported in the table instead of a number
         methods["dcp.async_save"] = {"status": "skipped", "reason": f"process group: {type(e).__name__}: {e}"}
-    payload = memoryview(trainer.state.buffer.cpu().numpy()).cast("B") if device.type == "cuda" \
-        else memoryview(trainer.state.buffer.numpy()).cast("B")
-    host = torch.empty(3 * n, dtype=torch.float32, pin_memory=device.type == "cuda")
-    host.fill_(0.0)  # touch every page: the floor is a warm copy
+    # The floors' file image: header + [w | m | v] at byte 8 of an aligned buffer, as the writer stages it; the
+    # memcpy floor copies into its payload view (zeroed first: the floor is a warm copy).
+    image = staging_image(n, pinned=device.type == "cuda")
+    host = image[ckpt.HEADER.size:ckpt.HEADER.size + 12 * n].view(torch.float32)
+    image[:ckpt.HEADER.size].copy_(torch.frombuffer(bytearray(ckpt.header(1, n)), dtype=torch.uint8))
+    host.copy_(trainer.state.buffer)
+    image_view, size = memoryview(image.numpy()).cast("B"), ckpt.checkpoint_bytes(n)
 
     runners = {
-        "andrea": andrea_bench.once,
+        "andrea": lambda r: andrea_bench.once(direct=True),
+        "andrea buffered": lambda r: andrea_bench.once(direct=False),
         "torch.save": lambda r: torch_save_once(model, opt, directory / f"torch_{r}.pt"),
         "dcp.async_save": lambda r: dcp_once(model, opt, directory / f"dcp_{r}"),
-        "raw write": lambda r: raw_write_once(payload, directory / f"raw_{r}.bin"),
+        "buffered write": lambda r: floor_write_once(image_view, size, directory / f"buffered_{r}.bin", False),
+        "O_DIRECT write": lambda r: floor_write_once(image_view, size, directory / f"direct_{r}.bin", True),
         "memcpy": lambda r: memcpy_once(trainer.state.buffer, host),
     }
     for r in range(-1, args.repeats):  # round -1: the untimed warm-up
@@ -387,26 +439,28 @@ async def measure(args, cfg, trainer: Trainer, directory: Path) -> dict:
             if m["status"] != "ok":
                 continue
             try:
-                if name == "andrea":
-                    stall, total, nbytes, extra = await runners[name]()
+                if name.startswith("andrea"):
+                    stall, total, nbytes, cpu, extra = await runners[name](r)
                     if extra:
                         m.setdefault("cuda_detail", []).append(extra)
                 else:
-                    stall, total, nbytes = runners[name](r)
+                    stall, total, nbytes, cpu = runners[name](r)
             except Exception as e:  # noqa: BLE001 - e.g. DCP unsupported here: say why, keep the others
-                if name in ("andrea", "raw write", "memcpy"):
+                if name in REQUIRED:
                     raise
                 methods[name] = {"status": "skipped", "reason": f"{type(e).__name__}: {e}"}
                 settle(directory)
                 continue
             if r < 0:
-                m["warmup"] = {"stall_s": stall, "total_s": total}
+                m["warmup"] = {"stall_s": stall, "total_s": total, "cpu_s": cpu}
             else:
                 m["stall_s"].append(stall)
                 m["total_s"].append(total)
+                if cpu is not None:
+                    m["cpu_s"].append(cpu)
             m["bytes"] = nbytes
             settle(directory)
-    del model, opt, host
+    del model, opt, host, image, image_view
 
     cadence = None
     if cfg is None:
@@ -415,7 +469,9 @@ async def measure(args, cfg, trainer: Trainer, directory: Path) -> dict:
         cadence = {"status": "skipped", "reason": "--steps 0"}
     else:
         warm, measured = step_times(trainer, batch, args.warmup_steps, args.steps)
-        during = await step_during_commit(andrea_bench, trainer, batch)
+        during = await step_during_commit(andrea_bench, trainer, batch, direct=True)
+        settle(directory)
+        during_buffered = await step_during_commit(andrea_bench, trainer, batch, direct=False)
         settle(directory)
         step = median(measured)
         stall = median(methods["andrea"]["stall_s"])
@@ -423,6 +479,7 @@ async def measure(args, cfg, trainer: Trainer, directory: Path) -> dict:
         cadence = {"status": "ok", "batch_size": batch[0].shape[0], "block_size": batch[0].shape[1],
                    "warmup_s": warm, "step_s": measured, "step_median_s": step, "every": every, "stall_s": stall,
                    "overhead": stall / (every * step), "during_commit": during,
+                   "during_buffered_commit": during_buffered,
                    "overhead_with_interference": (stall + max(0.0, during["next_step_s"] - step)) / (every * step)}
     andrea_bench.close()
     return {"methods": methods, "cadence": cadence}
@@ -443,6 +500,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=None, help="train-step batch (default: the preset's)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
     p.add_argument("--json", metavar="PATH", help="also write every raw timing as JSON")
+    p.add_argument("--writers", type=int, default=1,
+                   help="N > 1: the distributed mode (bench/checkpoint_dist.py): N ZeRO-1 writers into one "
+                        "file against one writer, on the same bytes, printed as ratios")
     args = p.parse_args(argv)
     if args.preset is None and args.synthetic_params is None:
         args.preset = "andrea-12m"
@@ -453,6 +513,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.writers > 1:
+        import checkpoint_dist  # beside this file (sys.path[0] when run as a script)
+        forwarded = ["--writers", str(args.writers), "--repeats", str(args.repeats)]
+        for flag, value in (("--preset", args.preset), ("--synthetic-params", args.synthetic_params),
+                            ("--dir", args.dir), ("--json", args.json)):
+            if value is not None:
+                forwarded += [flag, str(value)]
+        return checkpoint_dist.main(forwarded)
     device = resolve_device(args.device)
     cfg = config_mod.load(preset=args.preset) if args.preset else None
     slow = args.preset == "andrea-120m" and device.type == "cpu"  # minutes per step on a few cores

@@ -80,12 +80,12 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
 LOGS=$WORK/logs
 mkdir -p "$LOGS"
 export PYTHONPATH=$ROOT PYTHONUNBUFFERED=1
-if ! "$PY" -c 'import tomli_w, tokenizers, tqdm, aiofiles, numpy, matplotlib, pytest, hypothesis' 2>/dev/null; then
+if ! "$PY" -c 'import tomli_w, tokenizers, tqdm, numpy, matplotlib, pytest, hypothesis' 2>/dev/null; then
     if compgen -G "$WHEELS/*.whl" >/dev/null; then
         "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$WHEELS"/*.whl \
             && export PYTHONPATH=$WORK/site:$ROOT
     fi
-    "$PY" -c 'import tomli_w, tokenizers, tqdm, aiofiles, numpy, matplotlib, pytest, hypothesis' \
+    "$PY" -c 'import tomli_w, tokenizers, tqdm, numpy, matplotlib, pytest, hypothesis' \
         || say "WARNING: $PY lacks a dependency (above); the checks that import andrea will fail"
 fi
 

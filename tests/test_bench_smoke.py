@@ -17,7 +17,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-MEASURED_HERE = ("andrea", "torch.save", "raw write", "memcpy")  # need nothing beyond torch and a disk
+MEASURED_HERE = ("andrea", "andrea buffered", "torch.save", "buffered write", "O_DIRECT write",
+                 "memcpy")  # need nothing beyond torch and a disk (that takes O_DIRECT, as tmp_path's does)
 
 
 def run_bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -32,7 +33,8 @@ def test_checkpoint_bench_reports_every_method(tmp_path):
     res = json.loads(out.read_text())
     assert res["n_params"] == 200_000 and res["payload_bytes"] == 12 * 200_000
     methods = res["methods"]
-    assert set(methods) == {"andrea", "torch.save", "dcp.async_save", "raw write", "memcpy"}
+    assert set(methods) == {"andrea", "andrea buffered", "torch.save", "dcp.async_save", "buffered write",
+                            "O_DIRECT write", "memcpy"}
     for name, m in methods.items():
         if name not in MEASURED_HERE and m["status"] != "ok":
             assert m["reason"], f"{name} skipped without a reason"  # DCP may be unavailable: it must say why
@@ -41,6 +43,7 @@ def test_checkpoint_bench_reports_every_method(tmp_path):
         assert len(m["stall_s"]) == len(m["total_s"]) == 1, name
         assert all(s > 0 for s in m["stall_s"] + m["total_s"]), (name, m)
         assert m["bytes"] >= 12 * 200_000, (name, m["bytes"])
+    assert len(methods["andrea"]["cpu_s"]) == len(methods["andrea buffered"]["cpu_s"]) == 1  # I/O-thread CPU
     assert res["cadence"]["status"] == "skipped" and res["cadence"]["reason"]  # a synthetic size has no model
     assert {t["verdict"] for t in res["targets"]} <= {"PASS", "MISS"}  # reported, never asserted
     assert "| andrea |" in result.stdout and "## Targets" in result.stdout

@@ -22,6 +22,19 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
     pivot   a new data policy (SPEC §5)          {"event": "pivot", "step": ..., "phase": k, ...}
     branch  an audit branch starts here          {"event": "branch", "step": S, "parent": DIR}
     torn_tail  a partial last line left by a crash was cut off at open {"event": "torn_tail", "bytes": k}
+    incident   the divergence guard (control/guard.py) saw the run leave its basin at step T
+               {"event": "incident", "step": T, "reason": "loss 9.3 above its band 7.5 (3 of the last 5 steps
+                anomalous)", "loss": 9.3, "grad_norm": 3.0, "attempt": k}   (a non-finite value as a string)
+    rollback   the guard went back to its known-good checkpoint and continues from there
+               {"event": "rollback", "step": G, "from": T, "checkpoint": "step_000040.bin" | "initial state",
+                "attempt": k, "remedy": "skip_data" | "skip_data+lr_scale", "data_offset": o, "lr_scale": s}
+               — like `resume`, it supersedes the step entries above G written before it; from here batch t
+               draws the data of stream key t + o and the learning rate is lr_at(t) · s (the step entries'
+               `lr` is the rate actually used)
+    recovered  a checkpoint past the series' incident was confirmed good: the next incident starts over at
+               attempt 1                          {"event": "recovered", "step": C}
+    guard_stop the divergence persisted after guard.max_attempts rollbacks: the run stopped non-zero
+               {"event": "guard_stop", "step": T, "attempts": k, "resume_from": "step_000040.bin" | null}
 
 Lifetime: the file is only ever appended to — never rewritten, archived or reset — with one exception made at
 open: a final line without its "\\n" (the trace of a crash in the middle of an append) carries no complete
@@ -160,13 +173,13 @@ def read_ledger(path: str | Path) -> LedgerContents:
 
 
 def history(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The effective step entries: a start/resume/branch marker at step S supersedes earlier entries above S.
+    """The effective step entries: a start/resume/branch/rollback marker at step S supersedes earlier entries above S.
 
     (A `start` after entries means a run that died before its first checkpoint began again from step 0.)
     """
     kept: list[dict[str, Any]] = []
     for e in entries:
-        if e.get("event") in ("start", "resume", "branch"):
+        if e.get("event") in ("start", "resume", "branch", "rollback"):
             kept = [k for k in kept if k["step"] <= e["step"]]
         elif "event" not in e:
             kept.append(e)

@@ -47,6 +47,7 @@ class DataProxy:
         self.applied_upto = phase_start if applied_upto is None else applied_upto
         self.unapplied: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # step -> (arm_ids, losses)
         self.issued: dict[int, np.ndarray] = {}  # arm ids of batches handed out and not yet observed
+        self.data_offset = 0  # the guard's data skip (control/guard.py): step t draws the stream key t + offset
 
     def _fresh_bandit(self) -> Bandit:
         p = self.cfg.policy
@@ -70,7 +71,7 @@ class DataProxy:
 
     def batch(self, step: int) -> Batch:
         self.advance(step)
-        rng = rng_for(self.cfg.train.seed, step, TRAIN_STREAM)
+        rng = rng_for(self.cfg.train.seed, step + self.data_offset, TRAIN_STREAM)
         arm_ids = self.bandit.allocate(self.cfg.train.batch_size, rng)
         x, y = rows(self.arms, arm_ids, self.cfg.model.block_size, rng)
         self.issued[step] = arm_ids

@@ -9,9 +9,15 @@ Per step boundary (header step S = updates completed), in this order:
     1. act on requests (SIGTERM/SIGINT stop, SIGUSR1 checkpoint, SIGHUP pivot) and the cadence;
     2. a due checkpoint: drain the step records through S, queue their ledger lines, snapshot [w | m | v]
        into a free staging buffer (the only stall), queue the commit (ledger fsync, `step_S.state.json`,
-       `.state.json`, then the atomic `.bin`);
+       `.state.json`, `step_S.guard.json`, then the atomic `.bin`) — unless the divergence guard
+       (control/guard.py, fed every step record) sees trouble: then nothing is committed;
+    2b. an incident the guard declared: roll back to its known-good checkpoint (`rollback`), S goes back;
     3. eval / sample audits when due;
     4. launch step S on the training thread, prepare batch S + 1 meanwhile, await the step.
+Under torchrun (`self.world`, andrea/distributed.py) every rank runs this loop in lockstep: step 1 starts with
+the ranks' request exchange (control/ranks.py), the model is ZeRO-1 (andrea/zero.py), the commit is sharded
+(control/shards.py); rank 0 alone holds the lock, the ledger, the sidecars and the audits.
+Test hook: `ANDREA_TEST_STEP_DELAY=<seconds>` sleeps after each step (a window for signals); never in production.
 Reads `run.toml`, checkpoints, `tokenizer.json` and `data/`; writes everything listed in sidecars.py,
 `.loss.json` (control/ledger.py) and `step_NNNNNN.bin` (checkpoint.py).
 """
@@ -30,20 +36,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from andrea import audit
+from andrea import audit, export
 from andrea import checkpoint as ckpt
 from andrea.config import ConfigError, RunConfig
-from andrea.control import pivot, sidecars
+from andrea.control import pivot, rollback, sidecars
+from andrea.control.guard import INCIDENT, SUSPECT
 from andrea.control.ledger import LEDGER_NAME, LossLedger, marker
 from andrea.control.proxy import Batch, DataProxy
 from andrea.control.records import StepRecord, StepRecords
+from andrea.control import ranks, shards
 from andrea.control.runlock import RunLock
+from andrea.control import tensorboard
 from andrea.control.signals import (EarlySignals, Requests, abort_now, boundary_action, install_handlers,
                                     remove_handlers)
-from andrea.control.writer import CheckpointWriter
 from andrea.data import store
 from andrea.progress import Progress
+from andrea.distributed import World
 from andrea.trainer import Trainer
+from andrea.zero import trainer_for
 
 log = logging.getLogger("andrea.run")
 
@@ -56,8 +66,9 @@ class RunFailed(RuntimeError):
 
 class TrainingRun:
     def __init__(self, cfg: RunConfig, run_dir: Path, *, device: torch.device, kernels: str,
-                 init_from: Path | None = None, early: EarlySignals | None = None):
+                 init_from: Path | None = None, early: EarlySignals | None = None, world: World | None = None):
         self.cfg, self.run_dir = cfg, run_dir
+        self.world = world or World()  # torchrun's ranks (andrea/distributed.py); one process: no-ops
         self.device, self.kernels, self.init_from = device, kernels, init_from
         self.req = Requests()
         self.step = 0  # header step of the state the trainer holds
@@ -66,7 +77,9 @@ class TrainingRun:
         self.lines: list[dict] = []
         self.last_flush = self.last_fsync = time.monotonic()
         self.ledger_future = None
+        self.tb: tensorboard.TensorBoardLog | None = None  # log.tensorboard: the ledger's lines as scalars
         self.early = early
+        self.step_delay = float(os.environ.get("ANDREA_TEST_STEP_DELAY", "0") or 0)  # test hook: slow steps
 
     # --- signals -------------------------------------------------------------------------------------------
     def on_signal(self, sig: signal.Signals) -> None:
@@ -107,6 +120,8 @@ class TrainingRun:
         self.req.pivot = False
 
         def archive() -> None:
+            if not self.world.leader:  # rank 0 archives; the other ranks only change policy
+                return
             self.ledger.append([pivot.apply_pivot(self.run_dir, new_cfg, step, phase)])
             self.ledger.sync()
             (self.run_dir / pivot.NEXT_POLICY).unlink(missing_ok=True)
@@ -120,14 +135,19 @@ class TrainingRun:
     # --- start -------------------------------------------------------------------------------------------
     async def start(self) -> tuple[Trainer, DataProxy]:
         loop = asyncio.get_running_loop()
-        trainer = await loop.run_in_executor(self.train, Trainer, self.cfg, self.device, self.kernels)
-        codec, arms = await loop.run_in_executor(self.train, store.prepare, self.cfg.data, self.run_dir,
+        trainer = await loop.run_in_executor(self.train, trainer_for, self.world, self.cfg, self.device, self.kernels)
+        # Rank 0 prepares tokenizer and token files; the other ranks wait for it, then read them.
+        codec, arms = await loop.run_in_executor(self.train, self.world.leader_first, store.prepare, self.cfg.data,
+                                                 self.run_dir,
                                                  self.cfg.model.vocab_size, self.cfg.model.block_size)
         self.codec = codec
-        info = self.resume_point(trainer.n)
+        # --init-from weights (safetensors, npz, a GPT-2 directory): loaded now, step 0, m = v = 0 (export.py)
+        imported = await loop.run_in_executor(self.train, export.load_init_weights, self.init_from, trainer,
+                                              self.run_dir)
+        info = None if imported else self.world.broadcast(self.resume_point(trainer.n) if self.world.leader else None)
         if info is None:
             proxy = DataProxy(self.cfg, arms)
-            self.lines.append(marker("start", 0, n_params=trainer.n, seed=self.cfg.train.seed))
+            self.lines.append(marker("start", 0, n_params=trainer.n, seed=self.cfg.train.seed, **(imported or {})))
         else:
             step, payload = await loop.run_in_executor(self.train, ckpt.read_payload, info.path, trainer.n)
             await loop.run_in_executor(self.train, trainer.load, torch.from_numpy(payload))
@@ -135,11 +155,18 @@ class TrainingRun:
             proxy = self.restore_proxy(arms, info)
             origin = info.path.name if info.path.parent == self.run_dir else str(info.path.resolve())
             self.lines.append(marker("resume", step, phase=proxy.phase, **{"from": origin}))
-        self.writer = CheckpointWriter(self.run_dir, trainer.n, self.device, self.io,
+        self.writer = shards.writer_for(self.world, self.run_dir, trainer, self.device, self.io,
                                        keep_last=self.cfg.checkpoint.keep_last,
                                        keep_every=self.cfg.checkpoint.keep_every)
         if info is not None and info.path.parent == self.run_dir:
             self.writer.last_committed = self.step
+        self.guard, warning = rollback.load_guard(self.cfg, info, self.run_dir, (imported or {}).get("from"))
+        if warning:
+            log.warning("%s", warning)
+        if info is not None and proxy.phase > 0 and proxy.phase_start == self.step:  # resumed at a pivot: as
+            self.guard.pivot(self.step, ckpt.checkpoint_name(self.step))  # the hot pivot did (idempotent)
+        self.writer.protected = self.guard.protected  # retention never deletes the known-good checkpoint
+        trainer.lr_scale, proxy.data_offset = self.guard.remedy["lr_scale"], self.guard.remedy["data_offset"]
         return trainer, proxy
 
     def resume_point(self, n: int) -> ckpt.CheckpointInfo | None:
@@ -180,10 +207,24 @@ class TrainingRun:
     def take_records(self, records: list[StepRecord], proxy: DataProxy, progress: Progress) -> None:
         tokens_per_step = self.cfg.train.batch_size * self.cfg.model.block_size
         for r in records:
-            if not (np.isfinite(r.loss) and np.isfinite(r.grad_norm)):
+            if self.guard.pending is not None:
+                break  # records after a detected incident belong to the timeline the rollback abandons
+            finite = bool(np.isfinite(r.loss) and np.isfinite(r.grad_norm))
+            if not finite and not self.cfg.guard.enabled:
                 raise RunFailed(f"step {r.step}: loss {r.loss} / grad norm {r.grad_norm} is not finite; stopping "
                                 f"without checkpointing the diverged state (resume from the last checkpoint with a "
                                 f"lower train.lr)")
+            verdict = self.guard.observe(r.step, r.loss, r.grad_norm)
+            if verdict == INCIDENT:
+                log.warning("guard: incident at step %d: %s; rolling back to step %d", r.step,
+                            self.guard.pending["reason"], self.guard.good["step"])
+            elif verdict == SUSPECT and self.guard.detector.flags[-1]:
+                log.warning("guard: step %d anomalous: %s (%d of the last %d steps)", r.step, self.guard.last_reason,
+                            sum(self.guard.detector.flags), len(self.guard.detector.flags))
+            self.lines += [marker("recovered", s) for s in self.guard.recovered]
+            self.guard.recovered.clear()
+            if not finite:
+                continue
             proxy.observe(r.step, r.seq_losses)
             self.lines.append({"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
                                "tokens": r.step * tokens_per_step, "time": round(time.time(), 3),
@@ -198,6 +239,8 @@ class TrainingRun:
             return
         lines, self.lines = self.lines, []
         self.ledger_future = self.io.submit(self._append, lines, sync)
+        if self.tb is not None:
+            self.tb.add_records(lines)
         self.last_flush = now
         if sync:
             self.last_fsync = now
@@ -212,29 +255,49 @@ class TrainingRun:
 
     # --- checkpoints ---------------------------------------------------------------------------------------
     async def checkpoint(self, trainer: Trainer, proxy: DataProxy, records: StepRecords,
-                         progress: Progress) -> None:
+                         progress: Progress) -> bool:
+        """Take the checkpoint of the current step unless the guard sees trouble; True if it was taken."""
         step = self.step
         self.take_records(records.pop_ready(wait_until_step=step), proxy, progress)
         self.flush_ledger(force_sync=True)
+        if not self.guard.may_commit():  # never checkpoint (or let retention pass) over the last good state
+            good = (f"{self.guard.good['path']}, on disk" if self.guard.good["path"] else
+                    "the initial state, which a restart re-creates")
+            why = "it is diverging" if self.guard.pending else f"the guard sees trouble ({self.guard.last_reason})"
+            if self.req.stop is not None:
+                log.warning("%s during an incident: writing nothing, %s; the last good state is %s",
+                            self.req.stop, why, good)
+            else:
+                log.warning("not checkpointing step %d: %s; the last good state is %s", step, why, good)
+            return False
         state = proxy.state(step)
+        guard_state = self.guard.on_checkpoint(step, ckpt.checkpoint_name(step))
         slot = await self.writer.free_slot()
         t0 = time.perf_counter()
         fence = await asyncio.get_running_loop().run_in_executor(self.train, trainer.snapshot,
                                                                  self.writer.staging[slot])
         self.writer.stall_seconds.append(time.perf_counter() - t0)
+        if self.tb is not None:
+            self.tb.add_checkpoint(step, state, self.writer.stall_seconds[-1])
 
         def before_commit() -> None:
             self.ledger.sync()
             sidecars.write_json(sidecars.checkpoint_state_path(self.run_dir, step), state)
             sidecars.write_json(self.run_dir / sidecars.STATE_NAME, state)
+            rollback.write_companion(self.run_dir, step, guard_state)
 
         commit = self.writer.start_commit(slot, step, fence, before_commit)
+        if self.tb is not None:
+            commit.add_done_callback(self.tb.on_commit)
         if self.req.checkpoint_at is not None and step >= self.req.checkpoint_at:
             self.req.checkpoint_at, self.req.landing = None, step
             commit.add_done_callback(lambda _: setattr(self.req, "landing", None))
+        return True
 
     async def audit(self, trainer: Trainer, proxy: DataProxy) -> None:
         """Validation loss and sample audits at their cadences (never at step 0)."""
+        if not self.world.leader:  # rank 0 audits; the ledger and .samples.json are its alone
+            return
         loop, step = asyncio.get_running_loop(), self.step
         if step > 0 and step % self.cfg.train.eval_every == 0:
             losses = await loop.run_in_executor(self.train, audit.evaluate, trainer, proxy.arms, self.cfg)
@@ -256,28 +319,36 @@ class TrainingRun:
     async def main(self, stop_at: int, out=sys.stdout) -> int:
         loop = asyncio.get_running_loop()
         lock = RunLock(self.run_dir)
-        lock.acquire()
+        if self.world.leader:  # train.pid: rank 0's pid, so `andrea ctl` and SIGHUP reach it directly
+            lock.acquire()
         install_handlers(loop, self.on_signal)
         for sig in self.early.received if self.early else ():
             self.on_signal(sig)
         try:
-            for stale in ckpt.remove_stale_tmp(self.run_dir):
+            for stale in ckpt.remove_stale_tmp(self.run_dir) if self.world.leader else ():
                 log.warning("removed %s left by an interrupted write (never read as a checkpoint or sidecar)",
                             stale.relative_to(self.run_dir))
-            self.ledger = LossLedger(self.run_dir / LEDGER_NAME)
+            self.ledger = (LossLedger if self.world.leader else ranks.FollowerLedger)(self.run_dir / LEDGER_NAME)
             if self.ledger.torn_bytes:
                 log.warning("%s: cut a torn last line of %d bytes left by a crash", LEDGER_NAME,
                             self.ledger.torn_bytes)
             trainer, proxy = await self.start()
-            sidecars.write_atomic(self.run_dir / sidecars.CONFIG_NAME, self.cfg.to_toml().encode())
+            if self.world.leader:
+                self.tb = tensorboard.open_log(self.cfg.log, self.run_dir, self.step, self.cfg.train.log_every)
+                sidecars.write_atomic(self.run_dir / sidecars.CONFIG_NAME, self.cfg.to_toml().encode())
             self.flush_ledger(force_sync=True)
             print(f"ready pid={os.getpid()} run_dir={self.run_dir} step={self.step} "
-                  f"stop_at={stop_at} device={self.device} kernels={self.kernels}", file=out, flush=True)
+                  f"stop_at={stop_at} device={self.device} kernels={self.kernels}"
+                  + (f" rank={self.world.rank}/{self.world.size}" if self.world.distributed else ""),
+                  file=out, flush=True)
             return await self.loop(trainer, proxy, stop_at)
         finally:
             remove_handlers(loop)
+            self.world.quiet()
             self.train.shutdown(wait=True)
             self.io.shutdown(wait=True)
+            if self.tb is not None:
+                self.tb.close()
             if hasattr(self, "ledger"):
                 self.ledger.close()
             lock.release()
@@ -291,12 +362,25 @@ class TrainingRun:
         start = self.step
         try:
             while True:
+                if ranks.share(self.world, self.req):  # a hot pivot asked on rank 0: the same policy file
+                    self.next_cfg = pivot.read_policy(self.run_dir / pivot.NEXT_POLICY, self.cfg)
                 action = boundary_action(self.step, stop_at, ck.every, self.req)
+                taken = True
                 if action.checkpoint and self.writer.last_committed != self.step:
-                    await self.checkpoint(trainer, proxy, records, progress)
-                if action.pivot:
+                    taken = await self.checkpoint(trainer, proxy, records, progress)
+                if self.guard.pending is not None:
+                    proxy, batch = await self.rollback(trainer, proxy, records, progress)
+                    start = self.step  # the good step's audits ran in the timeline that first reached it
+                    if self.req.stop is None:
+                        continue
+                    log.warning("%s during an incident: rolled back to %s, which is on disk; writing nothing "
+                                "more", self.req.stop, self.guard.good["path"])
+                    break
+                if action.pivot and taken:  # a pivot waits for its checkpoint (the guard may hold it back)
                     self.flush_ledger(force_sync=True)
                     proxy = await loop.run_in_executor(None, self.pivot, proxy)
+                    self.guard.pivot(self.step, ckpt.checkpoint_name(self.step))
+                    proxy.data_offset = self.guard.remedy["data_offset"]
                     batch = proxy.batch(self.step)
                 if self.step != start:  # the start step's audits ran before the previous process stopped
                     await self.audit(trainer, proxy)
@@ -308,7 +392,7 @@ class TrainingRun:
                 fut = loop.run_in_executor(self.train, self._step, trainer, records, batch)
                 next_step = self.step + 1
                 self.take_records(records.pop_ready(wait_until_step=proxy.cut_for(next_step)), proxy, progress)
-                batch = proxy.batch(next_step)
+                batch = proxy.batch(next_step) if self.guard.pending is None else batch  # else: rolled back
                 self.step = await fut
                 self.take_records(records.pop_ready(), proxy, progress)
                 self.flush_ledger()
@@ -329,8 +413,62 @@ class TrainingRun:
                  self.req.stop or "step target reached", ckpt.checkpoint_name(self.writer.last_committed or 0))
         return 0
 
-    @staticmethod
-    def _step(trainer: Trainer, records: StepRecords, batch: Batch) -> int:
+    def _step(self, trainer: Trainer, records: StepRecords, batch: Batch) -> int:
         out = trainer.train_step(batch.step, batch.x, batch.y)
         records.push(out)
+        if self.step_delay:
+            time.sleep(self.step_delay)
         return out.step
+
+    # --- the guard's rollback (decisions: control/guard.py; files: control/rollback.py) -------------------------
+    async def rollback(self, trainer: Trainer, proxy: DataProxy, records: StepRecords,
+                       progress: Progress) -> tuple[DataProxy, Batch]:
+        """Back to the known-good point with the planned remedy, made durable before training goes on.
+
+        Order on the I/O thread (FIFO): ledger markers (fsynced), the good point's guard companion (or the good
+        state committed as a checkpoint when it is not one in this directory), then the abandoned timeline's
+        checkpoints deleted. A crash anywhere in between resumes from a checkpoint whose replay takes the same
+        decisions again.
+        """
+        loop, g = asyncio.get_running_loop(), self.guard
+        records.pop_ready(wait_until_step=1 << 62)  # in flight after the incident: dropped
+        plan, pending = g.plan(), g.pending
+        value = lambda x: x if np.isfinite(x) else str(x)  # noqa: E731  (JSON has no inf/nan)
+        self.lines.append(marker("incident", plan.incident_step, reason=plan.reason, loss=value(pending["loss"]),
+                                 grad_norm=value(pending["grad_norm"]), attempt=plan.attempt))
+        await self.writer.drain()
+        if plan.give_up:
+            resume = plan.to_path or "the initial state (start the run again)"
+            self.lines.append(marker("guard_stop", plan.incident_step, attempts=plan.attempt, resume_from=plan.to_path))
+            self.flush_ledger(force_sync=True)
+            if rollback.in_run_dir(g, self.run_dir) and self.world.leader:
+                self.io.submit(rollback.write_companion, self.run_dir, plan.to_step, g.state_after_give_up())
+            if self.world.leader:
+                self.io.submit(rollback.drop_after, self.run_dir, plan.to_step).result()
+            raise RunFailed(plan.message(resume))
+        payload = await loop.run_in_executor(self.train, rollback.good_payload, g, self.run_dir, self.cfg, trainer)
+        await loop.run_in_executor(self.train, trainer.load, payload)
+        g.apply(plan)
+        self.step, trainer.lr_scale = plan.to_step, plan.lr_scale
+        info = ckpt.CheckpointInfo(self.run_dir / ckpt.checkpoint_name(plan.to_step), plan.to_step, trainer.n)
+        proxy = self.restore_proxy(proxy.arms, info)
+        proxy.data_offset = plan.data_offset
+        self.lines.append(marker("rollback", plan.to_step, checkpoint=plan.to_path or "initial state",
+                                 attempt=plan.attempt, remedy=plan.remedy, data_offset=plan.data_offset,
+                                 lr_scale=plan.lr_scale, **{"from": plan.incident_step}))
+        log.warning("guard: rolled back from step %d to %s (attempt %d of %d: %s; data offset %d, lr scale %g)",
+                    plan.incident_step, plan.to_path or "the initial state", plan.attempt, self.cfg.guard.max_attempts,
+                    plan.remedy, plan.data_offset, plan.lr_scale)
+        if rollback.in_run_dir(g, self.run_dir):
+            self.flush_ledger(force_sync=True)
+            if self.world.leader:  # one writer per file (every rank took the same decision)
+                self.io.submit(rollback.write_companion, self.run_dir, plan.to_step, g.to_state(plan.to_step))
+        else:  # the initial state, or an --init-from checkpoint elsewhere: write it here
+            g.settle(ckpt.checkpoint_name(plan.to_step))
+            await self.checkpoint(trainer, proxy, records, progress)
+        dropped = (await loop.run_in_executor(self.io, rollback.drop_after, self.run_dir, plan.to_step)
+                   if self.world.leader else [])
+        if dropped:
+            log.warning("guard: removed the abandoned timeline's checkpoints %s", ", ".join(dropped))
+        self.writer.last_committed = plan.to_step
+        return proxy, proxy.batch(plan.to_step)

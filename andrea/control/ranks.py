@@ -1,0 +1,97 @@
+"""What the ranks of a data-parallel run agree on at each step boundary, and what only rank 0 does.
+
+Reads and writes no files. Under torchrun a signal reaches the workers at different moments (the launcher forwards
+SIGTERM/SIGINT to each in turn; SLURM may signal only some; `andrea ctl` and SIGHUP reach rank 0 alone, through
+`train.pid`). So at every boundary, before `boundary_action`, the ranks exchange their requests in ONE tiny
+all-reduce MAX of three int64 (`share`), and every rank then decides from the same merged Requests — the same
+checkpoint for the same step, the same stop, the same pivot:
+
+    index  meaning       encoding (0 = nothing requested)
+    0      stop          1 SIGTERM, 2 SIGINT, 3 any other reason (MAX: one of them; only the log line differs)
+    1      checkpoint    FAR - checkpoint_at, so MAX is the EARLIEST pending request (one checkpoint, the first due)
+    2      pivot         1 when a hot pivot (SIGHUP on some rank) is pending
+
+`decide` is the pure merge (what the all-reduce computes, then decoded), tested without processes; `merge` applies
+an agreement to one rank's Requests. A rank that learns of a pivot from another reads the same
+`RUN_DIR/policy.next.toml` (the run directory is shared), before rank 0's archive could remove it: the archive
+runs after the pivot checkpoint's commit, which needs every rank.
+
+`FollowerLedger`: the loss ledger as ranks other than 0 hold it: lines are dropped (rank 0 writes the one truth).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from andrea.control.signals import Requests
+from andrea.distributed import World
+
+log = logging.getLogger("andrea.ranks")
+
+STOP_NAMES = ("SIGTERM", "SIGINT")
+FAR = 1 << 62
+
+
+@dataclass(frozen=True)
+class Agreed:
+    stop: str | None = None
+    checkpoint_at: int | None = None
+    pivot: bool = False
+
+
+def encode(req: Requests) -> list[int]:
+    """One rank's pending requests as the vector the ranks all-reduce (MAX)."""
+    stop = 0 if req.stop is None else (STOP_NAMES.index(req.stop) + 1 if req.stop in STOP_NAMES else 3)
+    checkpoint = 0 if req.checkpoint_at is None else FAR - req.checkpoint_at
+    return [stop, checkpoint, int(req.pivot)]
+
+
+def decode(vector: list[int]) -> Agreed:
+    stop, checkpoint, pivot = vector
+    name = None if stop == 0 else (STOP_NAMES[stop - 1] if stop <= len(STOP_NAMES) else "stop on another rank")
+    return Agreed(name, None if checkpoint == 0 else FAR - checkpoint, bool(pivot))
+
+
+def decide(vectors: list[list[int]]) -> Agreed:
+    """Every rank's encoded requests -> the one agreed action (elementwise MAX, as the all-reduce)."""
+    return decode([max(column) for column in zip(*vectors, strict=True)])
+
+
+def merge(req: Requests, agreed: Agreed) -> bool:
+    """Fold the agreement into this rank's requests; True when a pivot is learned from another rank."""
+    if agreed.stop is not None and req.stop is None:
+        req.stop = agreed.stop
+        log.warning("%s reached another rank: stopping at this step boundary with the others", agreed.stop)
+    if agreed.checkpoint_at is not None and (req.checkpoint_at is None or agreed.checkpoint_at < req.checkpoint_at):
+        req.checkpoint_at = agreed.checkpoint_at
+    learned = agreed.pivot and not req.pivot
+    req.pivot = req.pivot or agreed.pivot
+    return learned
+
+
+def share(world: World, req: Requests) -> bool:
+    """The boundary exchange (no-op for one process); True when this rank must load the pivot policy."""
+    if not world.distributed:
+        return False
+    return merge(req, decode(world.max_ints(encode(req))))
+
+
+class FollowerLedger:
+    """LossLedger's interface for ranks other than 0: appends are dropped, nothing is opened or synced."""
+
+    torn_bytes = 0
+    backlog = 0
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def append(self, records: list[dict]) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

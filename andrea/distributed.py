@@ -1,0 +1,186 @@
+"""Data parallelism over `torch.distributed`, as `torchrun` launches it: the world, its process groups, the ZeRO-1
+shard bounds and the few collectives andrea uses.
+
+Reads only the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT); writes nothing.
+`World()` (the default) is one process and every method is a no-op, so the single-process path is unchanged.
+
+Three process groups, one per thread that talks to the others — collectives on one group must be issued in the
+same order on every rank, and a group shared by two threads would interleave differently per rank:
+    default   the training thread: gradient reduce-scatter, grad-norm all-reduce, weight all-gather, the
+              per-sequence losses (NCCL on CUDA, gloo on CPU);
+    control   the event loop: start-up barrier and broadcast, the request exchange at each step boundary (gloo,
+              CPU tensors: never waits behind the GPU stream);
+    io        the I/O thread: the sharded checkpoint commit's agreements (gloo).
+
+ZeRO-1 shard bounds: the flat length n is padded up to a multiple of the world size P (pad = P·ceil(n/P) - n zeros
+at the end of the gradient and weight buffers, never in a checkpoint); rank r owns [r·s, min((r+1)·s, n)) with
+s = ceil(n/P). A rank's slice may be shorter than s (the last) or empty (P > n, in principle).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+
+from andrea.config import ConfigError
+
+log = logging.getLogger("andrea.distributed")
+T = TypeVar("T")
+
+CONTROL_TIMEOUT = timedelta(hours=6)
+"""The control group waits this long at a barrier: long enough for rank 0's first-start data preparation
+(tokenizer training on a large corpus); a dead peer is reported at once by gloo regardless."""
+
+
+def shard_size(n: int, size: int) -> int:
+    """Elements per rank after padding n up to a multiple of `size`."""
+    return -(-n // size)
+
+
+def shard_bounds(n: int, size: int, rank: int) -> tuple[int, int]:
+    """[lo, hi) of the flat buffer owned by `rank`: contiguous, in rank order, covering [0, n) exactly once."""
+    s = shard_size(n, size)
+    lo = min(rank * s, n)
+    return lo, min(lo + s, n)
+
+
+def row_bounds(batch_size: int, size: int, rank: int) -> tuple[int, int]:
+    """[lo, hi) of the global batch's rows that `rank` computes (the batch is split evenly, in rank order)."""
+    rows = batch_size // size
+    return rank * rows, (rank + 1) * rows
+
+
+def check_batch(batch_size: int, size: int) -> None:
+    if batch_size % size:
+        raise ConfigError(f"train.batch_size={batch_size} (the global batch) is not divisible by the world size "
+                          f"{size} (torchrun --nnodes × --nproc_per_node)")
+
+
+@dataclass
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    groups: dict[str, Any] = field(default_factory=dict)  # "control", "io" (the default group is torch's)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "World":
+        """The world torchrun describes in the environment; one process when WORLD_SIZE is absent or 1."""
+        try:
+            size = int(env.get("WORLD_SIZE", "1"))
+            rank, local = int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0"))
+        except ValueError:
+            raise ConfigError("RANK, WORLD_SIZE and LOCAL_RANK must be integers (as torchrun sets them)") from None
+        if size < 1 or not 0 <= rank < size:
+            raise ConfigError(f"RANK={rank} is not in [0, WORLD_SIZE={size})")
+        return cls(rank, size, local)
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    def device(self, device: torch.device) -> torch.device:
+        """On CUDA each process drives the GPU of its LOCAL_RANK."""
+        if not self.distributed or device.type != "cuda":
+            return device
+        torch.cuda.set_device(self.local_rank)
+        return torch.device("cuda", self.local_rank)
+
+    def init(self, device: torch.device) -> None:
+        """Join the process group (env:// rendezvous prepared by torchrun) and create the side groups."""
+        if not self.distributed:
+            return
+        import torch.distributed as dist
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=self.rank, world_size=self.size,
+                                device_id=device if device.type == "cuda" else None)
+        self.groups["control"] = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+        self.groups["io"] = dist.new_group(backend="gloo")
+        root = logging.getLogger()
+        for h in root.handlers:  # every rank logs to the launcher's stderr: say which one speaks
+            fmt = getattr(h.formatter, "_fmt", None)
+            if fmt and "%(name)s" in fmt:
+                h.setFormatter(logging.Formatter(fmt.replace("%(name)s", f"%(name)s[{self.rank}]")))
+        log.info("rank %d of %d (local rank %d, %s)", self.rank, self.size, self.local_rank, backend)
+
+    def quiet(self) -> None:
+        """After the run's signal handlers are gone: a launcher's late forward of SIGTERM/SIGINT (it signals
+        workers one by one) must not turn a clean exit into a death by signal."""
+        if self.distributed:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+                signal.signal(sig, signal.SIG_IGN)
+
+    def close(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    # --- control-group helpers (event loop / start-up) --------------------------------------------------
+    def barrier(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+            dist.barrier(group=self.groups["control"])
+
+    def leader_first(self, fn: Callable[..., T], *args: Any) -> T:
+        """Rank 0 runs fn first (it may create files); the others wait, then run it (and only read)."""
+        if self.leader:
+            out = fn(*args)
+        self.barrier()
+        return fn(*args) if not self.leader else out
+
+    def broadcast(self, obj: T) -> T:
+        """Rank 0's `obj` on every rank (pickled; small objects only)."""
+        if not self.distributed:
+            return obj
+        import torch.distributed as dist
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.groups["control"])
+        return box[0]
+
+    def gather(self, obj: T) -> list[T]:
+        """Every rank's `obj`, in rank order, on every rank (pickled; small objects only)."""
+        if not self.distributed:
+            return [obj]
+        import torch.distributed as dist
+        out: list = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.groups["control"])
+        return out
+
+    def max_ints(self, values: list[int], group: str = "control") -> list[int]:
+        """Elementwise MAX over ranks of a short int64 vector (one tiny gloo all-reduce)."""
+        if not self.distributed:
+            return list(values)
+        import torch.distributed as dist
+        t = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.groups[group])
+        return t.tolist()
+
+
+# --- default-group collectives (the training thread) --------------------------------------------------------
+def reduce_scatter_mean(out: torch.Tensor, flat: torch.Tensor) -> None:
+    """out (s,) = this rank's slice of the mean over ranks of flat (P·s,)."""
+    import torch.distributed as dist
+    dist.reduce_scatter_single(out, flat, op=dist.ReduceOp.AVG)
+
+
+def all_reduce_sum(t: torch.Tensor) -> None:
+    import torch.distributed as dist
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+
+
+def all_gather(out: torch.Tensor, part: torch.Tensor) -> None:
+    """out (P·k,) = every rank's part (k,), in rank order."""
+    import torch.distributed as dist
+    dist.all_gather_single(out, part)

@@ -1,0 +1,329 @@
+"""Data parallelism end to end: real `torchrun` launchers, 2 gloo ranks on CPU, the tiny preset, real signals.
+
+What one process promises (SPEC), with two ranks: the same checkpoint format and files, losses that follow one
+process, resume across world sizes (2 -> 1, 1 -> 2), bit-exact 2-rank resume, SIGTERM to the launcher ends in one
+checkpoint, `ctl` reaches rank 0 and rank 0 shares it, a SIGKILLed worker leaves every checkpoint valid, and two
+launchers as two nodes are the same run as one launcher with two ranks.
+"""
+
+import json
+import os
+import queue
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from andrea import checkpoint as ckpt
+from andrea.control.shards import ShardFailure, ShardImage, commit_shards
+from andrea.distributed import World, shard_bounds
+from tests.runs import ROOT, TINY, Trainer, andrea, env, header, ledger, seed_data, steps_in_ledger, train
+
+TARGET, EVERY = 60, ["--checkpoint-every", "20"]
+FAR = ["--checkpoint-every", "100000"]  # no cadence checkpoints: every file on disk was asked for
+LIVE = ["--set", "train.log_every=1"]
+POLICY = "[policy]\nfloors = { pydoc-topics = 0.6 }\ncaps = { stdlib-code = 0.1 }\n"
+# Per-step agreement between 2 ranks and 1 process. Only the order of float32 reductions differs (the gradient
+# mean over ranks, the global norm summed from slices in fp64, the loss mean over gathered rows); fp32 carries
+# 2^-24 ~ 6e-8 relative. At step 1 (identical weights) that is all there is: the grad norms agree to ~1e-6
+# (NORM_AT_START). The last-bit differences then ride through the updates: over 60 steps at the tiny preset's
+# peak lr the loss stays within 5e-6 relative and the gradient norm, far more sensitive to the weights, within
+# 1.3e-4 (measured). The bounds are ~20x those; a wrong shard, row split or missing average is off by O(1).
+LOSS_RTOL, NORM_RTOL, NORM_AT_START = 1e-4, 2e-3, 1e-5
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher_argv(run_dir, *args, nproc: int = 2, launch: tuple = ()) -> list[str]:
+    launch = launch or ("--standalone", f"--nproc_per_node={nproc}")
+    return [sys.executable, "-m", "torch.distributed.run", *launch, "-m", "andrea", "train", *TINY,
+            "--run-dir", str(run_dir), *args]
+
+
+def torchrun(run_dir, *args, nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
+    result = subprocess.run(launcher_argv(run_dir, *args, nproc=nproc), capture_output=True, text=True,
+                            timeout=timeout, env=env(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+class Launcher(Trainer):
+    """A live torchrun launcher; every worker's output comes through its stdout/stderr."""
+
+    def __init__(self, argv: list[str]):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(),
+                                     cwd=ROOT)
+        self.lines, self._q = [], queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def worker_pids(self, size: int = 2) -> dict[int, int]:
+        pids = {}
+        for rank in range(size):
+            line = self.wait_for(lambda l, r=rank: l.startswith("ready ") and f" rank={r}/{size}" in l, 120)
+            pids[rank] = int(re.search(r"pid=(\d+)", line).group(1))
+        return pids
+
+    def wait_step(self, at_least: int, timeout: float = 60) -> int:
+        def reached(line):
+            m = re.search(r"progress\[0\]: step (\d+)/", line)
+            return m and int(m.group(1)) >= at_least
+        return int(re.search(r"step (\d+)/", self.wait_for(reached, timeout)).group(1))
+
+
+def all_valid(run_dir) -> bool:
+    """`andrea verify`'s check in-process (deep: sizes, headers, finite values, v >= 0), for every checkpoint."""
+    found = ckpt.list_checkpoints(run_dir)
+    return bool(found) and all(ckpt.validate(p, deep=True).step == s for s, p in found)
+
+
+def checkpoints(run_dir) -> list[int]:
+    return [s for s, _ in ckpt.list_checkpoints(run_dir)]
+
+
+def losses(run_dir) -> dict[int, tuple[float, float]]:
+    """step -> (loss, grad_norm); the last entry wins (a resume from an older checkpoint repeats steps)."""
+    return {e["step"]: (e["loss"], e["grad_norm"]) for e in ledger(run_dir) if "event" not in e}
+
+
+def regions(path) -> np.ndarray:
+    n = header(path)[1]
+    return np.fromfile(path, dtype="<f4", offset=8).reshape(3, n)
+
+
+def assert_follows(run_dir, reference, steps) -> None:
+    got, ref = losses(run_dir), losses(reference)
+    for s in steps:
+        assert got[s][0] == pytest.approx(ref[s][0], rel=LOSS_RTOL), (s, got[s], ref[s])
+        assert got[s][1] == pytest.approx(ref[s][1], rel=NORM_AT_START if s == 1 else NORM_RTOL), (s, got[s], ref[s])
+
+
+def assert_state_close(path, reference) -> None:
+    """Weights and both moments near the reference's: v (beta2 = 0.999) remembers every step, so a resume that
+    lost m and v would be off by tens of percent here, not by reduction order."""
+    a, b = regions(path), regions(reference)
+    for i, name in enumerate(("w", "m", "v")):
+        scale = np.abs(b[i]).max()
+        assert np.abs(a[i] - b[i]).max() <= 1e-3 * scale, name
+
+
+class ThreadWorld(World):
+    """P ranks as threads of this process: max_ints is a real elementwise MAX over them (a barrier-based
+    all-reduce), so the sharded commit's protocol runs as written, without processes."""
+
+    def __init__(self, rank: int, size: int, box: dict, barrier: threading.Barrier):
+        super().__init__(rank, size, rank)
+        self.box, self.sync = box, barrier
+
+    def max_ints(self, values: list[int], group: str = "control") -> list[int]:
+        self.box[self.rank] = values
+        self.sync.wait()
+        out = [max(col) for col in zip(*(self.box[r] for r in range(self.size)))]
+        self.sync.wait()
+        return out
+
+
+def commit_with_threads(tmp_path, n: int, size: int, payload: np.ndarray, fail_rank: int | None = None):
+    box, barrier, errors = {}, threading.Barrier(size), {}
+    direct = [ckpt.DirectIO(True) for _ in range(size)]
+
+    def rank(r: int) -> None:
+        lo, hi = shard_bounds(n, size, r)
+        image = ShardImage(n, lo, hi, pinned=False)
+        for view, region in zip(image.views, range(3)):
+            view.copy_(torch.from_numpy(payload[region * n + lo:region * n + hi]))
+        for off, view, aligned in image.pieces():
+            if aligned:  # what O_DIRECT needs: offset, length and host address on a block boundary
+                addr = np.frombuffer(view, dtype=np.uint8).ctypes.data
+                assert off % ckpt.DIRECT_ALIGN == len(view) % ckpt.DIRECT_ALIGN == addr % ckpt.DIRECT_ALIGN == 0
+        if r == fail_rank:
+            image.offsets[0] = -1  # an impossible pwrite offset: this rank's write fails (EINVAL)
+        try:
+            commit_shards(ThreadWorld(r, size, box, barrier), tmp_path, 7, n, image, direct[r])
+        except ShardFailure as e:
+            errors[r] = str(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return errors
+
+
+@pytest.mark.parametrize("n,size", [(169_728, 2), (50_001, 3), (3_000, 4)])
+def test_sharded_commit_writes_the_one_process_bytes(tmp_path, n, size):
+    payload = np.random.default_rng(n).standard_normal(3 * n, dtype=np.float32)
+    payload[2 * n:] = np.abs(payload[2 * n:])
+    (tmp_path / "one").mkdir()
+    (tmp_path / "many").mkdir()
+    ckpt.commit_checkpoint(tmp_path / "one", 7, payload)
+    assert commit_with_threads(tmp_path / "many", n, size, payload) == {}
+    name = ckpt.checkpoint_name(7)
+    assert (tmp_path / "many" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
+    assert not list((tmp_path / "many").glob("*.tmp"))
+
+
+def test_a_failed_slice_commits_nothing_and_every_rank_knows(tmp_path):
+    n, size = 50_001, 3
+    payload = np.abs(np.random.default_rng(0).standard_normal(3 * n, dtype=np.float32))
+    errors = commit_with_threads(tmp_path, n, size, payload, fail_rank=1)
+    assert sorted(errors) == [0, 1, 2] and all("failed on rank 1" in e for e in errors.values())
+    assert list(tmp_path.iterdir()) == []  # no checkpoint, no .tmp
+
+
+@pytest.fixture(scope="module")
+def straight(prepared, tmp_path_factory):
+    """The references: one process and two ranks, never stopped, to TARGET (checkpoints every 20)."""
+    root = tmp_path_factory.mktemp("straight")
+    one, two = seed_data(prepared, root / "one"), seed_data(prepared, root / "two")
+    result = train(one, "--steps", str(TARGET), *EVERY)
+    assert result.returncode == 0, result.stderr
+    torchrun(two, "--steps", str(TARGET), *EVERY)
+    return one, two
+
+
+def test_two_ranks_follow_one_process_and_write_one_truth(straight):
+    one, two = straight
+    assert_follows(two, one, range(1, TARGET + 1))
+    assert steps_in_ledger(two) == list(range(1, TARGET + 1))  # rank 0 alone writes the ledger: no duplicates
+    assert checkpoints(two) == [20, 40, 60] and all_valid(two)
+    assert header(two / ckpt.checkpoint_name(TARGET)) == header(one / ckpt.checkpoint_name(TARGET))
+    companions = [sorted(p.name for p in d.glob("step_*.json")) for d in (one, two)]
+    assert companions[0] == companions[1]  # the same sidecars, written once (by rank 0)
+    assert (two / "run.toml").read_text() == (one / "run.toml").read_text()
+    assert not (two / "train.pid").exists() and not list(two.glob("*.tmp"))
+    assert_state_close(two / ckpt.checkpoint_name(TARGET), one / ckpt.checkpoint_name(TARGET))
+
+
+def test_sigterm_to_the_launcher_then_resume_on_two_then_one_rank(straight, prepared, tmp_path):
+    one, two = straight
+    run = seed_data(prepared, tmp_path / "run")
+    t = Launcher(launcher_argv(run, "--steps", str(TARGET), *FAR, *LIVE))
+    try:
+        t.worker_pids()
+        t.wait_step(random.Random(13).randint(3, 12))
+        t.proc.send_signal(signal.SIGTERM)
+        t.wait_exit(60)  # torchrun itself exits 1 after a death signal (SignalException), by design
+    finally:
+        t.kill()
+    out = t.output()
+    (stopped,) = checkpoints(run)  # exactly one checkpoint ...
+    assert stopped == steps_in_ledger(run)[-1] < TARGET  # ... at the ledger's last step
+    assert not list(run.glob("*.tmp")) and all_valid(run)
+    for rank in (0, 1):  # every worker finished its stop (and returned 0): no traceback from a worker
+        assert f"andrea.run[{rank}]: stopped at step {stopped} (SIGTERM)" in out, out[-3000:]
+    assert "andrea: error" not in out
+
+    # 2 -> 1: the same stopped run, resumed by one process, follows the references to TARGET.
+    single = tmp_path / "single"
+    shutil.copytree(run, single)
+    result = train(single, "--steps", str(TARGET), *FAR)
+    assert result.returncode == 0, result.stderr
+    assert_follows(single, one, range(stopped + 1, TARGET + 1))
+    assert_state_close(single / ckpt.checkpoint_name(TARGET), one / ckpt.checkpoint_name(TARGET))
+
+    # 2 -> 2: bit-exact, the same bytes as the never-stopped two-rank run.
+    torchrun(run, "--steps", str(TARGET), *FAR)
+    name = ckpt.checkpoint_name(TARGET)
+    assert (run / name).read_bytes() == (two / name).read_bytes()
+    assert [e["step"] for e in ledger(run) if e.get("event") == "resume"] == [stopped]
+
+
+def test_one_process_checkpoint_resumes_on_two_ranks(straight, prepared, tmp_path):
+    one, _ = straight
+    run = tmp_path / "run"
+    shutil.copytree(one, run)
+    for step in (40, 60):  # resume from step 20, written by one process
+        (run / ckpt.checkpoint_name(step)).unlink()
+    torchrun(run, "--steps", str(TARGET), *EVERY)
+    assert [e["step"] for e in ledger(run) if e.get("event") == "resume"] == [20]
+    assert_follows(run, one, range(21, TARGET + 1))
+    assert_state_close(run / ckpt.checkpoint_name(TARGET), one / ckpt.checkpoint_name(TARGET))
+
+
+def test_ctl_and_pivot_reach_rank_0_and_a_sigkilled_worker_leaves_valid_checkpoints(prepared, tmp_path):
+    run = seed_data(prepared, tmp_path / "run")
+    t = Launcher(launcher_argv(run, "--steps", "100000", *FAR, *LIVE))
+    try:
+        pids = t.worker_pids()
+        t.wait_step(3)
+        assert (run / "train.pid").read_text() == f"{pids[0]}\n"  # rank 0's: ctl never signals the launcher
+        assert andrea("ctl", str(run), "checkpoint", "--timeout", "60").returncode == 0
+        (first,) = checkpoints(run)  # one checkpoint for one step, written by both ranks
+        t.wait_step(first + 5)  # training continues
+        assert t.proc.poll() is None and checkpoints(run) == [first]
+        for rank in (0, 1):
+            assert f"andrea.writer[{rank}]: checkpoint {ckpt.checkpoint_name(first)} committed" in t.output()
+        # The hot pivot: `andrea pivot` signals rank 0 (SIGHUP to the launcher would kill the job); rank 0 shares
+        # it at the next boundary and every rank switches policy at the same checkpoint.
+        (tmp_path / "p.toml").write_text(POLICY)
+        assert andrea("pivot", str(run), "--policy", str(tmp_path / "p.toml")).returncode == 0
+        pivoted = [re.search(r"pivot at step (\d+)", t.wait_for(lambda l, r=r: f"andrea.run[{r}]: pivot at step" in l,
+                                                                60)).group(1) for r in (0, 1)]
+        assert pivoted[0] == pivoted[1]
+        pivot_step = int(pivoted[0])
+        t.wait_step(pivot_step + 3)
+        (mark,) = [e for e in ledger(run) if e.get("event") == "pivot"]
+        assert mark["step"] == pivot_step and (run / "archive" / "phase-0" / ".state.json").exists()
+        assert checkpoints(run) == [first, pivot_step] and not (run / "policy.next.toml").exists()
+        os.kill(pids[1], signal.SIGKILL)  # one worker, not the launcher
+        assert t.wait_exit(120) != 0  # torchrun tears the job down
+    finally:
+        t.kill()
+    assert checkpoints(run) == [first, pivot_step] and all_valid(run)
+    newest = checkpoints(run)[-1]
+    resumed = train(run, "--steps", str(newest + 3), *FAR)  # any world size resumes: here one process
+    assert resumed.returncode == 0, resumed.stderr
+    assert [e for e in ledger(run) if e.get("event") == "resume"][-1]["step"] == newest == pivot_step
+    assert json.loads((run / ".state.json").read_text())["phase"] == 1  # the pivot's policy survives the resume
+    assert not list(run.glob("*.tmp")) and all_valid(run)
+
+
+def test_two_launchers_as_two_nodes_are_the_same_run_and_a_signal_to_one_worker_stops_both(straight, prepared,
+                                                                                           tmp_path):
+    _, two = straight
+    run = seed_data(prepared, tmp_path / "run")
+    port = free_port()
+    nodes = [Launcher(launcher_argv(run, "--steps", "100000", *EVERY, *LIVE, launch=(
+        "--nnodes=2", f"--node_rank={k}", "--nproc_per_node=1", "--rdzv_backend=c10d",
+        f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=andrea-test"))) for k in (0, 1)]
+    try:
+        rank1 = int(re.search(r"pid=(\d+)", nodes[1].wait_for(
+            lambda l: l.startswith("ready ") and " rank=1/2" in l, 120)).group(1))
+        nodes[0].wait_step(25)
+        os.kill(rank1, signal.SIGTERM)  # SLURM may signal only some workers: one is enough
+        assert [node.wait_exit(120) for node in nodes] == [0, 0]  # every worker exited 0
+    finally:
+        for node in nodes:
+            node.kill()
+    name = ckpt.checkpoint_name(20)  # world size 2 across two nodes = the same run as two ranks on one
+    assert (run / name).read_bytes() == (two / name).read_bytes()
+    stopped = checkpoints(run)[-1]
+    assert checkpoints(run) == list(range(20, stopped, 20)) + [stopped]  # the cadence's, then one for the stop
+    assert stopped == steps_in_ledger(run)[-1] >= 25  # signalled once step 25 was reported
+    assert steps_in_ledger(run) == list(range(1, stopped + 1)) and all_valid(run)
+    assert "SIGTERM reached another rank" in nodes[0].output()
+
+
+def test_a_global_batch_that_does_not_split_is_one_line(prepared, tmp_path):
+    run = seed_data(prepared, tmp_path / "run")
+    before = sorted(p.name for p in run.rglob("*"))
+    result = andrea("train", *TINY, "--run-dir", str(run), "--set", "train.batch_size=7",
+                    extra_env={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "andrea: error: train.batch_size=7 (the global batch) is not divisible by the world size 2 "
+        "(torchrun --nnodes × --nproc_per_node)")
+    assert sorted(p.name for p in run.rglob("*")) == before
