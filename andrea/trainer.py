@@ -88,7 +88,8 @@ class Trainer:
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext())
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._snapshot_done: torch.cuda.Event | None = None
-        self.lr_scale = 1.0  # the guard's remedy (control/guard.py): lr = lr_at(step) · lr_scale, saved beside checkpoints
+        # The guard's remedy (control/guard.py): lr = lr_at(step) · lr_scale; saved beside every checkpoint.
+        self.lr_scale = 1.0
 
     # --- state -------------------------------------------------------------------------------------------
     def load(self, payload: torch.Tensor) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from andrea import checkpoint as ckpt
-from andrea.control.writer import CheckpointWriter, CommitResult
+from andrea.control.writer import CheckpointWriter, CommitResult, aligned_host_buffer
 from andrea.distributed import World
 
 log = logging.getLogger("andrea.shards")
@@ -62,7 +62,8 @@ class ShardImage:
             start = pos + (off - pos) % ALIGN  # the first position >= pos congruent to off
             self.starts.append(start)
             pos = start + 4 * k
-        raw = torch.zeros(pos + 2 * ALIGN, dtype=torch.uint8, pin_memory=pinned)
+        # The single writer's kind of buffer (2 MiB pages on CPU): O_DIRECT from 4 KiB pages costs ~2x the time.
+        raw = aligned_host_buffer(pos + 2 * ALIGN, pinned)
         skip = -raw.data_ptr() % ALIGN
         self.image = raw[skip:skip + pos + ALIGN]
         self.nbytes = 4 * k

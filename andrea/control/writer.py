@@ -51,7 +51,12 @@ class CommitResult:
 
 
 def staging_image(n: int, pinned: bool) -> torch.Tensor:
-    """A zeroed uint8 tensor of image_bytes(n) at a DIRECT_ALIGN-aligned host address (pinned when asked).
+    """A zeroed uint8 tensor of image_bytes(n) at a DIRECT_ALIGN-aligned host address (pinned when asked)."""
+    return aligned_host_buffer(ckpt.image_bytes(n), pinned)
+
+
+def aligned_host_buffer(size: int, pinned: bool) -> torch.Tensor:
+    """A zeroed uint8 tensor of `size` bytes at a DIRECT_ALIGN-aligned host address (pinned when asked).
 
     CPU: a private anonymous mmap advised for transparent huge pages, sliced at a 2 MiB boundary. O_DIRECT pins
     the buffer's pages for every write; in 2 MiB folios that costs a fraction of the CPU of 4 KiB pages, and the
@@ -60,7 +65,6 @@ def staging_image(n: int, pinned: bool) -> torch.Tensor:
     sliced at the first aligned byte (cudaHostAlloc memory; the device-to-host copy lands at byte 8).
     Zeroed now so the first snapshots do not pay for faulting in fresh pages on the training loop.
     """
-    size = ckpt.image_bytes(n)
     if pinned:
         raw = torch.zeros(size + ckpt.DIRECT_ALIGN, dtype=torch.uint8, pin_memory=True)
         skip = -raw.data_ptr() % ckpt.DIRECT_ALIGN
