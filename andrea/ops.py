@@ -100,9 +100,8 @@ def cmd_branch(args: argparse.Namespace) -> int:
         raise FileExistsError(f"{dest}: already exists and is not empty")
     dest.mkdir(parents=True, exist_ok=True)
     _link_or_copy(source, dest / source.name)
-    for state in (sidecars.checkpoint_state_path(parent, step), parent / f"step_{step:06d}.guard.json"):
-        if state.exists():  # the bandit and the guard (lr scale, data offset) as of that checkpoint
-            shutil.copy(state, dest / state.name)
+    for companion in sidecars.companions(parent, step):  # the bandit and the guard as of that checkpoint
+        shutil.copy(companion, dest / companion.name)
     shutil.copy(parent / "tokenizer.json", dest / "tokenizer.json")
     (dest / "data").mkdir()
     for f in sorted((parent / "data").iterdir()):  # token files never change: share them

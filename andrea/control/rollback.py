@@ -24,7 +24,7 @@ from andrea.control.guard import Guard, GuardStateError
 
 
 def companion_path(run_dir: Path, step: int) -> Path:
-    return run_dir / (ckpt.checkpoint_name(step)[:-4] + ".guard.json")
+    return sidecars.companion_path(run_dir, step, "guard")
 
 
 def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
@@ -73,7 +73,7 @@ def drop_after(run_dir: Path, step: int) -> list[str]:
     for s, path in ckpt.list_checkpoints(run_dir):
         if s > step:
             path.unlink(missing_ok=True)
-            for companion in run_dir.glob(f"{path.stem}.*.json"):
+            for companion in sidecars.companions(run_dir, s):
                 companion.unlink(missing_ok=True)
             dropped.append(path.name)
     if dropped:

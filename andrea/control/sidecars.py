@@ -65,8 +65,18 @@ def read_json(path: Path) -> Any | None:
         raise SidecarError(f"{path}: not valid JSON: {e}") from None
 
 
+def companion_path(run_dir: Path, step: int, kind: str) -> Path:
+    """`step_NNNNNN.<kind>.json`: a file that belongs to one checkpoint (kind: state, guard)."""
+    return run_dir / f"{Path(checkpoint_name(step)).stem}.{kind}.json"
+
+
+def companions(run_dir: Path, step: int) -> list[Path]:
+    """Every companion of one checkpoint on disk: copied with it by a branch, deleted with it by retention."""
+    return sorted(run_dir.glob(f"{Path(checkpoint_name(step)).stem}.*.json"))
+
+
 def checkpoint_state_path(run_dir: Path, step: int) -> Path:
-    return run_dir / (checkpoint_name(step)[:-4] + ".state.json")
+    return companion_path(run_dir, step, "state")
 
 
 def append_audit(run_dir: Path, audits: list[dict[str, Any]], keep: int) -> None:

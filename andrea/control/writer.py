@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from andrea import checkpoint as ckpt
+from andrea.control import sidecars
 
 log = logging.getLogger("andrea.writer")
 HUGE_PAGE = 2 << 20  # x86-64 and arm64 (4 KiB base pages) transparent huge page size
@@ -163,7 +164,7 @@ class CheckpointWriter:
 
     def _remove_companions(self, step: int) -> None:
         """Delete `step_NNNNNN.*.json`, the files that belong to one checkpoint."""
-        for companion in self.run_dir.glob(f"{Path(ckpt.checkpoint_name(step)).stem}.*.json"):
+        for companion in sidecars.companions(self.run_dir, step):
             companion.unlink(missing_ok=True)
 
     async def drain(self) -> list[CommitResult]:
