@@ -15,6 +15,7 @@ its first third and their .grad views into `state.grad`. A checkpoint is a copy 
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -59,6 +60,27 @@ class FlatState:
         self.grad = torch.zeros(n, dtype=torch.float32, device=device)
 
 
+class HostCopy:
+    """The CPU counterpart of a CUDA event on the copy stream: a snapshot running on the trainer's copy thread."""
+
+    def __init__(self, future: Future):
+        self.future = future
+
+    def synchronize(self) -> None:
+        self.future.result()
+
+    def query(self) -> bool:
+        return self.future.done()
+
+
+def _copy_into(dests: tuple[torch.Tensor, ...], srcs: tuple[torch.Tensor, ...]) -> None:
+    for dst, src in zip(dests, srcs):
+        dst.copy_(src)
+
+
+Fence = torch.cuda.Event | HostCopy
+
+
 @dataclass
 class StepOutput:
     """What one step leaves on the device; the control plane copies it to the host without a sync."""
@@ -87,38 +109,50 @@ class Trainer:
         self.adamw = _adamw_fn(kernels)
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext())
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._snapshot_done: torch.cuda.Event | None = None
+        # CPU: snapshots copy on their own thread while the next forward and backward run (see snapshot).
+        self._copier = ThreadPoolExecutor(1, thread_name_prefix="andrea-snapshot") if device.type != "cuda" else None
+        self._snapshot_done: Fence | None = None
         # The guard's remedy (control/guard.py): lr = lr_at(step) · lr_scale; saved beside every checkpoint.
         self.lr_scale = 1.0
 
     # --- state -------------------------------------------------------------------------------------------
     def load(self, payload: torch.Tensor) -> None:
         """Replace [w | m | v] from a host fp32 tensor of length 3·n (a checkpoint's payload)."""
+        self._wait_snapshot()  # never overwrite the state under a snapshot still copying it
         self.state.buffer.copy_(payload.to(self.device))
 
-    def snapshot(self, staging: torch.Tensor) -> torch.cuda.Event | None:
-        """Start copying [w | m | v] into `staging` (host, pinned on CUDA); return the event that fences it.
+    def snapshot(self, staging: torch.Tensor) -> Fence:
+        """Start copying [w | m | v] into `staging` (host, pinned on CUDA); return the fence the writer waits on.
 
-        On CUDA the copy runs on a side stream, overlapping the next forward and backward; only the next
-        optimizer update waits for it (`_wait_snapshot`). On CPU it is a plain memcpy, the checkpoint's stall.
-        `staging` is the writer's fp32 view at byte 8 of an aligned file image (control/writer.py): the copy
-        lands where the checkpoint's payload sits in the file, and the image goes to disk with O_DIRECT as is.
+        The copy overlaps the next forward and backward, which only read w; only the next optimizer update,
+        which writes w, m and v, waits for it (`_wait_snapshot`). On CUDA it runs on a side stream (an event);
+        on CPU on the trainer's copy thread (a HostCopy), so the training loop's stall is the hand-off, not
+        the memcpy. `staging` is the writer's fp32 view at byte 8 of an aligned file image (control/writer.py):
+        the copy lands where the checkpoint's payload sits in the file, and the image goes to disk as is.
         """
+        return self._start_copy((staging,), (self.state.buffer,))
+
+    def _start_copy(self, dests: tuple[torch.Tensor, ...], srcs: tuple[torch.Tensor, ...]) -> Fence:
+        self._wait_snapshot()  # one snapshot in flight: a second waits for the first (same state, same order)
         if self._copy_stream is None:
-            staging.copy_(self.state.buffer)
-            return None
-        self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._copy_stream):
-            staging.copy_(self.state.buffer, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self._copy_stream)
-        self._snapshot_done = event
-        return event
+            fence: Fence = HostCopy(self._copier.submit(_copy_into, dests, srcs))
+        else:
+            self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self._copy_stream):
+                for dst, src in zip(dests, srcs):
+                    dst.copy_(src, non_blocking=True)
+                fence = torch.cuda.Event()
+                fence.record(self._copy_stream)
+        self._snapshot_done = fence
+        return fence
 
     def _wait_snapshot(self) -> None:
-        if self._snapshot_done is not None:
-            torch.cuda.current_stream(self.device).wait_event(self._snapshot_done)  # device-side, no host sync
-            self._snapshot_done = None
+        """Before anything writes the state: the snapshot in flight has read it."""
+        fence, self._snapshot_done = self._snapshot_done, None
+        if isinstance(fence, HostCopy):
+            fence.synchronize()
+        elif fence is not None:
+            torch.cuda.current_stream(self.device).wait_event(fence)  # device-side, no host sync
 
     # --- one step ----------------------------------------------------------------------------------------
     def train_step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> StepOutput:

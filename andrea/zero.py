@@ -33,7 +33,7 @@ from andrea import distributed as dist_
 from andrea.config import RunConfig
 from andrea.distributed import World
 from andrea.model import bind_flat
-from andrea.trainer import StepOutput, Trainer
+from andrea.trainer import Fence, StepOutput, Trainer
 
 
 class ShardState:
@@ -76,27 +76,15 @@ class ZeroTrainer(Trainer):
     def load(self, payload: torch.Tensor) -> None:
         """Take a full payload [w | m | v] (3·n, written by any world size): all of w, this rank's m and v."""
         n, lo, hi = self.n, self.lo, self.hi
+        self._wait_snapshot()
         self.state.w.copy_(payload[:n].to(self.device))
         self.state.m.copy_(payload[n + lo:n + hi].to(self.device))
         self.state.v.copy_(payload[2 * n + lo:2 * n + hi].to(self.device))
 
-    def snapshot(self, staging: tuple[torch.Tensor, ...]) -> torch.cuda.Event | None:
+    def snapshot(self, staging: tuple[torch.Tensor, ...]) -> Fence:
         """Start copying this rank's w[lo:hi], m, v into the three (hi - lo) host views `staging` (a ShardImage's);
         fenced as Trainer.snapshot."""
-        parts = (self.state.w[self.lo:self.hi], self.state.m, self.state.v)
-        dests = staging
-        if self._copy_stream is None:
-            for dst, src in zip(dests, parts):
-                dst.copy_(src)
-            return None
-        self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._copy_stream):
-            for dst, src in zip(dests, parts):
-                dst.copy_(src, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self._copy_stream)
-        self._snapshot_done = event
-        return event
+        return self._start_copy(staging, (self.state.w[self.lo:self.hi], self.state.m, self.state.v))
 
     # --- one step ----------------------------------------------------------------------------------------
     def train_step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> StepOutput:

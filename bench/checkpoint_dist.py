@@ -9,8 +9,9 @@ flat state [w | m | v] of a preset's size (or `--synthetic-params N`). Per round
     N writers      every rank, as the ShardedCheckpointWriter (andrea/control/shards.py): snapshot = memcpy of its
                    12·n/N bytes of slices into its ShardImage; commit = shards.commit_shards (rank 0 creates the
                    sized .tmp, every rank writes its slices, O_DIRECT for their block-aligned middles, + fsync,
-                   rank 0 renames): wall time from a barrier to the barrier after the last rank's return (the
-                   commit's own agreements make it one span); stall = the slowest rank's snapshot.
+                   rank 0 renames): rank 0's wall time from a barrier to its return, which its last agreement
+                   holds back until every rank's part is done (a trailing barrier would add a collective's latency
+                   that the one writer does not pay); stall = the slowest rank's snapshot.
     ..., buffered  both again with O_DIRECT off (a filesystem that refuses it), the like-for-like pair.
 Printed: per method the median stall and commit seconds, throughput = checkpoint bytes / commit seconds, and the
 ratios N writers / one writer (throughput: > 1 is faster; stall: < 1 is shorter). The files are checked
@@ -90,8 +91,7 @@ def worker(rank: int, size: int, port: int, n: int, repeats: int, out_dir: str, 
                 world.barrier()
                 t1 = time.perf_counter()
                 path = commit_shards(world, run_dir, step, n, staging, ckpt.DirectIO(method == "sharded"))
-                world.barrier()
-                commit = time.perf_counter() - t1
+                commit = time.perf_counter() - t1  # rank 0's: its last agreement returns after every rank's part
                 stall = max(world.gather(stall))
             elif world.leader:
                 t0 = time.perf_counter()

@@ -10,18 +10,23 @@ process: from the trainer's `ready` line on stdout (after imports, model build a
 which holds every step, every checkpoint and the final drain; the spawn-to-exit wall is kept too.
 
     overhead per checkpoint = median over repetitions of (T_K - T_none) / (checkpoints_K - checkpoints_none)
+    all runs at once        = b of the least-squares fit T = a_repetition + b x checkpoints over every run, with
+                              its standard error: the headline figure and the verdict (it uses every cadence)
     target                  <= 1.5 x a memcpy of 8 + 12n bytes (measured here, warm, preallocated, median)
-    smallest cadence <= 1 % = ceil(overhead per checkpoint / (0.01 x T_none / steps))
+    smallest cadence <= 1 % = ceil(b / (0.01 x T_none / steps))
     also: the same from the fastest run of each kind, and the trainer's CPU (user + sys of all its threads,
           from wait4) per extra checkpoint: the least load-sensitive view of what checkpoints take from training
 
+Cadence 5 is the issue's setup, but its 8 checkpoints in 40 steps weigh about 1 % of a run's wall, the spread
+between two identical runs on a shared 2-core machine; cadences 2 and 1 (20 and 40 checkpoints) measure the same
+per-checkpoint cost with a signal above that noise, which is why all three are the default.
 Checkpoints are counted from the trainer's "committed" log lines. Run order reverses at every repetition
 (none, K…, then K…, none) so a drift of the machine cancels; the page cache is flushed (os.sync) between runs.
 Nothing here fails on a timing. Writes only in a fresh temporary directory under `--dir` (default: beside the
 repository; not /dev/shm, which would measure RAM), removed at the end; a markdown report to stdout; raw times
 with `--json PATH`.
 
-    python bench/checkpoint_e2e.py                        # ANDREA-12M, cadence 5, 3 repetitions
+    python bench/checkpoint_e2e.py                        # ANDREA-12M, cadences 5, 2 and 1, 5 repetitions
     python bench/checkpoint_e2e.py --cadences 5,2 --repeats 5 --prepared /path/to/run_dir
 """
 
@@ -39,6 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,6 +122,22 @@ def memcpy_seconds(n: int, repeats: int = 15) -> float:
     return statistics.median(times[1:])
 
 
+def per_checkpoint_fit(runs: list[dict], key: str) -> tuple[float, float]:
+    """Least squares over every run: run[key] = a_rep + b · checkpoints, one intercept per repetition (the runs of
+    one repetition share the machine's state), so b is the cost of one checkpoint from all cadences at once.
+    Returns (b, its standard error)."""
+    reps = sorted({r["rep"] for r in runs})
+    x = np.array([[float(r["rep"] == k) for k in reps] + [r["checkpoints"]] for r in runs])
+    y = np.array([r[key] for r in runs])
+    beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+    dof = len(y) - x.shape[1]
+    if dof < 1:
+        return float(beta[-1]), float("nan")
+    resid = y - x @ beta
+    cov = (resid @ resid / dof) * np.linalg.pinv(x.T @ x)
+    return float(beta[-1]), float(np.sqrt(cov[-1, -1]))
+
+
 def summarise(args, runs: list[dict], memcpy_s: float) -> dict:
     base = [r for r in runs if r["every"] == NONE]
     step_s = statistics.median(r["ready_to_exit_s"] for r in base) / args.steps
@@ -139,7 +161,12 @@ def summarise(args, runs: list[dict], memcpy_s: float) -> dict:
                      "cpu_per_checkpoint_s": statistics.median(cpu_per_rep),
                      "wall_overhead": per_ckpt / (every * step_s),
                      "smallest_cadence_1pct": max(1, math.ceil(per_ckpt / (MAX_OVERHEAD * step_s)))})
-    return {"step_s": step_s, "memcpy_s": memcpy_s, "rows": rows,
+    slope, slope_se = per_checkpoint_fit(runs, "ready_to_exit_s")
+    cpu_slope, _ = per_checkpoint_fit(runs, "cpu_s")
+    fit = {"per_checkpoint_s": slope, "se_s": slope_se, "vs_memcpy": slope / memcpy_s,
+           "cpu_per_checkpoint_s": cpu_slope,
+           "smallest_cadence_1pct": max(1, math.ceil(slope / (MAX_OVERHEAD * step_s)))}
+    return {"step_s": step_s, "memcpy_s": memcpy_s, "rows": rows, "fit": fit,
             "baseline_wall_s": statistics.median(r["ready_to_exit_s"] for r in base),
             "all_direct": all(r["direct"] for r in runs)}
 
@@ -161,15 +188,25 @@ def report(args, res: dict) -> str:
                      f"({', '.join(f'{x:.3f}' for x in r['per_rep_s'])}) | {r['vs_memcpy']:.2f}x | "
                      f"{r['per_checkpoint_min_s']:.4f} | {r['cpu_per_checkpoint_s']:.4f} | "
                      f"{100 * r['wall_overhead']:+.2f}% | {r['smallest_cadence_1pct']} |")
+    f = s["fit"]
+    lines += ["", "All runs at once (least squares, wall = a_repetition + b x checkpoints): "
+              f"**{1000 * f['per_checkpoint_s']:.1f} ms ± {1000 * f['se_s']:.1f} ms per checkpoint = "
+              f"{f['vs_memcpy']:.2f}x a memcpy**; process CPU "
+              f"{1000 * f['cpu_per_checkpoint_s']:.1f} ms per checkpoint; smallest cadence within 1 %: every "
+              f"{f['smallest_cadence_1pct']} steps."]
     lines += ["", "| target | measured | verdict |", "|---|---|---|"]
+    ok = f["vs_memcpy"] <= MEMCPY_FACTOR
+    lines.append(f"| all runs: wall per checkpoint <= {MEMCPY_FACTOR}x memcpy | {f['vs_memcpy']:.2f}x "
+                 f"({1000 * f['per_checkpoint_s']:.1f} ± {1000 * f['se_s']:.1f} ms vs {1000 * s['memcpy_s']:.2f} "
+                 f"ms) | {'PASS' if ok else 'MISS'} |")
     for r in s["rows"]:
         ok = r["vs_memcpy"] <= MEMCPY_FACTOR
         verdict = "NOISE (negative: rerun quieter)" if r["vs_memcpy"] < 0 else "PASS" if ok else "MISS"
         lines.append(f"| every {r['every']}: wall per checkpoint <= {MEMCPY_FACTOR}x memcpy | {r['vs_memcpy']:.2f}x "
                      f"({1000 * r['per_checkpoint_s']:.1f} ms vs {1000 * s['memcpy_s']:.2f} ms) | {verdict} |")
     lines.append(f"\nSmallest cadence within {100 * MAX_OVERHEAD:g} % wall overhead on this setup: every "
-                 f"{max(r['smallest_cadence_1pct'] for r in s['rows'])} steps (from the overhead per checkpoint "
-                 f"and the baseline's step time).")
+                 f"{f['smallest_cadence_1pct']} steps (from the fitted cost per checkpoint and the baseline's step "
+                 f"time; per cadence: {', '.join(str(r['smallest_cadence_1pct']) for r in s['rows'])}).")
     lines.append("Process CPU per checkpoint: the trainer's user + sys (all threads, from wait4) with the cadence "
                  "minus without, per extra checkpoint: what checkpoints take from the training threads' cores, "
                  "and the figure least disturbed by other load on the machine. A negative overhead is noise: "
@@ -183,8 +220,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--preset", default="andrea-12m")
     p.add_argument("--steps", type=int, default=40, help="steps per run (default 40)")
     p.add_argument("--batch", type=int, default=1, help="train.batch_size (default 1: checkpoints weigh)")
-    p.add_argument("--cadences", default="5", help="comma-separated checkpoint cadences to measure (default 5)")
-    p.add_argument("--repeats", type=int, default=3, help="repetitions of every run (default 3)")
+    p.add_argument("--cadences", default="5,2,1",
+                   help="comma-separated checkpoint cadences to measure (default 5,2,1: the dense ones carry "
+                        "enough checkpoints to rise above run-to-run noise)")
+    p.add_argument("--repeats", type=int, default=5, help="repetitions of every run (default 5)")
     p.add_argument("--prepared", help="a run directory whose tokenizer.json and data/ are reused (default: made)")
     p.add_argument("--dir", help="where run directories go (default: a temporary directory beside the repository)")
     p.add_argument("--json", metavar="PATH", help="also write every raw timing as JSON")

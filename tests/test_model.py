@@ -107,3 +107,40 @@ def test_token_loss_is_torch_cross_entropy_with_a_one_pass_backward():
     loss = token_cross_entropy(x, targets)
     loss.sum().backward()
     assert loss.dtype == torch.float32 and x.grad.dtype == torch.float16
+
+
+def test_the_cpu_snapshot_overlaps_the_next_forward_and_backward_and_the_update_waits_for_it(monkeypatch):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from andrea import trainer as trainer_mod
+
+    t = tiny_trainer()
+    before = t.state.buffer.clone()  # state S, what the checkpoint must hold
+    release, forward_ran = threading.Event(), threading.Event()
+    copy = trainer_mod._copy_into
+
+    def gated_copy(dests, srcs):  # the copy thread waits until the test has seen the forward run
+        assert release.wait(30), "the test never released the copy"
+        copy(dests, srcs)
+
+    monkeypatch.setattr(trainer_mod, "_copy_into", gated_copy)
+    forward = t.model.forward
+    t.model.forward = lambda *a, **k: (forward_ran.set(), forward(*a, **k))[1]
+    update = t.adamw
+    copied_before_update = []
+    t.adamw = lambda *a, **k: (copied_before_update.append(fence.query()), update(*a, **k))[1]
+
+    staging = torch.empty_like(t.state.buffer)
+    fence = t.snapshot(staging)  # returns at once: the copy is queued behind the gate
+    assert not fence.query()
+    x = torch.randint(0, t.cfg.model.vocab_size, (2, t.cfg.model.block_size))
+    with ThreadPoolExecutor(1) as pool:
+        step = pool.submit(t.train_step, 0, x, x)
+        assert forward_ran.wait(30), "the next step's forward did not run while the snapshot was copying"
+        assert not step.done()  # held at its optimizer update by the pending copy
+        release.set()
+        step.result(timeout=60)
+    assert copied_before_update == [True]
+    assert torch.equal(staging, before)  # the snapshot is state S, untouched by the update
+    assert not torch.equal(t.state.buffer, before)

@@ -1,15 +1,17 @@
 """The life of one training process: an asyncio loop that owns signals, checkpoints, the ledger and sidecars.
 
 Threads: the event loop (this module: decisions, signals, data prep, ledger lines); `andrea-train` (model
-steps, snapshots, evals, samples — the only thread that touches the model); `andrea-io` (every file write, in
+steps, snapshots, evals, samples — the only thread that touches the model; on CPU its snapshot copies run on
+the trainer's own `andrea-snapshot` thread, fenced like a CUDA copy stream); `andrea-io` (every file write, in
 submission order: ledger appends, sidecars, checkpoint commits). Single-thread executors keep each resource
 owned by one thread, so ordering is by construction: a ledger append submitted before a commit lands first.
 
 Per step boundary (header step S = updates completed), in this order:
     1. act on requests (SIGTERM/SIGINT stop, SIGUSR1 checkpoint, SIGHUP pivot) and the cadence;
-    2. a due checkpoint: drain the step records through S, queue their ledger lines, snapshot [w | m | v]
-       into a free staging buffer (the only stall), queue the commit (ledger fsync, `step_S.state.json`,
-       `.state.json`, `step_S.guard.json`, then the atomic `.bin`) — unless the divergence guard
+    2. a due checkpoint: drain the step records through S, queue their ledger lines, start the snapshot of
+       [w | m | v] into a free staging buffer (it overlaps step S + 1 until that step's optimizer update),
+       queue the commit (ledger fsync; `step_S.state.json`, `.state.json`, `step_S.guard.json` with one
+       directory fsync; then the atomic `.bin`) — unless the divergence guard
        (control/guard.py, fed every step record) sees trouble: then nothing is committed;
     2b. an incident the guard declared: roll back to its known-good checkpoint (`rollback`), S goes back;
     3. eval / sample audits when due;
@@ -282,9 +284,10 @@ class TrainingRun:
 
         def before_commit() -> None:
             self.ledger.sync()
-            sidecars.write_json(sidecars.checkpoint_state_path(self.run_dir, step), state)
-            sidecars.write_json(self.run_dir / sidecars.STATE_NAME, state)
-            rollback.write_companion(self.run_dir, step, guard_state)
+            state_json = sidecars.json_bytes(state)
+            sidecars.write_many({sidecars.checkpoint_state_path(self.run_dir, step): state_json,
+                                 self.run_dir / sidecars.STATE_NAME: state_json,
+                                 rollback.companion_path(self.run_dir, step): sidecars.json_bytes(guard_state)})
 
         commit = self.writer.start_commit(slot, step, fence, before_commit)
         if self.tb is not None:

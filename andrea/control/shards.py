@@ -4,18 +4,21 @@ Writes `step_NNNNNN.bin` (format: andrea/checkpoint.py) and, through `before_com
 (ledger fsync, `step_NNNNNN.state.json`, `.state.json`). Each ZeRO-1 rank holds the slice [lo, hi) of w, m and
 v (andrea/zero.py); a rank's staging buffer (ShardImage) holds its w[lo:hi], m[lo:hi] and v[lo:hi].
 
-The commit, on every rank's I/O thread, three tiny agreements on the `io` group (andrea/distributed.py):
-    rank 0     before_commit (ledger fsync, companions); create `step_N.bin.tmp` with the header, preallocated
-               (fallocate) to 8 + 12·n: a full disk fails here, before anyone writes
-    agree 1    (the .tmp exists at its final size, or someone failed: nobody writes)
+The commit, on every rank's I/O thread, two tiny agreements on the `io` group (andrea/distributed.py):
+    every rank open `step_N.bin.tmp` (created by whichever rank comes first; never truncated, since another
+               rank may already have written into it)
+    rank 0     write the header, reserve the file's blocks (fallocate to 8 + 12·n: a full disk fails here),
+               then before_commit (ledger fsync, companions) while the other ranks write
     every rank pwrite its three slices at 8 + 4·lo, 8 + 4·(n + lo), 8 + 4·(2n + lo); fsync
-    agree 2    (every slice is durable, or someone failed: rank 0 removes the .tmp)
+    agree 1    (every slice and companion is durable, or someone failed: rank 0 removes the .tmp)
     rank 0     rename onto `step_N.bin`, fsync the directory (checkpoint.publish_checkpoint)
-    agree 3    (everyone learns the outcome: the same `last_committed` on every rank, so the same decisions);
+    agree 2    (everyone learns the outcome: the same `last_committed` on every rank, so the same decisions);
                then rank 0 applies retention
 The atomic protocol of one process, unchanged: the rename is the commit point, and it happens only after every
-slice is fsynced. A rank that dies anywhere before agree 2 leaves a `.tmp` at most (removed at the next start);
-after it, the checkpoint is complete. Like the single writer, the slices go out with O_DIRECT where the filesystem
+slice is fsynced. Every byte of [0, 8 + 12·n) is written by exactly one rank (the header and each slice), so the
+`.tmp` needs no agreement before the writes: no rank waits for rank 0's create or its companions. A rank that
+dies anywhere before agree 1 leaves a `.tmp` at most (removed at the next start); after it, the checkpoint is
+complete. Like the single writer, the slices go out with O_DIRECT where the filesystem
 takes it: a rank stages each slice at a host address congruent to its file offset (ShardImage), so the
 block-aligned middle is written straight from there; the partial blocks at a slice's ends (under 4 KiB each,
 shared with a neighbour's slice) are written buffered, and the one fsync makes both durable.
@@ -93,9 +96,10 @@ def _pwrite(fd: int, view: memoryview, offset: int) -> None:
 
 
 def write_into(path: Path, pieces: list[tuple[int, memoryview, bool]], direct: ckpt.DirectIO) -> None:
-    """pwrite the pieces into the existing, sized file (no truncation: other ranks write the same file), the
-    aligned ones with O_DIRECT while the filesystem takes it (a refusal: said once, then buffered); fsync."""
-    fd = os.open(path, os.O_WRONLY)
+    """pwrite the pieces into the shared file, created if no rank has yet (never truncated: other ranks write
+    into it too), the aligned ones with O_DIRECT while the filesystem takes it (a refusal: said once, then
+    buffered); fsync."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         aligned = [(off, view) for off, view, ok in pieces if ok]
         if direct.enabled and aligned:
@@ -126,20 +130,21 @@ def write_into(path: Path, pieces: list[tuple[int, memoryview, bool]], direct: c
 
 
 def create_tmp(path: Path, head: bytes, size: int) -> None:
-    """Create the shared `.tmp`: the header at byte 0 and the file's blocks reserved with fallocate(2), so a full
-    disk fails here, on rank 0, before any rank writes, and the ranks' O_DIRECT writes land in allocated extents
-    instead of each allocating in a shared sparse file (measured: ~30 % faster commits on ext4). Not glibc's
-    posix_fallocate, which emulates by writing zeros where the filesystem lacks fallocate (NFSv3): there the file
-    is only sized and stays sparse. No fsync here: every rank fsyncs the file after its own writes, and rank 0's
-    fsync covers this header (fsync is per file, whichever descriptor wrote)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    """Rank 0's part of the shared `.tmp`: the header at byte 0 and the file's blocks reserved with fallocate(2),
+    so a full disk fails on rank 0 and most of the ranks' O_DIRECT writes land in allocated extents instead of
+    each allocating in a shared sparse file (measured: ~30 % faster commits on ext4). fallocate keeps what other
+    ranks have already written (it only fills holes). Not glibc's posix_fallocate, which emulates by writing
+    zeros where the filesystem lacks fallocate (NFSv3): there the file is only sized and stays sparse. No
+    O_TRUNC (other ranks may be writing) and no fsync here: every rank fsyncs the file after its own writes, and
+    rank 0's fsync covers this header (fsync is per file, whichever descriptor wrote)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         _pwrite(fd, memoryview(head), 0)
         if _libc.fallocate(fd, 0, ctypes.c_int64(0), ctypes.c_int64(size)) != 0:
             err = ctypes.get_errno()
             if err not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                 raise OSError(err, os.strerror(err), str(path))
-            os.ftruncate(fd, size)
+        os.ftruncate(fd, size)  # the exact size: a no-op after fallocate, the sizing where it is unsupported
     finally:
         os.close(fd)
 
@@ -174,20 +179,19 @@ def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardI
             why = error[0] if error else "see that rank's log"
             raise ShardFailure(f"{final}: checkpoint write failed on rank {failed - 1}: {why}")
 
-    def create() -> None:
-        if before_commit is not None:
-            before_commit()
-        create_tmp(tmp, ckpt.header(step, n), ckpt.checkpoint_bytes(n))
+    def write() -> None:
+        if world.leader:
+            create_tmp(tmp, ckpt.header(step, n), ckpt.checkpoint_bytes(n))
+            if before_commit is not None:  # durable before the rename; its fsyncs overlap the others' writes
+                before_commit()
+        write_into(tmp, staged.pieces(), direct)
 
     def publish() -> None:
         if before_rename is not None:
             before_rename()
         ckpt.publish_checkpoint(tmp, final)
 
-    if world.leader:
-        attempt(create)
-    agree()
-    attempt(lambda: write_into(tmp, staged.pieces(), direct))
+    attempt(write)
     agree()
     if world.leader:
         attempt(publish)
@@ -211,7 +215,8 @@ class ShardedCheckpointWriter(CheckpointWriter):
                 before_commit: Callable[[], None] | None) -> CommitResult:
         t0, cpu0 = time.perf_counter(), time.thread_time()
         if fence is not None:
-            fence.synchronize()
+            fence.synchronize()  # the snapshot's copy: not the commit's time or CPU
+            t0, cpu0 = time.perf_counter(), time.thread_time()
         hold = (lambda: time.sleep(self.delay)) if self.delay else None
         try:
             path = commit_shards(self.world, self.run_dir, step, self.total_n, self.images[slot], self.direct,

@@ -43,8 +43,33 @@ def write_atomic(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def write_many(files: dict[Path, bytes]) -> None:
+    """`write_atomic` for several files of one directory with one directory fsync: each temporary file written
+    and fsynced, then each renamed, then the directory fsynced once. Every file is still old-or-new, never half;
+    on return all are durable (what a checkpoint's companions need before its `.bin` is renamed)."""
+    tmps = {path: path.with_name(path.name + ".tmp") for path in files}
+    try:
+        for path, data in files.items():
+            with open(tmps[path], "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        for path, tmp in tmps.items():
+            os.rename(tmp, path)
+    except BaseException:
+        for tmp in tmps.values():
+            tmp.unlink(missing_ok=True)  # a full disk must not also keep half files
+        raise
+    for directory in {path.parent for path in files}:
+        fsync_dir(directory)
+
+
+def json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=1, allow_nan=False) + "\n").encode()
+
+
 def write_json(path: Path, obj: Any) -> None:
-    write_atomic(path, (json.dumps(obj, indent=1, allow_nan=False) + "\n").encode())
+    write_atomic(path, json_bytes(obj))
 
 
 def read_json(path: Path) -> Any | None:

@@ -3,11 +3,12 @@
 Writes `step_NNNNNN.bin` (format and commit protocol: andrea/checkpoint.py) and deletes what retention
 releases, with each checkpoint's companion files (`step_NNNNNN.*.json`, written by `before_commit`).
 
-Cost to the training loop: only the snapshot. On CUDA it is a non-blocking device-to-host copy into pinned
-memory on a side stream, hidden behind the next forward and backward; on CPU a memcpy into a preallocated
-buffer. Two staging buffers are allocated once and reused: at most one commit in flight and one snapshot
-staged. A checkpoint due while both are busy waits for the older commit (logged back-pressure): memory stays
-bounded and no buffer is reused while the I/O thread still reads it.
+Cost to the training loop: only the snapshot, a copy into a preallocated staging buffer hidden behind the
+next forward and backward (Trainer.snapshot): on CUDA a non-blocking device-to-host copy into pinned memory on
+a side stream, on CPU a memcpy on the trainer's copy thread. The commit starts by waiting on that copy's fence;
+the next optimizer update waits on it too. Two staging buffers are allocated once and reused: at most one
+commit in flight and one snapshot staged. A checkpoint due while both are busy waits for the older commit
+(logged back-pressure): memory stays bounded and no buffer is reused while the I/O thread still reads it.
 
 Each staging buffer is a whole file image (checkpoint.py): `images[i]`, uint8 of `image_bytes(n)` at a
 DIRECT_ALIGN-aligned host address, and `staging[i]`, its float32 view of 3·n at byte 8, which is what
@@ -45,7 +46,8 @@ HUGE_PAGE = 2 << 20  # x86-64 and arm64 (4 KiB base pages) transparent huge page
 class CommitResult:
     step: int
     path: Path | None
-    seconds: float  # wall time of the commit on the I/O thread (fence, before_commit, write, rename, retention)
+    seconds: float  # wall time of the commit on the I/O thread after the snapshot's fence (before_commit,
+    # write, rename, retention)
     error: str | None = None
     cpu_seconds: float = 0.0  # the I/O thread's CPU (user + sys) over the same span, after the fence
     direct: bool = False  # the .bin went out with O_DIRECT (False: buffered, by choice or after a refusal)
@@ -125,8 +127,8 @@ class CheckpointWriter:
         t0, cpu0 = time.perf_counter(), time.thread_time()
         try:
             if fence is not None:
-                fence.synchronize()  # may spin on CUDA: not the commit's CPU
-                cpu0 = time.thread_time()
+                fence.synchronize()  # the snapshot's copy (may spin on CUDA): neither the commit's time nor CPU
+                t0, cpu0 = time.perf_counter(), time.thread_time()
             if before_commit is not None:
                 before_commit()
             hold = (lambda: time.sleep(self.delay)) if self.delay else None
