@@ -9,7 +9,9 @@ a resumed run bit-identical to one that never stopped:
 
 Memory layout: `state.buffer` is ONE fp32 tensor of 3·n = [weights | m | v]; model parameters are views into
 its first third and their .grad views into `state.grad`. A checkpoint is a copy of `state.buffer` behind an
-8-byte header. On CUDA the forward runs under bf16 autocast while the masters stay fp32.
+8-byte header, taken while the next step's forward and backward run (`snapshot`): on a CUDA copy stream, or on
+CPU on the trainer's one helper thread (`andrea-snapshot`); the next optimizer update waits for it. On CUDA the
+forward runs under bf16 autocast while the masters stay fp32.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Sharded checkpoint commit: N ZeRO-1 writers into one `step_N.bin` against one writer, on the same bytes.
 
 Spawns N processes (gloo on 127.0.0.1, the groups andrea/distributed.py creates), each holding the same seeded
-flat state [w | m | v] of a preset's size (or `--synthetic-params N`). Per round, in turn, after an untimed warm-up:
+flat state [w | m | v] of a preset's size (or `--synthetic-params N`). Per round, in turn (the order reversed every
+other round, so a drift of the disk within a round cancels), after an untimed warm-up:
 
     one writer     rank 0 alone, as the one-process CheckpointWriter: snapshot = memcpy of 12·n bytes into its
                    staging image; commit = checkpoint.commit_image (O_DIRECT when the filesystem takes it, +
@@ -80,7 +81,7 @@ def worker(rank: int, size: int, port: int, n: int, repeats: int, out_dir: str, 
     rows, digests = [], {}
     for rnd in range(repeats + 1):
         row = {}
-        for method in METHODS:
+        for method in METHODS if rnd % 2 == 0 else METHODS[::-1]:  # reversed every other round: drift cancels
             step = rnd
             world.barrier()
             if method.startswith("sharded"):

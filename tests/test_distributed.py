@@ -6,6 +6,7 @@ checkpoint, `ctl` reaches rank 0 and rank 0 shares it, a SIGKILLed worker leaves
 launchers as two nodes are the same run as one launcher with two ranks.
 """
 
+import errno
 import json
 import os
 import queue
@@ -23,6 +24,7 @@ import pytest
 import torch
 
 from andrea import checkpoint as ckpt
+from andrea.control import shards
 from andrea.control.shards import ShardFailure, ShardImage, commit_shards
 from andrea.distributed import World, shard_bounds
 from tests.runs import ROOT, TINY, Trainer, andrea, env, header, ledger, seed_data, steps_in_ledger, train
@@ -154,7 +156,7 @@ def commit_with_threads(tmp_path, n: int, size: int, payload: np.ndarray, fail_r
         except ShardFailure as e:
             errors[r] = str(e)
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
+    threads = [threading.Thread(target=rank, args=(r,), name=f"rank-{r}") for r in range(size)]
     for t in threads:
         t.start()
     for t in threads:
@@ -181,6 +183,26 @@ def test_a_failed_slice_commits_nothing_and_every_rank_knows(tmp_path):
     errors = commit_with_threads(tmp_path, n, size, payload, fail_rank=1)
     assert sorted(errors) == [0, 1, 2] and all("failed on rank 1" in e for e in errors.values())
     assert list(tmp_path.iterdir()) == []  # no checkpoint, no .tmp
+
+
+def test_a_full_disk_on_one_rank_commits_nothing_and_damages_nothing(tmp_path, monkeypatch):
+    n, size = 50_001, 2
+    payload = np.abs(np.random.default_rng(1).standard_normal(3 * n, dtype=np.float32))
+    old = ckpt.commit_checkpoint(tmp_path, 3, payload)
+    before = old.read_bytes()
+    pwrite = shards._pwrite
+
+    def disk_full_for_rank_1(fd, view, offset):
+        if threading.current_thread().name == "rank-1":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        pwrite(fd, view, offset)
+
+    monkeypatch.setattr(shards, "_pwrite", disk_full_for_rank_1)
+    errors = commit_with_threads(tmp_path, n, size, payload)
+    assert sorted(errors) == [0, 1] and all("failed on rank 1" in e for e in errors.values())
+    assert "No space left on device" in errors[1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [old.name]  # no new checkpoint, no .tmp
+    assert old.read_bytes() == before
 
 
 @pytest.fixture(scope="module")
