@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -136,7 +137,8 @@ class ThreadWorld(World):
         return out
 
 
-def commit_with_threads(tmp_path, n: int, size: int, payload: np.ndarray, fail_rank: int | None = None):
+def commit_with_threads(tmp_path, n: int, size: int, payload: np.ndarray, fail_rank: int | None = None,
+                        returned: dict | None = None):
     box, barrier, errors = {}, threading.Barrier(size), {}
     direct = [ckpt.DirectIO(True) for _ in range(size)]
 
@@ -155,6 +157,8 @@ def commit_with_threads(tmp_path, n: int, size: int, payload: np.ndarray, fail_r
             commit_shards(ThreadWorld(r, size, box, barrier), tmp_path, 7, n, image, direct[r])
         except ShardFailure as e:
             errors[r] = str(e)
+        if returned is not None:
+            returned[r].set()
 
     threads = [threading.Thread(target=rank, args=(r,), name=f"rank-{r}") for r in range(size)]
     for t in threads:
@@ -203,6 +207,31 @@ def test_a_full_disk_on_one_rank_commits_nothing_and_damages_nothing(tmp_path, m
     assert "No space left on device" in errors[1]
     assert sorted(p.name for p in tmp_path.iterdir()) == [old.name]  # no new checkpoint, no .tmp
     assert old.read_bytes() == before
+
+
+def test_after_a_failed_slice_no_rank_returns_before_the_tmp_is_gone(tmp_path, monkeypatch):
+    """A retry of the same step opens the .tmp again without truncating it: no rank may start one while the
+    failed attempt's file still exists (rank 0 could then delete the retry's bytes)."""
+    n, size = 50_001, 2
+    payload = np.abs(np.random.default_rng(2).standard_normal(3 * n, dtype=np.float32))
+    returned, rank_1_out_at_removal = {r: threading.Event() for r in range(size)}, []
+    unlink = Path.unlink
+
+    def slow_unlink(self, *a, **k):
+        if self.name.endswith(ckpt.TMP_SUFFIX) and threading.current_thread().name == "rank-0":
+            returned[1].wait(1.0)  # gives rank 1 every chance to leave first, were it allowed to
+            rank_1_out_at_removal.append(returned[1].is_set())
+        unlink(self, *a, **k)
+
+    monkeypatch.setattr(Path, "unlink", slow_unlink)
+    errors = commit_with_threads(tmp_path, n, size, payload, fail_rank=1, returned=returned)
+    assert sorted(errors) == [0, 1] and returned[1].is_set()
+    assert rank_1_out_at_removal == [False]
+    assert commit_with_threads(tmp_path, n, size, payload) == {}  # the retry of step 7 lands whole
+    (tmp_path / "one").mkdir()
+    ckpt.commit_checkpoint(tmp_path / "one", 7, payload)
+    name = ckpt.checkpoint_name(7)
+    assert (tmp_path / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
 
 
 @pytest.fixture(scope="module")

@@ -160,6 +160,9 @@ def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardI
         if failed:
             if world.leader:
                 tmp.unlink(missing_ok=True)
+            # Nobody leaves before the .tmp is gone: a later commit of the same step (after a rollback) opens
+            # that name again without truncating it, and must never find this attempt's bytes or lose its own.
+            world.max_ints([0], group="io")
             why = error[0] if error else "see that rank's log"
             raise ShardFailure(f"{final}: checkpoint write failed on rank {failed - 1}: {why}")
 
