@@ -131,7 +131,6 @@ class AndreaCheckpoint:
         self.writer = CheckpointWriter(run_dir, trainer.state.n, trainer.device, self.io_pool,
                                        keep_last=1 << 30, keep_every=0)  # retention off: the bench deletes files
         self.step = 0
-        self.cuda = trainer.device.type == "cuda"
 
     def _timed_step(self) -> float:
         t0 = time.perf_counter()

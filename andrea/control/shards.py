@@ -33,12 +33,16 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from andrea import checkpoint as ckpt
 from andrea.control.writer import CheckpointWriter, CommitResult, aligned_host_buffer
 from andrea.distributed import World
+
+if TYPE_CHECKING:
+    from andrea.trainer import Fence  # a CUDA event or a HostCopy
 
 log = logging.getLogger("andrea.shards")
 
@@ -199,7 +203,7 @@ class ShardedCheckpointWriter(CheckpointWriter):
         self.images = [ShardImage(n, lo, hi, pinned=device.type == "cuda") for _ in range(2)]
         self.staging = [image.views for image in self.images]  # (w[lo:hi], m[lo:hi], v[lo:hi]) per slot
 
-    def _commit(self, slot: int, step: int, fence: torch.cuda.Event | None,
+    def _commit(self, slot: int, step: int, fence: Fence | None,
                 before_commit: Callable[[], None] | None) -> CommitResult:
         t0, cpu0 = time.perf_counter(), time.thread_time()
         if fence is not None:

@@ -30,22 +30,13 @@ class SidecarError(ValueError):
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk must not also keep the half file
-        raise
-    fsync_dir(path.parent)
+    """One file: temporary, fsync, rename, directory fsync (write_many of one)."""
+    write_many({path: data})
 
 
 def write_many(files: dict[Path, bytes]) -> None:
-    """`write_atomic` for several files of one directory with one directory fsync: each temporary file written
-    and fsynced, then each renamed, then the directory fsynced once. Every file is still old-or-new, never half;
+    """Atomic writes of several files with one fsync per directory: each temporary file written and fsynced,
+    then each renamed, then each directory fsynced once. Every file is still old-or-new, never half;
     on return all are durable (what a checkpoint's companions need before its `.bin` is renamed)."""
     tmps = {path: path.with_name(path.name + ".tmp") for path in files}
     try:

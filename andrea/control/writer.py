@@ -32,11 +32,15 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from andrea import checkpoint as ckpt
 from andrea.control import sidecars
+
+if TYPE_CHECKING:
+    from andrea.trainer import Fence  # a CUDA event or a HostCopy
 
 log = logging.getLogger("andrea.writer")
 HUGE_PAGE = 2 << 20  # x86-64 and arm64 (4 KiB base pages) transparent huge page size
@@ -109,7 +113,7 @@ class CheckpointWriter:
         await asyncio.wait([f for f in self._busy if f is not None], return_when=asyncio.FIRST_COMPLETED)
         return await self.free_slot()
 
-    def start_commit(self, slot: int, step: int, fence: torch.cuda.Event | None,
+    def start_commit(self, slot: int, step: int, fence: Fence | None,
                      before_commit: Callable[[], None] | None = None) -> asyncio.Future:
         """Schedule the commit of staging buffer `slot` (snapshot of `step`) on the I/O thread.
 
@@ -122,7 +126,7 @@ class CheckpointWriter:
         fut.add_done_callback(self._finished)
         return fut
 
-    def _commit(self, slot: int, step: int, fence: torch.cuda.Event | None,
+    def _commit(self, slot: int, step: int, fence: Fence | None,
                 before_commit: Callable[[], None] | None) -> CommitResult:
         t0, cpu0 = time.perf_counter(), time.thread_time()
         try:
