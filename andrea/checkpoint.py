@@ -29,6 +29,9 @@ Commit protocol (a checkpoint is trusted only when its commit completed), the sa
 `step_NNNNNN.bin.tmp`, fsync it, rename it onto `step_NNNNNN.bin`, fsync the directory (`publish_checkpoint`).
 A crash at any point leaves either the old set of checkpoints or the old set plus the complete new one; a
 `.tmp` is never read as a checkpoint and is removed at the next start. A failed write removes its `.tmp`.
+The `.tmp` may start out as the run directory's spare, a checkpoint retention released, renamed onto it so the
+write overwrites allocated blocks instead of allocating new ones (andrea/spare.py); the O_DIRECT write covers
+every byte of the file and the ftruncate sets its length, so nothing of the released checkpoint survives.
 
 Validation, cheapest first: the name parses; the size is 8 + 12·n; the header step equals the name's step;
 n_params equals the model's; (deep) every float is finite and v ≥ 0.
@@ -46,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from andrea import spare
 
 HEADER = struct.Struct("<ii")
 NAME_RE = re.compile(r"^step_(\d{6,})\.bin$")
@@ -226,7 +231,8 @@ class _Refused(Exception):
 def _write_direct(path: str | Path, padded: memoryview, size: int) -> None:
     """O_DIRECT write of the aligned `padded` image, ftruncate to `size`, fsync (the size and the disk cache)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+        # Never O_TRUNC: a claimed spare keeps its blocks; the image covers [0, size) and the ftruncate cuts.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
     except OSError as e:
         if e.errno == errno.EINVAL:
             raise _Refused("open") from e
@@ -286,7 +292,8 @@ def commit_image(run_dir: str | Path, step: int, image, n_params: int, *, direct
                  before_rename: Callable[[], None] | None = None) -> Path:
     """Durably write `step_NNNNNN.bin` from a staged image: `[w | m | v]` at byte 8 (see `aligned_image`).
 
-    Writes the header into the image's first 8 bytes, then tmp -> fsync -> rename -> directory fsync.
+    Writes the header into the image's first 8 bytes, then tmp (the run directory's spare when it has one)
+    -> fsync -> rename -> directory fsync.
     `before_rename` runs when the temporary file is complete and fsynced (the fault suite's hook).
     On any error the temporary file is removed and the exception propagates; existing checkpoints are untouched.
     """
@@ -299,6 +306,7 @@ def commit_image(run_dir: str | Path, step: int, image, n_params: int, *, direct
     final = run_dir / checkpoint_name(step)
     tmp = final.with_name(final.name + TMP_SUFFIX)
     try:
+        spare.claim(tmp)
         write_image(tmp, view, size, direct)
         if before_rename is not None:
             before_rename()

@@ -8,17 +8,21 @@ other round, so a drift of the disk within a round cancels), after an untimed wa
                    staging image; commit = checkpoint.commit_image (O_DIRECT when the filesystem takes it, +
                    ftruncate + fsync + rename + directory fsync).
     N writers      every rank, as the ShardedCheckpointWriter (andrea/control/shards.py): snapshot = memcpy of its
-                   12·n/N bytes of slices into its ShardImage; commit = shards.commit_shards (rank 0 creates the
-                   sized .tmp, every rank writes its slices, O_DIRECT for their block-aligned middles, + fsync,
-                   rank 0 renames): rank 0's wall time from a barrier to its return, which its last agreement
-                   holds back until every rank's part is done (a trailing barrier would add a collective's latency
-                   that the one writer does not pay); stall = the slowest rank's snapshot.
+                   12·n/N bytes of slices into its ShardImage; commit = shards.commit_shards (every rank writes its
+                   slices into the one .tmp, O_DIRECT for their block-aligned middles, + fsync; rank 0 adds the
+                   header, sets the length and renames): rank 0's wall time from a barrier to its return, which
+                   its last agreement holds back until every rank's part is done (a trailing barrier would add a
+                   collective's latency that the one writer does not pay); stall = the slowest rank's snapshot.
+    ..., spare     both again into the run directory's spare (andrea/spare.py): each commit's file is then
+                   released the way retention releases one, and the next commit of that pair overwrites its
+                   blocks. Every commit of a run after its first keep_last + 1 is this case.
     ..., buffered  both again with O_DIRECT off (a filesystem that refuses it), the like-for-like pair.
-Printed: per method the median stall and commit seconds, throughput = checkpoint bytes / commit seconds, and the
+The other pairs write fresh files (the spare pair has a directory of its own). Printed: per method the median stall and commit seconds, throughput = checkpoint bytes / commit seconds, and the
 ratios N writers / one writer (throughput: > 1 is faster; stall: < 1 is shorter). The files are checked
 byte-identical across methods (the format knows nothing of world size). Timings describe this machine; nothing
 here fails on them. Files go to a fresh temporary directory under `--dir` (default: beside the repository; not
-/dev/shm, which would measure RAM), flushed with os.sync() and deleted between methods, removed at the end.
+/dev/shm, which would measure RAM), flushed with os.sync() and deleted (the spare pair: released) between
+methods, removed at the end.
 
     python bench/checkpoint_dist.py --preset andrea-12m --writers 2
     python bench/checkpoint_dist.py --synthetic-params 120000000 --writers 4 --repeats 3 --dir /mnt/nvme/tmp
@@ -45,13 +49,13 @@ import torch.multiprocessing as mp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from andrea import checkpoint as ckpt  # noqa: E402
+from andrea import checkpoint as ckpt, spare  # noqa: E402
 from andrea.control.shards import ShardImage, commit_shards  # noqa: E402
 from andrea.control.writer import staging_image  # noqa: E402
 from andrea.distributed import World, shard_bounds  # noqa: E402
 
 
-METHODS = ("one", "one buffered", "sharded", "sharded buffered")
+METHODS = ("one", "one buffered", "one spare", "sharded", "sharded buffered", "sharded spare")
 
 
 def state(n: int) -> np.ndarray:
@@ -70,7 +74,7 @@ def worker(rank: int, size: int, port: int, n: int, repeats: int, out_dir: str, 
     torch.set_num_threads(1)
     world = World(rank, size, rank)
     world.init(torch.device("cpu"))
-    run_dir = Path(out_dir)
+    fresh, recycled = Path(out_dir) / "fresh", Path(out_dir) / "spare"
     flat = torch.from_numpy(state(n))
     lo, hi = shard_bounds(n, size, rank)
     mine = (flat[lo:hi], flat[n + lo:n + hi], flat[2 * n + lo:2 * n + hi])
@@ -82,7 +86,7 @@ def worker(rank: int, size: int, port: int, n: int, repeats: int, out_dir: str, 
     for rnd in range(repeats + 1):
         row = {}
         for method in METHODS if rnd % 2 == 0 else METHODS[::-1]:  # reversed every other round: drift cancels
-            step = rnd
+            step, run_dir = rnd, recycled if method.endswith("spare") else fresh
             world.barrier()
             if method.startswith("sharded"):
                 t0 = time.perf_counter()
@@ -91,7 +95,7 @@ def worker(rank: int, size: int, port: int, n: int, repeats: int, out_dir: str, 
                 stall = time.perf_counter() - t0
                 world.barrier()
                 t1 = time.perf_counter()
-                path = commit_shards(world, run_dir, step, n, staging, ckpt.DirectIO(method == "sharded"))
+                path = commit_shards(world, run_dir, step, n, staging, ckpt.DirectIO("buffered" not in method))
                 commit = time.perf_counter() - t1  # rank 0's: its last agreement returns after every rank's part
                 stall = max(world.gather(stall))
             elif world.leader:
@@ -100,12 +104,15 @@ def worker(rank: int, size: int, port: int, n: int, repeats: int, out_dir: str, 
                 stall = time.perf_counter() - t0
                 t1 = time.perf_counter()
                 path = ckpt.commit_image(run_dir, step, image.numpy(), n,
-                                         direct=ckpt.DirectIO(method == "one"))
+                                         direct=ckpt.DirectIO("buffered" not in method))
                 commit = time.perf_counter() - t1
             world.barrier()
             if world.leader:
                 digests[method] = digest(path)
-                path.unlink()
+                if run_dir == recycled:
+                    assert spare.retire(path), "this filesystem keeps no spare (no leases): no spare pair here"
+                else:
+                    path.unlink()
                 os.sync()
                 row[method] = (stall, commit)
         if rnd and world.leader:  # round 0 is the warm-up
@@ -134,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         n, what = n_params(layout_for(config.load(preset=preset).model)), preset
     nbytes = ckpt.checkpoint_bytes(n)
     out = Path(tempfile.mkdtemp(prefix="andrea-ckdist-", dir=args.dir or REPO))
+    (out / "fresh").mkdir()
+    (out / "spare").mkdir()
     try:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -150,13 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"## Sharded checkpoint commit: {what}, {nbytes / 1e6:.1f} MB, {args.writers} writers, "
           f"{args.repeats} rounds, in {args.dir or REPO}\n")
     print("| method | stall s | commit s | throughput GB/s |\n|---|---|---|---|")
-    label = {"one": "one writer", "one buffered": "one writer, buffered", "sharded": f"{args.writers} writers",
-             "sharded buffered": f"{args.writers} writers, buffered"}
+    label = {"one": "one writer", "one buffered": "one writer, buffered", "one spare": "one writer, spare",
+             "sharded": f"{args.writers} writers", "sharded buffered": f"{args.writers} writers, buffered",
+             "sharded spare": f"{args.writers} writers, spare"}
     for m, (stall, commit) in med.items():
         print(f"| {label[m]} | {stall:.4f} | {commit:.3f} | {nbytes / commit / 1e9:.2f} |")
     same = len(set(digests.values())) == 1
     print(f"\nbyte-identical files across methods: {same}")
-    for mine, base in (("sharded", "one"), ("sharded buffered", "one buffered")):
+    for mine, base in (("sharded spare", "one spare"), ("sharded", "one"), ("sharded buffered", "one buffered"),
+                       ("one spare", "one")):
         thr = statistics.median(r[base][1] / r[mine][1] for r in rows)
         stall = statistics.median(r[mine][0] / r[base][0] for r in rows)
         print(f"{label[mine]} / {label[base]}: throughput x{thr:.2f}, stall x{stall:.2f} (per-round medians)")

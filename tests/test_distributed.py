@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from andrea import checkpoint as ckpt
+from andrea import checkpoint as ckpt, spare
 from andrea.control import shards
 from andrea.control.shards import ShardFailure, ShardImage, commit_shards
 from andrea.distributed import World, shard_bounds
@@ -138,7 +138,7 @@ class ThreadWorld(World):
 
 
 def commit_with_threads(tmp_path, n: int, size: int, payload: np.ndarray, fail_rank: int | None = None,
-                        returned: dict | None = None):
+                        returned: dict | None = None, **hooks):
     box, barrier, errors = {}, threading.Barrier(size), {}
     direct = [ckpt.DirectIO(True) for _ in range(size)]
 
@@ -154,7 +154,7 @@ def commit_with_threads(tmp_path, n: int, size: int, payload: np.ndarray, fail_r
         if r == fail_rank:
             image.offsets[0] = -1  # an impossible pwrite offset: this rank's write fails (EINVAL)
         try:
-            commit_shards(ThreadWorld(r, size, box, barrier), tmp_path, 7, n, image, direct[r])
+            commit_shards(ThreadWorld(r, size, box, barrier), tmp_path, 7, n, image, direct[r], **hooks)
         except ShardFailure as e:
             errors[r] = str(e)
         if returned is not None:
@@ -232,6 +232,64 @@ def test_after_a_failed_slice_no_rank_returns_before_the_tmp_is_gone(tmp_path, m
     ckpt.commit_checkpoint(tmp_path / "one", 7, payload)
     name = ckpt.checkpoint_name(7)
     assert (tmp_path / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
+
+
+def released_spare(tmp_path, n: int) -> int:
+    """A checkpoint of another step, committed and released by retention: the run directory's spare (inode)."""
+    old = ckpt.commit_checkpoint(tmp_path, 3, np.ones(3 * n, dtype=np.float32))
+    assert spare.retire(old)
+    return (tmp_path / spare.SPARE_NAME).stat().st_ino
+
+
+@pytest.mark.parametrize("first", ["rank 1 opens spare.ckpt", "rank 0 renames it onto the .tmp"])
+def test_a_sharded_commit_writes_into_the_spare_whichever_name_rank_1_finds(tmp_path, monkeypatch, first):
+    """Rank 0 renames the spare onto step_7.bin.tmp as its commit starts; rank 1 opens it without a word with
+    rank 0, before that rename or after: either way every rank writes into the spare's blocks."""
+    n, size = 50_001, 2
+    payload = np.abs(np.random.default_rng(3).standard_normal(3 * n, dtype=np.float32))
+    ino = released_spare(tmp_path, n)
+    claim, open_for_commit = spare.claim, spare.open_for_commit
+    opened, claimed, names = threading.Event(), threading.Event(), []
+
+    def claim_in_order(tmp):
+        if first == "rank 1 opens spare.ckpt":
+            assert opened.wait(10)
+        out = claim(tmp)
+        claimed.set()
+        return out
+
+    def open_in_order(tmp):
+        if first != "rank 1 opens spare.ckpt":
+            assert claimed.wait(10)
+        fd = open_for_commit(tmp)
+        names.append(Path(os.readlink(f"/proc/self/fd/{fd}")).name)  # the name it was opened by, right now
+        opened.set()
+        return fd
+
+    monkeypatch.setattr(spare, "claim", claim_in_order)
+    monkeypatch.setattr(spare, "open_for_commit", open_in_order)
+    assert commit_with_threads(tmp_path, n, size, payload) == {}
+    assert names == [spare.SPARE_NAME if first == "rank 1 opens spare.ckpt" else "step_000007.bin.tmp"]
+    final = tmp_path / ckpt.checkpoint_name(7)
+    assert final.stat().st_ino == ino
+    (tmp_path / "one").mkdir()
+    assert final.read_bytes() == ckpt.commit_checkpoint(tmp_path / "one", 7, payload).read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", final.name]  # the spare became step 7
+
+
+def test_retention_retires_the_spare_before_any_rank_can_start_its_next_commit(tmp_path):
+    """Rank 1 opens `spare.ckpt` by name at its next commit, so the spare retention makes must exist before
+    rank 1 leaves this one: rank 0 runs retention before the last agreement."""
+    n, size = 50_001, 2
+    payload = np.abs(np.random.default_rng(4).standard_normal(3 * n, dtype=np.float32))
+    returned, rank_1_out_at_retention = {r: threading.Event() for r in range(size)}, []
+
+    def retention():
+        returned[1].wait(1.0)  # gives rank 1 every chance to leave first, were it allowed to
+        rank_1_out_at_retention.append(returned[1].is_set())
+
+    assert commit_with_threads(tmp_path, n, size, payload, returned=returned, after_publish=retention) == {}
+    assert rank_1_out_at_retention == [False]
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,15 @@ v (andrea/zero.py); a rank's staging buffer (ShardImage) holds its w[lo:hi], m[l
 
 The commit, on every rank's I/O thread, two tiny agreements on the `io` group (andrea/distributed.py):
     rank 0     before_commit (ledger fsync, companions), while the other ranks already write
-    every rank open `step_N.bin.tmp` (created by whichever rank comes first; never truncated, since another
-               rank may already have written into it); pwrite its three slices at 8 + 4·lo, 8 + 4·(n + lo),
-               8 + 4·(2n + lo) (rank 0 also the header, and sets the length 8 + 12·n); fsync
+    every rank open the file: rank 0 renames the spare onto `step_N.bin.tmp`, the others open it by
+               either name (andrea/spare.py); with no spare, whichever rank comes first creates the `.tmp`.
+               Never truncated: another rank may already have written into it. pwrite its three slices at
+               8 + 4·lo, 8 + 4·(n + lo), 8 + 4·(2n + lo) (rank 0 also the header, and sets the length
+               8 + 12·n); fsync
     agree 1    (every slice and companion is durable, or someone failed: rank 0 removes the .tmp)
-    rank 0     rename onto `step_N.bin`, fsync the directory (checkpoint.publish_checkpoint)
-    agree 2    (everyone learns the outcome: the same `last_committed` on every rank, so the same decisions);
-               then rank 0 applies retention
+    rank 0     rename onto `step_N.bin`, fsync the directory (checkpoint.publish_checkpoint); retention
+               (a released checkpoint becomes the spare, andrea/spare.py)
+    agree 2    (everyone learns the outcome: the same `last_committed` on every rank, so the same decisions)
 The atomic protocol of one process, unchanged: the rename is the commit point, and it happens only after every
 slice is fsynced. Every byte of [0, 8 + 12·n) is written by exactly one rank (the header and each slice), so the
 `.tmp` needs no agreement before the writes: no rank waits for another to create it, nor for rank 0's
@@ -28,6 +30,7 @@ Failure: agreement values carry rank + 1 of a failing rank (MAX), so every rank 
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import time
@@ -37,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from andrea import checkpoint as ckpt
+from andrea import checkpoint as ckpt, spare
 from andrea.control.writer import CheckpointWriter, CommitResult, aligned_host_buffer
 from andrea.distributed import World
 
@@ -97,23 +100,30 @@ def _pwrite(fd: int, view: memoryview, offset: int) -> None:
             written += os.pwrite(fd, chunk[written:], offset + lo + written)
 
 
-def write_into(path: Path, pieces: list[tuple[int, memoryview, bool]], direct: ckpt.DirectIO,
-               size: int | None = None) -> None:
-    """pwrite the pieces into the shared file, created if no rank has yet, the aligned ones first and with
-    O_DIRECT while the filesystem takes it (a refusal: said once, then buffered), then the rest buffered; with
-    `size` (rank 0) set the file's length; fsync.
+def write_into(path: Path, pieces: list[tuple[int, memoryview, bool]], direct: ckpt.DirectIO, *,
+               leader: bool, size: int | None = None) -> None:
+    """pwrite the pieces into the shared file, the aligned ones first and with O_DIRECT while the filesystem
+    takes it (a refusal: said once, then buffered), then the rest buffered; with `size` (rank 0) set the file's
+    length; fsync.
 
-    Never O_TRUNC (other ranks write into the same file) and no preallocation: with every rank writing from the
-    first moment, a fallocate(2) of the whole file competes with their writes for the inode (measured on ext4:
-    2 writers at 0.92-0.94x one writer's throughput with a preallocated file, 0.96x without). A full disk fails
-    some rank's write instead, and the agreement removes the `.tmp`. fsync is per file, whichever descriptor
-    wrote: each rank's covers its own pieces."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    The file: rank 0 claims the run directory's spare onto `path` and opens that; the others open the spare by
+    whichever name it has at that moment (spare.open_for_commit); with no spare, whichever rank comes first
+    creates `path`. Never O_TRUNC (other ranks write into the same file; the spare's blocks are the point) and no
+    preallocation: with every rank writing from the first moment, a fallocate(2) of the whole file competes with
+    their writes for the inode (measured on ext4: 2 writers at 0.92-0.94x one writer's throughput with a
+    preallocated fresh file, 0.96x without). A full disk fails some rank's write instead, and the agreement
+    removes the `.tmp`. fsync is per file, whichever descriptor wrote: each rank's covers its own pieces."""
+    if leader:
+        spare.claim(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    else:
+        fd = spare.open_for_commit(path)
     try:
         aligned = [(off, view) for off, view, ok in pieces if ok]
         if direct.enabled and aligned:
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
             try:
-                dfd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+                fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT)
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
@@ -122,14 +132,14 @@ def write_into(path: Path, pieces: list[tuple[int, memoryview, bool]], direct: c
                 try:
                     for i, (off, view) in enumerate(aligned):
                         try:
-                            _pwrite(dfd, view, off)
+                            _pwrite(fd, view, off)
                         except OSError as e:
                             if i or e.errno != errno.EINVAL:
                                 raise
                             direct.refuse(path, "first write", e)
                             break
                 finally:
-                    os.close(dfd)
+                    fcntl.fcntl(fd, fcntl.F_SETFL, flags)
         for off, view, ok in pieces:
             if not (ok and direct.enabled):
                 _pwrite(fd, view, off)
@@ -146,9 +156,12 @@ class ShardFailure(Exception):
 
 def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardImage, direct: ckpt.DirectIO, *,
                   before_commit: Callable[[], None] | None = None,
-                  before_rename: Callable[[], None] | None = None) -> Path:
+                  before_rename: Callable[[], None] | None = None,
+                  after_publish: Callable[[], None] | None = None) -> Path:
     """Every rank calls this with its staged slices; returns the committed path or raises ShardFailure on
-    every rank alike. `before_commit` and `before_rename` run on rank 0 only."""
+    every rank alike. The hooks run on rank 0 only; `after_publish` (retention) runs once the checkpoint is
+    committed and before the last agreement, so a spare it retires exists before any rank's next commit opens
+    one; its errors are logged, never the commit's."""
     final = run_dir / ckpt.checkpoint_name(step)
     tmp = final.with_name(final.name + ckpt.TMP_SUFFIX)
     error: list[str] = []
@@ -176,7 +189,7 @@ def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardI
             if before_commit is not None:  # durable before the rename; its fsyncs overlap the others' writes
                 before_commit()
             pieces, size = pieces + [(0, memoryview(ckpt.header(step, n)), False)], ckpt.checkpoint_bytes(n)
-        write_into(tmp, pieces, direct, size)
+        write_into(tmp, pieces, direct, leader=world.leader, size=size)
 
     def publish() -> None:
         if before_rename is not None:
@@ -187,6 +200,11 @@ def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardI
     agree()
     if world.leader:
         attempt(publish)
+        if not error and after_publish is not None:
+            try:
+                after_publish()
+            except OSError as e:  # the checkpoint is committed; an old one left behind is only space
+                log.error("%s: retention after %s failed: %s", run_dir, final.name, e)
     agree()
     return final
 
@@ -212,12 +230,8 @@ class ShardedCheckpointWriter(CheckpointWriter):
         hold = (lambda: time.sleep(self.delay)) if self.delay else None
         try:
             path = commit_shards(self.world, self.run_dir, step, self.total_n, self.images[slot], self.direct,
-                                 before_commit=before_commit, before_rename=hold)
-            if self.world.leader:
-                try:
-                    self._apply_retention()
-                except OSError as e:  # the checkpoint is committed; an old one left behind is only space
-                    log.error("%s: retention after %s failed: %s", self.run_dir, path.name, e)
+                                 before_commit=before_commit, before_rename=hold,
+                                 after_publish=self._apply_retention)
             return CommitResult(step, path, time.perf_counter() - t0, cpu_seconds=time.thread_time() - cpu0,
                                 direct=self.direct.enabled)
         except ShardFailure as e:

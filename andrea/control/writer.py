@@ -1,7 +1,8 @@
 """Asynchronous checkpoints: snapshot `[w | m | v]` into a staging buffer, commit it on the I/O thread.
 
-Writes `step_NNNNNN.bin` (format and commit protocol: andrea/checkpoint.py) and deletes what retention
-releases, with each checkpoint's companion files (`step_NNNNNN.*.json`, written by `before_commit`).
+Writes `step_NNNNNN.bin` (format and commit protocol: andrea/checkpoint.py) and removes what retention
+releases, with each checkpoint's companion files (`step_NNNNNN.*.json`, written by `before_commit`): a released
+`.bin` becomes `spare.ckpt`, whose blocks the next commit overwrites (andrea/spare.py).
 
 Cost to the training loop: only the snapshot, a copy into a preallocated staging buffer hidden behind the
 next forward and backward (Trainer.snapshot): on CUDA a non-blocking device-to-host copy into pinned memory on
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from andrea import checkpoint as ckpt
+from andrea import checkpoint as ckpt, spare
 from andrea.control import sidecars
 
 if TYPE_CHECKING:
@@ -165,7 +166,7 @@ class CheckpointWriter:
     def _apply_retention(self) -> None:
         steps = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
         for step in ckpt.retention_victims(steps, self.keep_last, self.keep_every, self.protected()):
-            (self.run_dir / ckpt.checkpoint_name(step)).unlink(missing_ok=True)
+            spare.retire(self.run_dir / ckpt.checkpoint_name(step))  # each replaces the one before
             self._remove_companions(step)
 
     def _remove_companions(self, step: int) -> None:

@@ -1,0 +1,99 @@
+"""The spare: the checkpoint retention releases, kept under `spare.ckpt` so the next commit overwrites its blocks.
+
+Reads nothing; renames and unlinks files in a run directory. `spare.ckpt` is not a checkpoint: its name is not
+`step_NNNNNN.bin`, so nothing lists, validates or loads it (andrea/checkpoint.py), and its bytes are whatever the
+last commit into it left (a released checkpoint, or a commit that was interrupted).
+
+Why. A checkpoint written into a fresh file makes the filesystem allocate every block as the O_DIRECT writes
+arrive: on ext4 each write into unallocated space journals new extents and takes the inode exclusively, so the
+ZeRO-1 ranks writing one file take turns. Overwriting blocks that are already allocated is a pure data write:
+no allocation, no extent journal, and the ranks' writes run side by side. Measured on this repository's CI disk
+(ext4 on virtio, ANDREA-12M, `bench/checkpoint_dist.py`): one writer's commit 45 ms into a fresh file, 30 ms
+into the spare; two ranks 46 ms and 30 ms. Retention's unlink of a large file (freeing its extents) becomes a
+rename.
+
+The cycle, on the commit's I/O thread (rank 0's in a ZeRO-1 run):
+    retire   retention releases `step_K.bin`: rename it onto `spare.ckpt` (an older spare goes, as an unlink
+             would take it), then keep it only if no other process has the file open (below); else unlink it.
+    claim    the next commit renames `spare.ckpt` onto its `step_N.bin.tmp`, then writes every byte of
+             [0, 8 + 12·n) and sets the length: nothing of the released checkpoint survives. The atomic protocol
+             is unchanged (write, fsync, rename, directory fsync); only the `.tmp` starts out allocated.
+Disk space: between commits the spare is one checkpoint more on disk; during a commit it is the `.tmp`, so the
+peak (K checkpoints and the one being written) is what it was without it.
+
+Readers. Unlinking a file never disturbs a process that has it open: it keeps reading the old bytes. Overwriting
+does. So a released checkpoint becomes the spare only if, once renamed (no one can open it by its old name any
+more), no other open file or mapping refers to it: Linux grants a write lease exactly then (fcntl(2)
+F_SETLEASE). An operator's `rsync` or `andrea export` of an old checkpoint, running as retention releases it,
+keeps its bytes. A filesystem that cannot tell (no leases: NFS and other network filesystems) never keeps a
+spare, and every commit writes a fresh file, as without recycling. The lease is only a question: it is released
+as soon as it is granted, and a break in that instant is signalled with SIGURG (ignored by default), never the
+SIGIO that would end the process.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import signal
+from pathlib import Path
+
+SPARE_NAME = "spare.ckpt"
+
+
+def spare_path(run_dir: Path) -> Path:
+    return Path(run_dir) / SPARE_NAME
+
+
+def retire(path: Path) -> bool:
+    """Retention's removal of the checkpoint at `path`: it becomes the spare when no one else has it open,
+    else it is unlinked. True when it became the spare. Missing: nothing to do (False)."""
+    spare = spare_path(path.parent)
+    try:
+        os.rename(path, spare)
+    except FileNotFoundError:
+        return False
+    if _unshared(spare):
+        return True
+    spare.unlink(missing_ok=True)
+    return False
+
+
+def claim(tmp: Path) -> bool:
+    """Rename the run directory's spare onto `tmp`, the temporary file a commit is about to write; False when
+    there is none. The writer must open `tmp` without O_TRUNC and write every byte of the checkpoint."""
+    try:
+        os.rename(spare_path(tmp.parent), tmp)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def open_for_commit(tmp: Path) -> int:
+    """A ZeRO-1 rank other than 0: an O_WRONLY descriptor of the file the commit writes into, without a word
+    with rank 0. Rank 0 claims the spare (renames it onto `tmp`) as its commit starts, so the spare is open by
+    one name or the other: `spare.ckpt` before that rename, `tmp` after. Absent under its own name, it stays
+    absent until this commit ends (only retire creates one, on rank 0, before the previous commit's last
+    agreement), so `tmp` is then the spare or a fresh file, created by whichever rank comes first."""
+    try:
+        return os.open(spare_path(tmp.parent), os.O_WRONLY)
+    except FileNotFoundError:
+        return os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o644)
+
+
+def _unshared(path: Path) -> bool:
+    """True when no open file description but ours refers to `path`'s inode: a write lease is granted only
+    then (readers' descriptors and mappings count). EAGAIN: someone has it open; EINVAL, ENOLCK and the
+    like: this filesystem cannot tell, so the answer is no."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)  # a lease break in the instant we hold it: ignored
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+    except OSError as e:
+        if e.errno not in (errno.EAGAIN, errno.EINVAL, errno.ENOLCK, errno.EACCES, errno.ENOSYS, errno.EPERM):
+            raise
+        return False
+    finally:
+        os.close(fd)  # releases the lease
+    return True
