@@ -12,7 +12,7 @@ Format (SPEC §3, fixed: other tools read it). Five contiguous regions, little-e
 
 The name is `step_` + the step zero-padded to 6 digits (more digits past 999,999) + `.bin`. The trainer keeps
 `[w | m | v]` as one contiguous fp32 buffer, so the payload is that buffer's bytes: one copy, one write.
-`write_regions` takes (byte offset, bytes) pieces so a ZeRO-1 rank can write only its slice of each region.
+`write_regions` writes (byte offset, bytes) pieces buffered: the fallback path, and tools.
 
 Writing at the disk's limit (O_DIRECT). O_DIRECT moves bytes from user memory to the device with no page-cache
 copy (a few ms of CPU for 150 MB instead of tens to hundreds), but wants the buffer address, the file offset and
@@ -275,8 +275,8 @@ def write_image(path: str | Path, image, size: int, direct: DirectIO) -> None:
 def publish_checkpoint(tmp: str | Path, final: str | Path) -> Path:
     """The commit point: rename a complete, fsynced `.tmp` onto its checkpoint name, then fsync the directory.
 
-    A failed rename removes the `.tmp` and propagates. ZeRO-1: rank 0 calls this after the barrier that follows
-    every rank's `write_regions` into the shared `.tmp`.
+    A failed rename removes the `.tmp` and propagates. ZeRO-1: rank 0 calls this after the agreement that every
+    rank's blocks of the shared `.tmp` are durable (andrea/control/shards.py).
     """
     tmp, final = Path(tmp), Path(final)
     try:

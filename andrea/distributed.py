@@ -158,6 +158,16 @@ class World:
         dist.all_gather_object(out, obj, group=self.groups["control"])
         return out
 
+    def all_gather_bytes(self, t: torch.Tensor, group: str = "io") -> list[torch.Tensor]:
+        """Every rank's `t` (a small uint8 tensor of the same shape on every rank), in rank order (one gloo
+        all-gather)."""
+        if not self.distributed:
+            return [t]
+        import torch.distributed as dist
+        out = [torch.empty_like(t) for _ in range(self.size)]
+        dist.all_gather(out, t, group=self.groups[group])
+        return out
+
     def max_ints(self, values: list[int], group: str = "control") -> list[int]:
         """Elementwise MAX over ranks of a short int64 vector (one tiny gloo all-reduce)."""
         if not self.distributed:

@@ -17,7 +17,9 @@ The cycle, on the commit's I/O thread (rank 0's in a ZeRO-1 run):
              would take it), then keep it only if no other process has the file open (below); else unlink it.
     claim    the next commit renames `spare.ckpt` onto its `step_N.bin.tmp`, then writes every byte of
              [0, 8 + 12·n) and sets the length: nothing of the released checkpoint survives. The atomic protocol
-             is unchanged (write, fsync, rename, directory fsync); only the `.tmp` starts out allocated.
+             is unchanged (write, fsync, rename, directory fsync); only the `.tmp` starts out allocated. In a
+             ZeRO-1 run rank 0 claims before the exchange that starts the commit, and the other ranks open
+             the `.tmp` only after it (andrea/control/shards.py).
 Disk space: between commits the spare is one checkpoint more on disk; during a commit it is the `.tmp`, so the
 peak (K checkpoints and the one being written) is what it was without it.
 
@@ -68,18 +70,6 @@ def claim(tmp: Path) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def open_for_commit(tmp: Path) -> int:
-    """A ZeRO-1 rank other than 0: an O_WRONLY descriptor of the file the commit writes into, without a word
-    with rank 0. Rank 0 claims the spare (renames it onto `tmp`) as its commit starts, so the spare is open by
-    one name or the other: `spare.ckpt` before that rename, `tmp` after. Absent under its own name, it stays
-    absent until this commit ends (only retire creates one, on rank 0, before the previous commit's last
-    agreement), so `tmp` is then the spare or a fresh file, created by whichever rank comes first."""
-    try:
-        return os.open(spare_path(tmp.parent), os.O_WRONLY)
-    except FileNotFoundError:
-        return os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o644)
 
 
 def _unshared(path: Path) -> bool:

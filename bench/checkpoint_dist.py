@@ -50,7 +50,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from andrea import checkpoint as ckpt, spare  # noqa: E402
-from andrea.control.shards import ShardImage, commit_shards  # noqa: E402
+from andrea.control.shard_layout import ShardImage  # noqa: E402
+from andrea.control.shards import commit_shards  # noqa: E402
 from andrea.control.writer import staging_image  # noqa: E402
 from andrea.distributed import World, shard_bounds  # noqa: E402
 
@@ -78,7 +79,7 @@ def worker(rank: int, size: int, port: int, n: int, repeats: int, out_dir: str, 
     flat = torch.from_numpy(state(n))
     lo, hi = shard_bounds(n, size, rank)
     mine = (flat[lo:hi], flat[n + lo:n + hi], flat[2 * n + lo:2 * n + hi])
-    staging = ShardImage(n, lo, hi, pinned=False)
+    staging = ShardImage(n, size, rank, pinned=False)
     if world.leader:
         image = staging_image(n, pinned=False)
         full = image[ckpt.HEADER.size:ckpt.HEADER.size + 12 * n].view(torch.float32)
@@ -168,9 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nbyte-identical files across methods: {same}")
     for mine, base in (("sharded spare", "one spare"), ("sharded", "one"), ("sharded buffered", "one buffered"),
                        ("one spare", "one")):
-        thr = statistics.median(r[base][1] / r[mine][1] for r in rows)
+        thr = [r[base][1] / r[mine][1] for r in rows]
         stall = statistics.median(r[mine][0] / r[base][0] for r in rows)
-        print(f"{label[mine]} / {label[base]}: throughput x{thr:.2f}, stall x{stall:.2f} (per-round medians)")
+        q1, _, q3 = statistics.quantiles(thr, n=4) if len(thr) > 1 else (thr[0],) * 3
+        print(f"{label[mine]} / {label[base]}: throughput x{statistics.median(thr):.2f} (quartiles "
+              f"{q1:.2f}-{q3:.2f}), stall x{stall:.2f} (per-round medians)")
     if args.json:
         Path(args.json).write_text(json.dumps({"n_params": n, "bytes": nbytes, "writers": args.writers,
                                                "rounds": rows, "identical": same}, indent=1))
