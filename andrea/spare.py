@@ -7,14 +7,15 @@ last commit into it left (a released checkpoint, or a commit that was interrupte
 Why. A checkpoint written into a fresh file makes the filesystem allocate every block as the O_DIRECT writes
 arrive: on ext4 each write into unallocated space journals new extents and takes the inode exclusively, so the
 ZeRO-1 ranks writing one file take turns. Overwriting blocks that are already allocated is a pure data write:
-no allocation, no extent journal, and the ranks' writes run side by side. Measured on this repository's CI disk
-(ext4 on virtio, ANDREA-12M, `bench/checkpoint_dist.py`): one writer's commit 45 ms into a fresh file, 30 ms
-into the spare; two ranks 46 ms and 30 ms. Retention's unlink of a large file (freeing its extents) becomes a
-rename.
+no allocation, no extent journal, and the ranks' writes run side by side. Measured on this repository's CI
+machine (ext4 on a virtual disk, ANDREA-12M, `bench/checkpoint_dist.py`): one writer's commit 1.6-2x faster
+into the spare than into a new file (0.036 s against 0.072 s), part of it the virtual disk's own cost of first
+writes. Retention's unlink of a large file (freeing its extents) becomes a rename.
 
 The cycle, on the commit's I/O thread (rank 0's in a ZeRO-1 run):
     retire   retention releases `step_K.bin`: rename it onto `spare.ckpt` (an older spare goes, as an unlink
-             would take it), then keep it only if no other process has the file open (below); else unlink it.
+             would take it), then keep it only if it has no other name and no other process has it open
+             (below); else unlink it.
     claim    the next commit renames `spare.ckpt` onto its `step_N.bin.tmp`, then writes every byte of
              [0, 8 + 12·n) and sets the length: nothing of the released checkpoint survives. The atomic protocol
              is unchanged (write, fsync, rename, directory fsync); only the `.tmp` starts out allocated. In a
@@ -23,9 +24,10 @@ The cycle, on the commit's I/O thread (rank 0's in a ZeRO-1 run):
 Disk space: between commits the spare is one checkpoint more on disk; during a commit it is the `.tmp`, so the
 peak (K checkpoints and the one being written) is what it was without it.
 
-Readers. Unlinking a file never disturbs a process that has it open: it keeps reading the old bytes. Overwriting
-does. So a released checkpoint becomes the spare only if, once renamed (no one can open it by its old name any
-more), no other open file or mapping refers to it: Linux grants a write lease exactly then (fcntl(2)
+Readers. Unlinking a file never disturbs a process that has it open, nor another name of it: they keep the old
+bytes. Overwriting does. So a released checkpoint becomes the spare only if, once renamed (no one can open it or
+link it by its old name any more), it has no other name (`andrea branch` hard-links the checkpoint it starts
+from) and no other open file or mapping refers to it: Linux grants a write lease exactly then (fcntl(2)
 F_SETLEASE). An operator's `rsync` or `andrea export` of an old checkpoint, running as retention releases it,
 keeps its bytes. A filesystem that cannot tell (no leases: NFS and other network filesystems) never keeps a
 spare, and every commit writes a fresh file, as without recycling. The lease is only a question: it is released
@@ -49,14 +51,14 @@ def spare_path(run_dir: Path) -> Path:
 
 
 def retire(path: Path) -> bool:
-    """Retention's removal of the checkpoint at `path`: it becomes the spare when no one else has it open,
-    else it is unlinked. True when it became the spare. Missing: nothing to do (False)."""
+    """Retention's removal of the checkpoint at `path`: it becomes the spare when it has no other name and no
+    one else has it open, else it is unlinked. True when it became the spare. Missing: nothing to do (False)."""
     spare = spare_path(path.parent)
     try:
         os.rename(path, spare)
     except FileNotFoundError:
         return False
-    if _unshared(spare):
+    if os.stat(spare).st_nlink == 1 and _unshared(spare):
         return True
     spare.unlink(missing_ok=True)
     return False

@@ -17,8 +17,9 @@ other round, so a drift of the disk within a round cancels), after an untimed wa
                    released the way retention releases one, and the next commit of that pair overwrites its
                    blocks. Every commit of a run after its first keep_last + 1 is this case.
     ..., buffered  both again with O_DIRECT off (a filesystem that refuses it), the like-for-like pair.
-The other pairs write fresh files (the spare pair has a directory of its own). Printed: per method the median stall and commit seconds, throughput = checkpoint bytes / commit seconds, and the
-ratios N writers / one writer (throughput: > 1 is faster; stall: < 1 is shorter). The files are checked
+The other pairs write fresh files (the spare pair has a directory of its own). Printed: per method the median
+stall and commit seconds, throughput = checkpoint bytes / commit seconds, and the ratios N writers / one writer
+(throughput: > 1 is faster; stall: < 1 is shorter), with the quartiles of the per-round ratios. The files are checked
 byte-identical across methods (the format knows nothing of world size). Timings describe this machine; nothing
 here fails on them. Files go to a fresh temporary directory under `--dir` (default: beside the repository; not
 /dev/shm, which would measure RAM), flushed with os.sync() and deleted (the spare pair: released) between

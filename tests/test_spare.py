@@ -101,6 +101,22 @@ def test_a_checkpoint_a_reader_has_open_is_unlinked_and_the_reader_keeps_its_byt
     assert (run / "step_000030.bin").read_bytes() == reference(tmp_path, 30)
 
 
+def test_a_checkpoint_with_another_name_is_unlinked_and_the_other_name_keeps_its_bytes(tmp_path):
+    """`andrea branch` hard-links the checkpoint it starts from into the branch's directory: the trunk's
+    retention must never hand that file's blocks to its next commit."""
+    run, branch = tmp_path / "run", tmp_path / "branch"
+    run.mkdir()
+    branch.mkdir()
+    commits(run, [10])
+    os.link(run / "step_000010.bin", branch / "step_000010.bin")
+    before = (branch / "step_000010.bin").read_bytes()
+    commits(run, [20, 30])
+    assert not (run / spare.SPARE_NAME).exists() or (run / spare.SPARE_NAME).stat().st_ino != (
+        branch / "step_000010.bin").stat().st_ino
+    assert (branch / "step_000010.bin").read_bytes() == before
+    assert (branch / "step_000010.bin").stat().st_nlink == 1  # only the trunk's name went
+
+
 def test_a_filesystem_that_cannot_tell_keeps_no_spare(tmp_path, monkeypatch):
     real = fcntl.fcntl
 

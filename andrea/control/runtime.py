@@ -41,9 +41,9 @@ import torch
 from andrea import audit, export
 from andrea import checkpoint as ckpt
 from andrea.config import ConfigError, RunConfig
-from andrea.control import pivot, rollback, sidecars
+from andrea.control import pivot, resume, rollback, sidecars
 from andrea.control.guard import INCIDENT, SUSPECT
-from andrea.control.ledger import LEDGER_NAME, LossLedger, marker
+from andrea.control.ledger import LEDGER_NAME, LedgerFeed, LossLedger, marker
 from andrea.control.proxy import Batch, DataProxy
 from andrea.control.records import StepRecord, StepRecords
 from andrea.control import ranks, shards
@@ -58,8 +58,6 @@ from andrea.trainer import Trainer
 from andrea.zero import trainer_for
 
 log = logging.getLogger("andrea.run")
-
-LEDGER_FLUSH_S, LEDGER_FSYNC_S = 1.0, 5.0
 
 
 class RunFailed(RuntimeError):
@@ -76,9 +74,6 @@ class TrainingRun:
         self.step = 0  # header step of the state the trainer holds
         self.io = ThreadPoolExecutor(1, thread_name_prefix="andrea-io")
         self.train = ThreadPoolExecutor(1, thread_name_prefix="andrea-train")
-        self.lines: list[dict] = []
-        self.last_flush = self.last_fsync = time.monotonic()
-        self.ledger_future = None
         self.tb: tensorboard.TensorBoardLog | None = None  # log.tensorboard: the ledger's lines as scalars
         self.early = early
         self.step_delay = float(os.environ.get("ANDREA_TEST_STEP_DELAY", "0") or 0)  # test hook: slow steps
@@ -146,17 +141,19 @@ class TrainingRun:
         # --init-from weights (safetensors, npz, a GPT-2 directory): loaded now, step 0, m = v = 0 (export.py)
         imported = await loop.run_in_executor(self.train, export.load_init_weights, self.init_from, trainer,
                                               self.run_dir)
-        info = None if imported else self.world.broadcast(self.resume_point(trainer.n) if self.world.leader else None)
+        info = None if imported else self.world.broadcast(
+            resume.resume_point(self.run_dir, self.init_from, trainer.n) if self.world.leader else None)
         if info is None:
             proxy = DataProxy(self.cfg, arms)
-            self.lines.append(marker("start", 0, n_params=trainer.n, seed=self.cfg.train.seed, **(imported or {})))
+            self.feed.lines.append(marker("start", 0, n_params=trainer.n, seed=self.cfg.train.seed,
+                                          **(imported or {})))
         else:
             step, payload = await loop.run_in_executor(self.train, ckpt.read_payload, info.path, trainer.n)
             await loop.run_in_executor(self.train, trainer.load, torch.from_numpy(payload))
             self.step = step
-            proxy = self.restore_proxy(arms, info)
+            proxy = resume.restore_proxy(self.cfg, self.run_dir, arms, info)
             origin = info.path.name if info.path.parent == self.run_dir else str(info.path.resolve())
-            self.lines.append(marker("resume", step, phase=proxy.phase, **{"from": origin}))
+            self.feed.lines.append(marker("resume", step, phase=proxy.phase, **{"from": origin}))
         self.writer = shards.writer_for(self.world, self.run_dir, trainer, self.device, self.io,
                                        keep_last=self.cfg.checkpoint.keep_last,
                                        keep_every=self.cfg.checkpoint.keep_every)
@@ -170,40 +167,6 @@ class TrainingRun:
         self.writer.protected = self.guard.protected  # retention never deletes the known-good checkpoint
         trainer.lr_scale, proxy.data_offset = self.guard.remedy["lr_scale"], self.guard.remedy["data_offset"]
         return trainer, proxy
-
-    def resume_point(self, n: int) -> ckpt.CheckpointInfo | None:
-        if self.init_from is not None:
-            info = ckpt.validate(self.init_from, n, deep=True)
-            newer = [p.name for s, p in ckpt.list_checkpoints(self.run_dir) if s > info.step]
-            if newer:
-                # A restart would resume from those: two timelines in one directory. Branch instead.
-                raise ckpt.CheckpointError(f"{self.run_dir}: holds checkpoints newer than {info.path.name} "
-                                           f"({newer[-1]}); use `andrea branch` or move them away first")
-            return info
-        info, skipped = ckpt.newest_valid(self.run_dir, n)
-        if info is None and skipped:
-            # Checkpoints exist but none fits: starting over would bury a run (e.g. a forgotten --preset).
-            raise ckpt.CheckpointError(f"{skipped[0]} (no checkpoint in {self.run_dir} fits this model; "
-                                       "refusing to start over in a run directory that holds checkpoints)")
-        for line in skipped:
-            log.warning("skipping invalid checkpoint, resuming from an older one: %s", line)
-        return info
-
-    def restore_proxy(self, arms, info: ckpt.CheckpointInfo) -> DataProxy:
-        """The data proxy as of the checkpoint: its step_S.state.json, else .state.json if at S, else fresh."""
-        step = info.step
-        for path in (sidecars.checkpoint_state_path(info.path.parent, step), self.run_dir / sidecars.STATE_NAME):
-            d = sidecars.read_json(path)
-            if d is None or (isinstance(d, dict) and d.get("step") != step and path.name == sidecars.STATE_NAME):
-                continue
-            proxy, warnings = DataProxy.from_state(self.cfg, arms, d, step, str(path))
-            for w in warnings:
-                log.warning("%s: %s", path, w)
-            return proxy
-        if step > 0:
-            log.warning("no data-proxy state for step %d: the bandit starts fresh (data order after this point "
-                        "differs from the original run's)", step)
-        return DataProxy(self.cfg, arms, phase_start=step)
 
     # --- records and the ledger ----------------------------------------------------------------------------
     def take_records(self, records: list[StepRecord], proxy: DataProxy, progress: Progress) -> None:
@@ -223,37 +186,15 @@ class TrainingRun:
             elif verdict == SUSPECT and self.guard.detector.flags[-1]:
                 log.warning("guard: step %d anomalous: %s (%d of the last %d steps)", r.step, self.guard.last_reason,
                             sum(self.guard.detector.flags), len(self.guard.detector.flags))
-            self.lines += [marker("recovered", s) for s in self.guard.recovered]
+            self.feed.lines += [marker("recovered", s) for s in self.guard.recovered]
             self.guard.recovered.clear()
             if not finite:
                 continue
             proxy.observe(r.step, r.seq_losses)
-            self.lines.append({"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
+            self.feed.lines.append({"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
                                "tokens": r.step * tokens_per_step, "time": round(time.time(), 3),
                                "phase": proxy.phase})
             progress.update(r.step, r.loss, r.lr)
-
-    def flush_ledger(self, force_sync: bool = False) -> None:
-        """Queue buffered lines for the I/O thread; fsync at least every LEDGER_FSYNC_S seconds."""
-        now = time.monotonic()
-        sync = force_sync or now - self.last_fsync >= LEDGER_FSYNC_S
-        if not (sync or now - self.last_flush >= LEDGER_FLUSH_S or len(self.lines) >= 512):
-            return
-        lines, self.lines = self.lines, []
-        self.ledger_future = self.io.submit(self._append, lines, sync)
-        if self.tb is not None:
-            self.tb.add_records(lines)
-        self.last_flush = now
-        if sync:
-            self.last_fsync = now
-
-    def _append(self, lines: list[dict], sync: bool) -> None:
-        try:
-            self.ledger.append(lines)
-            if sync:
-                self.ledger.sync()
-        except OSError as e:
-            log.error("%s: append failed, %d lines kept to retry: %s", self.ledger.path, self.ledger.backlog, e)
 
     # --- checkpoints ---------------------------------------------------------------------------------------
     async def checkpoint(self, trainer: Trainer, proxy: DataProxy, records: StepRecords,
@@ -261,7 +202,7 @@ class TrainingRun:
         """Take the checkpoint of the current step unless the guard sees trouble; True if it was taken."""
         step = self.step
         self.take_records(records.pop_ready(wait_until_step=step), proxy, progress)
-        self.flush_ledger(force_sync=True)
+        self.feed.flush(force_sync=True)
         if not self.guard.may_commit():  # never checkpoint (or let retention pass) over the last good state
             good = (f"{self.guard.good['path']}, on disk" if self.guard.good["path"] else
                     "the initial state, which a restart re-creates")
@@ -305,7 +246,7 @@ class TrainingRun:
         if step > 0 and step % self.cfg.train.eval_every == 0:
             losses = await loop.run_in_executor(self.train, audit.evaluate, trainer, proxy.arms, self.cfg)
             val = sum(losses.values()) / len(losses)
-            self.lines.append(marker("eval", step, val_loss=val, arms=losses))
+            self.feed.lines.append(marker("eval", step, val_loss=val, arms=losses))
             log.info("step %d val_loss %.4f (%s)", step, val, ", ".join(f"{k} {v:.3f}" for k, v in losses.items()))
         every = self.cfg.sample.every or self.cfg.checkpoint.every
         if step > 0 and step % every == 0 and self.codec is not None and self.cfg.sample.prompts:
@@ -332,14 +273,16 @@ class TrainingRun:
                 log.warning("removed %s left by an interrupted write (never read as a checkpoint or sidecar)",
                             stale.relative_to(self.run_dir))
             self.ledger = (LossLedger if self.world.leader else ranks.FollowerLedger)(self.run_dir / LEDGER_NAME)
+            self.feed = LedgerFeed(self.ledger, self.io)
             if self.ledger.torn_bytes:
                 log.warning("%s: cut a torn last line of %d bytes left by a crash", LEDGER_NAME,
                             self.ledger.torn_bytes)
             trainer, proxy = await self.start()
             if self.world.leader:
                 self.tb = tensorboard.open_log(self.cfg.log, self.run_dir, self.step, self.cfg.train.log_every)
+                self.feed.on_flush = self.tb.add_records if self.tb is not None else None
                 sidecars.write_atomic(self.run_dir / sidecars.CONFIG_NAME, self.cfg.to_toml().encode())
-            self.flush_ledger(force_sync=True)
+            self.feed.flush(force_sync=True)
             print(f"ready pid={os.getpid()} run_dir={self.run_dir} step={self.step} "
                   f"stop_at={stop_at} device={self.device} kernels={self.kernels}"
                   + (f" rank={self.world.rank}/{self.world.size}" if self.world.distributed else ""),
@@ -380,7 +323,7 @@ class TrainingRun:
                                 "more", self.req.stop, self.guard.good["path"])
                     break
                 if action.pivot and taken:  # a pivot waits for its checkpoint (the guard may hold it back)
-                    self.flush_ledger(force_sync=True)
+                    self.feed.flush(force_sync=True)
                     proxy = await loop.run_in_executor(None, self.pivot, proxy)
                     self.guard.pivot(self.step, ckpt.checkpoint_name(self.step))
                     proxy.data_offset = self.guard.remedy["data_offset"]
@@ -398,14 +341,13 @@ class TrainingRun:
                 batch = proxy.batch(next_step) if self.guard.pending is None else batch  # else: rolled back
                 self.step = await fut
                 self.take_records(records.pop_ready(), proxy, progress)
-                self.flush_ledger()
+                self.feed.flush()
         finally:
             progress.close()
             self.take_records(records.pop_ready(wait_until_step=self.step), proxy, progress)
-            self.flush_ledger(force_sync=True)
+            self.feed.flush(force_sync=True)
             results = await self.writer.drain()
-            if self.ledger_future is not None:
-                self.ledger_future.result()
+            self.feed.wait()
             if self.ledger.backlog:
                 raise RunFailed(f"{self.ledger.path}: {self.ledger.backlog} ledger lines could not be written "
                                 "(disk full?); the last committed checkpoint precedes them")
@@ -437,33 +379,35 @@ class TrainingRun:
         records.pop_ready(wait_until_step=1 << 62)  # in flight after the incident: dropped
         plan, pending = g.plan(), g.pending
         value = lambda x: x if np.isfinite(x) else str(x)  # noqa: E731  (JSON has no inf/nan)
-        self.lines.append(marker("incident", plan.incident_step, reason=plan.reason, loss=value(pending["loss"]),
-                                 grad_norm=value(pending["grad_norm"]), attempt=plan.attempt))
+        self.feed.lines.append(marker("incident", plan.incident_step, reason=plan.reason,
+                                      loss=value(pending["loss"]), grad_norm=value(pending["grad_norm"]),
+                                      attempt=plan.attempt))
         await self.writer.drain()
         if plan.give_up:
-            resume = plan.to_path or "the initial state (start the run again)"
-            self.lines.append(marker("guard_stop", plan.incident_step, attempts=plan.attempt, resume_from=plan.to_path))
-            self.flush_ledger(force_sync=True)
+            start_from = plan.to_path or "the initial state (start the run again)"
+            self.feed.lines.append(marker("guard_stop", plan.incident_step, attempts=plan.attempt,
+                                          resume_from=plan.to_path))
+            self.feed.flush(force_sync=True)
             if rollback.in_run_dir(g, self.run_dir) and self.world.leader:
                 self.io.submit(rollback.write_companion, self.run_dir, plan.to_step, g.state_after_give_up())
             if self.world.leader:
                 self.io.submit(rollback.drop_after, self.run_dir, plan.to_step).result()
-            raise RunFailed(plan.message(resume))
+            raise RunFailed(plan.message(start_from))
         payload = await loop.run_in_executor(self.train, rollback.good_payload, g, self.run_dir, self.cfg, trainer)
         await loop.run_in_executor(self.train, trainer.load, payload)
         g.apply(plan)
         self.step, trainer.lr_scale = plan.to_step, plan.lr_scale
         info = ckpt.CheckpointInfo(self.run_dir / ckpt.checkpoint_name(plan.to_step), plan.to_step, trainer.n)
-        proxy = self.restore_proxy(proxy.arms, info)
+        proxy = resume.restore_proxy(self.cfg, self.run_dir, proxy.arms, info)
         proxy.data_offset = plan.data_offset
-        self.lines.append(marker("rollback", plan.to_step, checkpoint=plan.to_path or "initial state",
+        self.feed.lines.append(marker("rollback", plan.to_step, checkpoint=plan.to_path or "initial state",
                                  attempt=plan.attempt, remedy=plan.remedy, data_offset=plan.data_offset,
                                  lr_scale=plan.lr_scale, **{"from": plan.incident_step}))
         log.warning("guard: rolled back from step %d to %s (attempt %d of %d: %s; data offset %d, lr scale %g)",
                     plan.incident_step, plan.to_path or "the initial state", plan.attempt, self.cfg.guard.max_attempts,
                     plan.remedy, plan.data_offset, plan.lr_scale)
         if rollback.in_run_dir(g, self.run_dir):
-            self.flush_ledger(force_sync=True)
+            self.feed.flush(force_sync=True)
             if self.world.leader:  # one writer per file (every rank took the same decision)
                 self.io.submit(rollback.write_companion, self.run_dir, plan.to_step, g.to_state(plan.to_step))
         else:  # the initial state, or an --init-from checkpoint elsewhere: write it here

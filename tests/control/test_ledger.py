@@ -75,3 +75,74 @@ def test_ema_is_bias_corrected():
     assert L.ema([2.0])[0] == pytest.approx(2.0)
     values = L.ema([2.0] * 50 + [1.0] * 50)
     assert values[49] == pytest.approx(2.0) and 1.0 < values[-1] < 2.0
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class Inline:
+    """An executor that runs each task at submit (the I/O thread's FIFO order, without a thread)."""
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+        fut = Future()
+        fut.set_result(fn(*args))
+        return fut
+
+
+class SpyLedger:
+    def __init__(self):
+        self.path, self.backlog, self.appended, self.syncs = ".loss.json", 0, [], 0
+
+    def append(self, lines):
+        self.appended.append([e["step"] for e in lines])
+
+    def sync(self):
+        self.syncs += 1
+
+
+def test_the_feed_hands_lines_over_at_its_cadence_and_fsyncs_at_its_own():
+    clock, led, seen = Clock(), SpyLedger(), []
+    feed = L.LedgerFeed(led, Inline(), clock=clock)
+    feed.on_flush = lambda lines: seen.append(len(lines))
+    feed.lines.append(entry(1))
+    feed.flush()
+    assert led.appended == [] and feed.lines  # not due: the lines wait on the event loop
+    clock.now = L.LedgerFeed.FLUSH_S
+    feed.flush()
+    assert led.appended == [[1]] and led.syncs == 0 and seen == [1] and not feed.lines
+    feed.lines += [entry(s) for s in range(2, 2 + L.LedgerFeed.MAX_LINES)]
+    feed.flush()  # not due by time, due by count
+    assert len(led.appended) == 2 and led.syncs == 0
+    clock.now = L.LedgerFeed.FSYNC_S
+    feed.lines.append(entry(600))
+    feed.flush()
+    assert led.appended[-1] == [600] and led.syncs == 1
+    feed.flush(force_sync=True)  # a checkpoint: fsynced now, even with nothing new
+    assert led.appended[-1] == [] and led.syncs == 2
+
+
+def test_a_failed_append_through_the_feed_is_logged_and_its_lines_stay_in_the_backlog(tmp_path, monkeypatch,
+                                                                                      caplog):
+    led = L.LossLedger(tmp_path / ".loss.json")
+    feed = L.LedgerFeed(led, Inline(), clock=Clock())
+    real_write = os.write
+
+    def full(fd, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    feed.lines += [entry(1), entry(2)]
+    feed.flush(force_sync=True)
+    assert led.backlog == 2 and "append failed, 2 lines kept to retry" in caplog.text
+    monkeypatch.setattr(os, "write", real_write)
+    feed.lines.append(entry(3))
+    feed.flush(force_sync=True)
+    feed.wait()
+    led.close()
+    assert [e["step"] for e in L.read_ledger(tmp_path / ".loss.json").entries] == [1, 2, 3]

@@ -1,0 +1,55 @@
+"""Where a run starts again: the checkpoint it resumes from, and the data proxy as of that checkpoint.
+
+Reads checkpoints (andrea/checkpoint.py: names, sizes, headers, values), `step_NNNNNN.state.json` and
+`.state.json` (control/sidecars.py); writes nothing. Used at the start of a process and by the divergence
+guard's rollback (control/runtime.py), which resumes in-process from its known-good checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from andrea import checkpoint as ckpt
+from andrea.config import RunConfig
+from andrea.control import sidecars
+from andrea.control.proxy import DataProxy
+
+log = logging.getLogger("andrea.run")
+
+
+def resume_point(run_dir: Path, init_from: Path | None, n: int) -> ckpt.CheckpointInfo | None:
+    """The checkpoint to start from: `--init-from`'s (validated deep), else the newest valid one in `run_dir`,
+    else None (a fresh start). Refuses what would silently bury a run: checkpoints newer than `--init-from`'s
+    (two timelines in one directory), or checkpoints none of which fits this model."""
+    if init_from is not None:
+        info = ckpt.validate(init_from, n, deep=True)
+        newer = [p.name for s, p in ckpt.list_checkpoints(run_dir) if s > info.step]
+        if newer:
+            raise ckpt.CheckpointError(f"{run_dir}: holds checkpoints newer than {info.path.name} "
+                                       f"({newer[-1]}); use `andrea branch` or move them away first")
+        return info
+    info, skipped = ckpt.newest_valid(run_dir, n)
+    if info is None and skipped:  # e.g. a forgotten --preset
+        raise ckpt.CheckpointError(f"{skipped[0]} (no checkpoint in {run_dir} fits this model; "
+                                   "refusing to start over in a run directory that holds checkpoints)")
+    for line in skipped:
+        log.warning("skipping invalid checkpoint, resuming from an older one: %s", line)
+    return info
+
+
+def restore_proxy(cfg: RunConfig, run_dir: Path, arms, info: ckpt.CheckpointInfo) -> DataProxy:
+    """The data proxy as of the checkpoint: its step_S.state.json, else .state.json if at S, else fresh."""
+    step = info.step
+    for path in (sidecars.checkpoint_state_path(info.path.parent, step), run_dir / sidecars.STATE_NAME):
+        d = sidecars.read_json(path)
+        if d is None or (isinstance(d, dict) and d.get("step") != step and path.name == sidecars.STATE_NAME):
+            continue
+        proxy, warnings = DataProxy.from_state(cfg, arms, d, step, str(path))
+        for w in warnings:
+            log.warning("%s: %s", path, w)
+        return proxy
+    if step > 0:
+        log.warning("no data-proxy state for step %d: the bandit starts fresh (data order after this point "
+                    "differs from the original run's)", step)
+    return DataProxy(cfg, arms, phase_start=step)
