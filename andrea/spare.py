@@ -29,8 +29,8 @@ bytes. Overwriting does. So a released checkpoint becomes the spare only if, onc
 link it by its old name any more), it has no other name (`andrea branch` hard-links the checkpoint it starts
 from) and no other open file or mapping refers to it: Linux grants a write lease exactly then (fcntl(2)
 F_SETLEASE). An operator's `rsync` or `andrea export` of an old checkpoint, running as retention releases it,
-keeps its bytes. A filesystem that cannot tell (no leases: NFS and other network filesystems) never keeps a
-spare, and every commit writes a fresh file, as without recycling. The lease is only a question: it is released
+keeps its bytes. Leases see this machine's processes only; a filesystem that cannot tell (no leases: NFS and
+other network filesystems) never keeps a spare, and every commit writes a fresh file, as without recycling. The lease is only a question: it is released
 as soon as it is granted, and a break in that instant is signalled with SIGURG (ignored by default), never the
 SIGIO that would end the process.
 """
