@@ -29,6 +29,8 @@ I/O threads share the cores with training).
 
 Each repeat runs every method once, in turn, after an untimed warm-up round (first-touch page faults, DCP's
 staging set-up); files are deleted and the page cache flushed (os.sync) between methods, outside the timings.
+So every file here is a new one, like the floors': a run's first keep_last + 1 commits. The commits after them
+write into the spare (andrea/spare.py), measured against this case by `--writers 2` ("one writer, spare").
 Targets, printed with PASS/MISS: stall <= 1.5x memcpy; andrea throughput >= 0.9x the O_DIRECT floor; andrea's
 commit CPU <= 0.1x the buffered writer's (each the median of the per-round ratios: methods of one round share the
 machine's state); cadence overhead <= 1%. Timings describe this machine; nothing here fails on them. The cost a
