@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -130,6 +131,22 @@ def test_a_filesystem_that_cannot_tell_keeps_no_spare(tmp_path, monkeypatch):
     run.mkdir()
     commits(run, [10, 20])
     assert sorted(p.name for p in run.iterdir()) == ["step_000020.bin"]  # step 10 unlinked, as without a spare
+
+
+def test_a_failing_retention_is_logged_and_never_fails_the_commit(tmp_path, monkeypatch, caplog):
+    """A checkpoint that landed is committed, whatever happens to the old ones after it (here: retention cannot
+    rename them, e.g. files of another user): one log line, and `on_write_error` is not triggered."""
+    def refuse(path):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr(spare, "retire", refuse)
+    run = tmp_path / "run"
+    run.mkdir()
+    with caplog.at_level(logging.ERROR, logger="andrea.writer"):
+        results = commits(run, [10, 20])  # asserts no commit reports an error
+    assert [r.path.name for r in results] == ["step_000010.bin", "step_000020.bin"]
+    assert "retention after step_000020.bin failed" in caplog.text
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [10, 20]  # the old one is left: only disk space
 
 
 def test_keep_last_counts_checkpoints_not_the_spare(tmp_path):

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import logging
 import os
 import time
 from collections.abc import Callable
@@ -48,7 +47,6 @@ from andrea.distributed import World
 if TYPE_CHECKING:
     from andrea.trainer import Fence  # a CUDA event or a HostCopy
 
-log = logging.getLogger("andrea.shards")
 
 
 def _pwrite(fd: int, view: memoryview, offset: int) -> None:
@@ -176,10 +174,7 @@ class ShardedCheckpointWriter(CheckpointWriter):
             path = commit_shards(self.world, self.run_dir, step, self.total_n, self.images[slot], self.direct,
                                  before_commit=before_commit, before_rename=hold)
             if self.world.leader:
-                try:
-                    self._apply_retention()
-                except OSError as e:  # the checkpoint is committed; an old one left behind is only space
-                    log.error("%s: retention after %s failed: %s", self.run_dir, path.name, e)
+                self.retain(path)
             return CommitResult(step, path, time.perf_counter() - t0, cpu_seconds=time.thread_time() - cpu0,
                                 direct=self.direct.enabled)
         except ShardFailure as e:

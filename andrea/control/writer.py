@@ -137,11 +137,11 @@ class CheckpointWriter:
             if before_commit is not None:
                 before_commit()
             hold = (lambda: time.sleep(self.delay)) if self.delay else None
-            ckpt.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n, direct=self.direct,
-                              before_rename=hold)
-            self._apply_retention()
-            return CommitResult(step, self.run_dir / ckpt.checkpoint_name(step), time.perf_counter() - t0,
-                                cpu_seconds=time.thread_time() - cpu0, direct=self.direct.enabled)
+            path = ckpt.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n, direct=self.direct,
+                                     before_rename=hold)
+            self.retain(path)
+            return CommitResult(step, path, time.perf_counter() - t0, cpu_seconds=time.thread_time() - cpu0,
+                                direct=self.direct.enabled)
         except OSError as e:
             final = self.run_dir / ckpt.checkpoint_name(step)
             if not final.exists():  # companions of a checkpoint that never landed would only take space
@@ -162,6 +162,14 @@ class CheckpointWriter:
             self.last_error = None
             log.info("checkpoint %s committed in %.2fs (I/O thread CPU %.3fs, %s)", result.path.name,
                      result.seconds, result.cpu_seconds, "O_DIRECT" if result.direct else "buffered")
+
+    def retain(self, committed: Path) -> None:
+        """Retention after `committed` landed; its failure is logged, never the commit's (an old checkpoint left
+        behind is only disk space)."""
+        try:
+            self._apply_retention()
+        except OSError as e:
+            log.error("%s: retention after %s failed: %s", self.run_dir, committed.name, e)
 
     def _apply_retention(self) -> None:
         steps = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
