@@ -173,13 +173,14 @@ def write_regions(path: str | Path, regions: Iterable[tuple[int, memoryview | by
     try:
         os.ftruncate(fd, size)
         for offset, data in regions:
-            _pwrite_all(fd, memoryview(data).cast("B"), offset)
+            pwrite_all(fd, memoryview(data).cast("B"), offset)
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+def pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    """pwrite all of `view` at `offset`, in WRITE_CHUNK calls, continuing short writes (the sharded writer's too)."""
     for lo in range(0, len(view), WRITE_CHUNK):
         chunk = view[lo:lo + WRITE_CHUNK]
         written = 0
@@ -244,7 +245,7 @@ def _write_direct(path: str | Path, padded: memoryview, size: int) -> None:
             if e.errno in (errno.EINVAL, errno.EFAULT):
                 raise _Refused("first write") from e
             raise
-        _pwrite_all(fd, padded[first:], first)  # a short DIO write stops on a block boundary: still aligned
+        pwrite_all(fd, padded[first:], first)  # a short DIO write stops on a block boundary: still aligned
         os.ftruncate(fd, size)
         os.fsync(fd)
     finally:

@@ -41,6 +41,7 @@ import errno
 import fcntl
 import os
 import signal
+import stat
 from pathlib import Path
 
 SPARE_NAME = "spare.ckpt"
@@ -58,7 +59,8 @@ def retire(path: Path) -> bool:
         os.rename(path, spare)
     except FileNotFoundError:
         return False
-    if os.stat(spare).st_nlink == 1 and _unshared(spare):
+    st = os.lstat(spare)  # a symbolic link someone put in place of a checkpoint is only unlinked
+    if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and _unshared(spare):
         return True
     spare.unlink(missing_ok=True)
     return False
@@ -66,9 +68,13 @@ def retire(path: Path) -> bool:
 
 def claim(tmp: Path) -> bool:
     """Rename the run directory's spare onto `tmp`, the temporary file a commit is about to write; False when
-    there is none. The writer must open `tmp` without O_TRUNC and write every byte of the checkpoint."""
+    there is none, or when `spare.ckpt` is not a regular file (a symbolic link to some other file, a directory:
+    not andrea's, left alone). The writer must open `tmp` without O_TRUNC and write every byte of the checkpoint."""
+    spare = spare_path(tmp.parent)
     try:
-        os.rename(spare_path(tmp.parent), tmp)
+        if not stat.S_ISREG(os.lstat(spare).st_mode):  # only a file retire made: never through a link
+            return False
+        os.rename(spare, tmp)
     except FileNotFoundError:
         return False
     return True

@@ -110,22 +110,22 @@ def targets(res: dict) -> list[dict]:
     def ok(name):
         return m[name]["status"] == "ok"
 
+    def at_most(subject: str, base: str, key: str, limit: float, target: str, digits: int, unit: str = "") -> None:
+        """The target `subject`'s `key` <= limit x `base`'s, as the paired ratio with both medians."""
+        ratio = paired_ratio(m[subject][key], m[base][key])
+        out.append(dict(target=target, measured=f"{ratio:.{digits}f}x ({median(m[subject][key]):.4f} s vs "
+                                                f"{median(m[base][key]):.4f} s{unit})",
+                        verdict=verdict(ratio <= limit)))
+
     if ok("andrea") and ok("memcpy"):
-        ratio = paired_ratio(m["andrea"]["stall_s"], m["memcpy"]["stall_s"])
-        out.append(dict(target=f"andrea stall <= {STALL_VS_MEMCPY}x memcpy",
-                        measured=f"{ratio:.2f}x ({median(m['andrea']['stall_s']):.4f} s vs "
-                                 f"{median(m['memcpy']['stall_s']):.4f} s)",
-                        verdict=verdict(ratio <= STALL_VS_MEMCPY)))
+        at_most("andrea", "memcpy", "stall_s", STALL_VS_MEMCPY, f"andrea stall <= {STALL_VS_MEMCPY}x memcpy", 2)
     if ok("andrea") and ok("O_DIRECT write"):
         ratio, measured = throughput_ratio(m, "andrea", "O_DIRECT write")
         out.append(dict(target=f"andrea throughput >= {THROUGHPUT_VS_DIRECT}x O_DIRECT write", measured=measured,
                         verdict=verdict(ratio >= THROUGHPUT_VS_DIRECT)))
     if ok("andrea") and ok("andrea buffered"):
-        ratio = paired_ratio(m["andrea"]["cpu_s"], m["andrea buffered"]["cpu_s"])
-        out.append(dict(target=f"andrea commit CPU <= {CPU_VS_BUFFERED}x the buffered writer's",
-                        measured=f"{ratio:.3f}x ({median(m['andrea']['cpu_s']):.4f} s vs "
-                                 f"{median(m['andrea buffered']['cpu_s']):.4f} s of I/O-thread CPU)",
-                        verdict=verdict(ratio <= CPU_VS_BUFFERED)))
+        at_most("andrea", "andrea buffered", "cpu_s", CPU_VS_BUFFERED,
+                f"andrea commit CPU <= {CPU_VS_BUFFERED}x the buffered writer's", 3, " of I/O-thread CPU")
     c = res.get("cadence")
     if c and c.get("status") == "ok":
         out.append(dict(target=f"cadence-{c['every']} overhead <= {100 * MAX_OVERHEAD:g}%",

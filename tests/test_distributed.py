@@ -230,14 +230,14 @@ def test_a_full_disk_on_one_rank_commits_nothing_and_damages_nothing(tmp_path, m
     payload = np.abs(np.random.default_rng(1).standard_normal(3 * n, dtype=np.float32))
     old = ckpt.commit_checkpoint(tmp_path, 3, payload)
     before = old.read_bytes()
-    pwrite = shards._pwrite
+    pwrite = ckpt.pwrite_all
 
     def disk_full_for_rank_1(fd, view, offset):
         if threading.current_thread().name == "rank-1":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         pwrite(fd, view, offset)
 
-    monkeypatch.setattr(shards, "_pwrite", disk_full_for_rank_1)
+    monkeypatch.setattr(ckpt, "pwrite_all", disk_full_for_rank_1)
     errors = commit_with_threads(tmp_path, n, size, payload)
     assert sorted(errors) == [0, 1] and all("failed on rank 1" in e for e in errors.values())
     assert "No space left on device" in errors[1]

@@ -80,6 +80,22 @@ def test_nothing_of_the_spares_bytes_survives_the_commit(tmp_path, extra):
     assert not (run / spare.SPARE_NAME).exists()
 
 
+@pytest.mark.parametrize("kind", ["symlink", "directory"])
+def test_a_spare_ckpt_that_is_not_a_regular_file_is_never_written_through(tmp_path, kind):
+    """Not a file retention made: the commit writes a new file, and what the name points to is untouched."""
+    run, other = tmp_path / "run", tmp_path / "precious.bin"
+    run.mkdir()
+    other.write_bytes(b"someone else's bytes" * 1000)
+    if kind == "symlink":
+        (run / spare.SPARE_NAME).symlink_to(other)
+    else:
+        (run / spare.SPARE_NAME).mkdir()
+    ckpt.commit_checkpoint(run, 40, payload(N, 40))
+    assert (run / "step_000040.bin").read_bytes() == reference(tmp_path, 40)
+    assert other.read_bytes() == b"someone else's bytes" * 1000
+    assert (run / spare.SPARE_NAME).is_symlink() if kind == "symlink" else (run / spare.SPARE_NAME).is_dir()
+
+
 @pytest.mark.parametrize("reader", ["descriptor", "mapping"])
 def test_a_checkpoint_a_reader_has_open_is_unlinked_and_the_reader_keeps_its_bytes(tmp_path, reader):
     run = tmp_path / "run"
@@ -116,6 +132,20 @@ def test_a_checkpoint_with_another_name_is_unlinked_and_the_other_name_keeps_its
         branch / "step_000010.bin").stat().st_ino
     assert (branch / "step_000010.bin").read_bytes() == before
     assert (branch / "step_000010.bin").stat().st_nlink == 1  # only the trunk's name went
+
+
+def test_a_released_symlink_is_unlinked_and_its_target_never_reused(tmp_path):
+    run, archive = tmp_path / "run", tmp_path / "archive"
+    run.mkdir()
+    archive.mkdir()
+    commits(run, [10])
+    (run / "step_000010.bin").rename(archive / "step_000010.bin")
+    (run / "step_000010.bin").symlink_to(archive / "step_000010.bin")  # an operator's archive, linked back
+    before = (archive / "step_000010.bin").read_bytes()
+    commits(run, [20])  # releases the link: it goes, and never becomes the spare
+    assert not (run / spare.SPARE_NAME).is_symlink() and not (run / spare.SPARE_NAME).exists()
+    commits(run, [30])
+    assert (archive / "step_000010.bin").read_bytes() == before
 
 
 def test_a_filesystem_that_cannot_tell_keeps_no_spare(tmp_path, monkeypatch):

@@ -192,8 +192,8 @@ class TrainingRun:
                 continue
             proxy.observe(r.step, r.seq_losses)
             self.feed.lines.append({"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
-                               "tokens": r.step * tokens_per_step, "time": round(time.time(), 3),
-                               "phase": proxy.phase})
+                                    "tokens": r.step * tokens_per_step, "time": round(time.time(), 3),
+                                    "phase": proxy.phase})
             progress.update(r.step, r.loss, r.lr)
 
     # --- checkpoints ---------------------------------------------------------------------------------------
@@ -401,8 +401,8 @@ class TrainingRun:
         proxy = resume.restore_proxy(self.cfg, self.run_dir, proxy.arms, info)
         proxy.data_offset = plan.data_offset
         self.feed.lines.append(marker("rollback", plan.to_step, checkpoint=plan.to_path or "initial state",
-                                 attempt=plan.attempt, remedy=plan.remedy, data_offset=plan.data_offset,
-                                 lr_scale=plan.lr_scale, **{"from": plan.incident_step}))
+                                      attempt=plan.attempt, remedy=plan.remedy, data_offset=plan.data_offset,
+                                      lr_scale=plan.lr_scale, **{"from": plan.incident_step}))
         log.warning("guard: rolled back from step %d to %s (attempt %d of %d: %s; data offset %d, lr scale %g)",
                     plan.incident_step, plan.to_path or "the initial state", plan.attempt, self.cfg.guard.max_attempts,
                     plan.remedy, plan.data_offset, plan.lr_scale)

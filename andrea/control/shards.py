@@ -49,13 +49,6 @@ if TYPE_CHECKING:
 
 
 
-def _pwrite(fd: int, view: memoryview, offset: int) -> None:
-    for lo in range(0, len(view), ckpt.WRITE_CHUNK):
-        chunk, written = view[lo:lo + ckpt.WRITE_CHUNK], 0
-        while written < len(chunk):
-            written += os.pwrite(fd, chunk[written:], offset + lo + written)
-
-
 def write_blocks(path: Path, writes: list[tuple[int, memoryview]], direct: ckpt.DirectIO,
                  size: int | None = None) -> None:
     """pwrite whole blocks (ShardImage.writes) into the shared file, with O_DIRECT while the filesystem takes
@@ -82,14 +75,14 @@ def write_blocks(path: Path, writes: list[tuple[int, memoryview]], direct: ckpt.
                 direct.refuse(path, "open", e)
         for i, (off, view) in enumerate(writes):
             try:
-                _pwrite(fd, view, off)
+                ckpt.pwrite_all(fd, view, off)
             except OSError as e:
                 if not (on and i == 0 and e.errno == errno.EINVAL):
                     raise
                 direct.refuse(path, "first write", e)
                 fcntl.fcntl(fd, fcntl.F_SETFL, flags)
                 on = False
-                _pwrite(fd, view, off)
+                ckpt.pwrite_all(fd, view, off)
         if size is not None:
             os.ftruncate(fd, size)  # after the padded last block; every other rank writes below it
         os.fsync(fd)
@@ -154,12 +147,13 @@ def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardI
 class ShardedCheckpointWriter(CheckpointWriter):
     """CheckpointWriter (slots, back-pressure, results, retention) whose commit is `commit_shards`."""
 
-    def __init__(self, run_dir: Path, n: int, lo: int, hi: int, world: World, device: torch.device, io, *,
+    def __init__(self, run_dir: Path, n: int, world: World, device: torch.device, io, *,
                  keep_last: int, keep_every: int, direct: bool = True):
         # The base's whole-file images are not used here: a 1-parameter placeholder (one 4 KiB page) keeps
         # its bookkeeping (slots, results, retention, protected steps) without allocating a second state.
         super().__init__(run_dir, 1, device, io, keep_last=keep_last, keep_every=keep_every, direct=direct)
-        self.total_n, self.lo, self.hi, self.world = n, lo, hi, world
+        self.total_n, self.world = n, world
+        # This rank's slice bounds are the ZeroTrainer's: both are distributed.shard_bounds(n, size, rank).
         self.images = [ShardImage(n, world.size, world.rank, pinned=device.type == "cuda") for _ in range(2)]
         self.staging = [image.views for image in self.images]  # (w[lo:hi], m[lo:hi], v[lo:hi]) per slot
 
@@ -184,7 +178,7 @@ class ShardedCheckpointWriter(CheckpointWriter):
 
 
 def writer_for(world: World, run_dir: Path, trainer, device: torch.device, io, **kw) -> CheckpointWriter:
-    """The one-process writer, or the sharded one for a ZeroTrainer (its slice bounds); kw: CheckpointWriter's."""
+    """The one-process writer, or the sharded one for a ZeroTrainer; kw: CheckpointWriter's."""
     if not world.distributed:
         return CheckpointWriter(run_dir, trainer.n, device, io, **kw)
-    return ShardedCheckpointWriter(run_dir, trainer.n, trainer.lo, trainer.hi, world, device, io, **kw)
+    return ShardedCheckpointWriter(run_dir, trainer.n, world, device, io, **kw)
