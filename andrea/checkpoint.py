@@ -276,8 +276,8 @@ def write_image(path: str | Path, image, size: int, direct: DirectIO) -> None:
 def publish_checkpoint(tmp: str | Path, final: str | Path) -> Path:
     """The commit point: rename a complete, fsynced `.tmp` onto its checkpoint name, then fsync the directory.
 
-    A failed rename removes the `.tmp` and propagates. ZeRO-1: rank 0 calls this after the agreement that every
-    rank's blocks of the shared `.tmp` are durable (andrea/control/shards.py).
+    A failed rename removes the `.tmp` and propagates. ZeRO-1: rank 0 calls this once every rank's vote says
+    that its blocks of the shared `.tmp` are durable (andrea/control/shards.py).
     """
     tmp, final = Path(tmp), Path(final)
     try:

@@ -30,6 +30,13 @@ DEFAULT_PRESET = "andrea-12m"
 log = logging.getLogger("andrea")
 
 
+def error(message: str) -> None:
+    """The one `andrea: error: …` line, in ONE write: under torchrun every worker shares the launcher's stderr,
+    and a line written in pieces would interleave with another worker's."""
+    sys.stderr.write(f"andrea: error: {message}\n")
+    sys.stderr.flush()
+
+
 def user_errors() -> tuple[type[Exception], ...]:
     from andrea.control.bandit import BanditStateError, PolicyError
     from andrea.control.ledger import LedgerError
@@ -121,12 +128,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if path.is_dir():
         files, n = [p for _, p in ckpt.list_checkpoints(path)], expected_n_params(path)
         if not files:
-            print(f"andrea: error: {path}: no step_NNNNNN.bin checkpoints", file=sys.stderr)
+            error(f"{path}: no step_NNNNNN.bin checkpoints")
             return 1
     elif path.exists():
         files, n = [path], expected_n_params(path.parent)
     else:
-        print(f"andrea: error: {path}: no such file or directory", file=sys.stderr)
+        error(f"{path}: no such file or directory")
         return 1
     bad = 0
     for f in files:
@@ -241,8 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ConfigError as e:
-        print(f"andrea: error: {e}", file=sys.stderr)
+        error(str(e))
         return 2
     except user_errors() as e:
-        print(f"andrea: error: {e}", file=sys.stderr)
+        error(str(e))
         return 1

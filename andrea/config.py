@@ -123,7 +123,8 @@ class CheckpointConfig:
     usr1: str = "step"
     """step: SIGUSR1 checkpoints the step in flight; cadence: the next multiple of `every` (the pivot sequence)."""
     on_write_error: str = "retry"
-    """retry: warn loudly and try again at the next cadence; stop: exit non-zero at once."""
+    """retry: warn loudly and try again at the next cadence; stop: exit non-zero at once (every rank, at the same
+    step)."""
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.keep_last < 1 or self.keep_every < 0:

@@ -10,7 +10,7 @@ same order on every rank, and a group shared by two threads would interleave dif
               per-sequence losses (NCCL on CUDA, gloo on CPU);
     control   the event loop: start-up barrier and broadcast, the request exchange at each step boundary (gloo,
               CPU tensors: never waits behind the GPU stream);
-    io        the I/O thread: the sharded checkpoint commit's agreements (gloo).
+    io        the I/O thread: the sharded checkpoint commit's exchange, votes and verdict (gloo).
 
 ZeRO-1 shard bounds: the flat length n is padded up to a multiple of the world size P (pad = P·ceil(n/P) - n zeros
 at the end of the gradient and weight buffers, never in a checkpoint); rank r owns [r·s, min((r+1)·s, n)) with
@@ -167,6 +167,36 @@ class World:
         out = [torch.empty_like(t) for _ in range(self.size)]
         dist.all_gather(out, t, group=self.groups[group])
         return out
+
+    def to_leader(self, value: int, group: str = "io") -> list[int] | None:
+        """Every rank's int at rank 0, in rank order (point to point: each rank sends one message and goes on;
+        rank 0 waits for them all); None on the others."""
+        if not self.distributed:
+            return [value]
+        import torch.distributed as dist
+        t = torch.tensor([value], dtype=torch.int64)
+        if not self.leader:
+            dist.send(t, dst=0, group=self.groups[group])
+            return None
+        out = [value]
+        for r in range(1, self.size):
+            dist.recv(t, src=r, group=self.groups[group])
+            out.append(int(t))
+        return out
+
+    def from_leader(self, value: int, group: str = "io") -> int:
+        """Rank 0's int on every rank (point to point: rank 0 sends it to each and goes on, without the
+        round trip of a collective; the others wait for it). `value` is read on rank 0 only."""
+        if not self.distributed:
+            return value
+        import torch.distributed as dist
+        t = torch.tensor([value], dtype=torch.int64)
+        if self.leader:
+            for r in range(1, self.size):
+                dist.send(t, dst=r, group=self.groups[group])
+            return value
+        dist.recv(t, src=0, group=self.groups[group])
+        return int(t)
 
     def max_ints(self, values: list[int], group: str = "control") -> list[int]:
         """Elementwise MAX over ranks of a short int64 vector (one tiny gloo all-reduce)."""

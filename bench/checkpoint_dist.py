@@ -71,6 +71,15 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def median_ci(ratios: list[float], level: float = 0.95, resamples: int = 10_000) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the median of per-round ratios (seeded: the same rounds print the same
+    interval). A pair whose interval holds 1.0 shows no difference at this many rounds."""
+    x = np.asarray(ratios)
+    meds = np.median(np.random.default_rng(0).choice(x, (resamples, len(x))), axis=1)
+    lo, hi = np.quantile(meds, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
 def worker(rank: int, size: int, port: int, n: int, repeats: int, out_dir: str, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -173,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         thr = [r[base][1] / r[mine][1] for r in rows]
         stall = statistics.median(r[mine][0] / r[base][0] for r in rows)
         q1, _, q3 = statistics.quantiles(thr, n=4) if len(thr) > 1 else (thr[0],) * 3
-        print(f"{label[mine]} / {label[base]}: throughput x{statistics.median(thr):.2f} (quartiles "
-              f"{q1:.2f}-{q3:.2f}), stall x{stall:.2f} (per-round medians)")
+        lo, hi = median_ci(thr)
+        print(f"{label[mine]} / {label[base]}: throughput x{statistics.median(thr):.3f} (95% CI of the median "
+              f"{lo:.3f}-{hi:.3f}; quartiles {q1:.2f}-{q3:.2f}), stall x{stall:.2f} (per-round medians)")
     if args.json:
         Path(args.json).write_text(json.dumps({"n_params": n, "bytes": nbytes, "writers": args.writers,
                                                "rounds": rows, "identical": same}, indent=1))

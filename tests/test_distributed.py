@@ -125,19 +125,27 @@ def assert_state_close(path, reference) -> None:
 
 
 class ThreadWorld(World):
-    """P ranks as threads of this process: max_ints is a real elementwise MAX over them (a barrier-based
-    all-reduce), so the sharded commit's protocol runs as written, without processes."""
+    """P ranks as threads of this process, so the sharded commit's protocol runs as written, without processes:
+    the all-gather is barrier-based, and a point-to-point message is a put into the receiver's queue (a sender
+    goes on, a receiver waits: as gloo's send and recv)."""
 
-    def __init__(self, rank: int, size: int, box: dict, barrier: threading.Barrier):
+    def __init__(self, rank: int, size: int, box: dict, barrier: threading.Barrier, mail: list[queue.Queue]):
         super().__init__(rank, size, rank)
-        self.box, self.sync = box, barrier
+        self.box, self.sync, self.mail = box, barrier, mail
 
-    def max_ints(self, values: list[int], group: str = "control") -> list[int]:
-        self.box[self.rank] = values
-        self.sync.wait()
-        out = [max(col) for col in zip(*(self.box[r] for r in range(self.size)))]
-        self.sync.wait()
-        return out
+    def to_leader(self, value: int, group: str = "io") -> list[int] | None:
+        if not self.leader:
+            self.mail[0].put((self.rank, value))
+            return None
+        got = dict(self.mail[0].get(timeout=30) for _ in range(self.size - 1))
+        return [value] + [got[r] for r in range(1, self.size)]
+
+    def from_leader(self, value: int, group: str = "io") -> int:
+        if self.leader:
+            for r in range(1, self.size):
+                self.mail[r].put((0, value))
+            return value
+        return self.mail[self.rank].get(timeout=30)[1]
 
     def all_gather_bytes(self, t: torch.Tensor, group: str = "io") -> list[torch.Tensor]:
         self.box[self.rank] = t.clone()
@@ -150,6 +158,7 @@ class ThreadWorld(World):
 def commit_with_threads(tmp_path, n: int, size: int, payload: np.ndarray, fail_rank: int | None = None,
                         returned: dict | None = None, **hooks):
     box, barrier, errors = {}, threading.Barrier(size), {}
+    mail = [queue.Queue() for _ in range(size)]
     direct = [ckpt.DirectIO(True) for _ in range(size)]
 
     def rank(r: int) -> None:
@@ -165,7 +174,7 @@ def commit_with_threads(tmp_path, n: int, size: int, payload: np.ndarray, fail_r
                 raise OSError(errno.EIO, os.strerror(errno.EIO))
             image.writes = broken  # this rank's write fails
         try:
-            commit_shards(ThreadWorld(r, size, box, barrier), tmp_path, 7, n, image, direct[r], **hooks)
+            commit_shards(ThreadWorld(r, size, box, barrier, mail), tmp_path, 7, n, image, direct[r], **hooks)
         except ShardFailure as e:
             errors[r] = str(e)
         if returned is not None:
@@ -222,6 +231,20 @@ def test_a_failed_slice_commits_nothing_and_every_rank_knows(tmp_path):
     payload = np.abs(np.random.default_rng(0).standard_normal(3 * n, dtype=np.float32))
     errors = commit_with_threads(tmp_path, n, size, payload, fail_rank=1)
     assert sorted(errors) == [0, 1, 2] and all("failed on rank 1" in e for e in errors.values())
+    assert list(tmp_path.iterdir()) == []  # no checkpoint, no .tmp
+
+
+def test_a_failed_publish_on_rank_0_reaches_every_rank_and_leaves_no_tmp(tmp_path):
+    """Every rank's blocks are durable and rank 0's rename step fails: the verdict, not the votes, carries it."""
+    n, size = 50_001, 3
+    payload = np.abs(np.random.default_rng(4).standard_normal(3 * n, dtype=np.float32))
+
+    def refused() -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    errors = commit_with_threads(tmp_path, n, size, payload, before_rename=refused)
+    assert sorted(errors) == [0, 1, 2] and all("failed on rank 0" in e for e in errors.values())
+    assert "Input/output error" in errors[0]
     assert list(tmp_path.iterdir()) == []  # no checkpoint, no .tmp
 
 

@@ -2,14 +2,17 @@
 
 Reads and writes no files. Under torchrun a signal reaches the workers at different moments (the launcher forwards
 SIGTERM/SIGINT to each in turn; SLURM may signal only some; `andrea ctl` and SIGHUP reach rank 0 alone, through
-`train.pid`). So at every boundary, before `boundary_action`, the ranks exchange their requests in ONE tiny
-all-reduce MAX of three int64 (`share`), and every rank then decides from the same merged Requests — the same
-checkpoint for the same step, the same stop, the same pivot:
+`train.pid`), and a commit's outcome reaches each rank's event loop at its own moment. So at every boundary,
+before `boundary_action`, the ranks exchange their requests in ONE tiny all-reduce MAX of four int64 (`share`),
+and every rank then decides from the same merged Requests — the same checkpoint for the same step, the same stop,
+the same pivot, the same failure:
 
     index  meaning       encoding (0 = nothing requested)
     0      stop          1 SIGTERM, 2 SIGINT, 3 any other reason (MAX: one of them; only the log line differs)
     1      checkpoint    FAR - checkpoint_at, so MAX is the EARLIEST pending request (one checkpoint, the first due)
     2      pivot         1 when a hot pivot (SIGHUP on some rank) is pending
+    3      failed        1 when a checkpoint write failed under `checkpoint.on_write_error = "stop"`: every rank
+                         exits 1 at this boundary (none is left waiting in the next step's collectives)
 
 `decide` is the pure merge (what the all-reduce computes, then decoded), tested without processes; `merge` applies
 an agreement to one rank's Requests. A rank that learns of a pivot from another reads the same
@@ -34,24 +37,28 @@ STOP_NAMES = ("SIGTERM", "SIGINT")
 FAR = 1 << 62
 
 
+FAILED_ELSEWHERE = 'a checkpoint write failed on another rank (checkpoint.on_write_error = "stop"); see its log'
+
+
 @dataclass(frozen=True)
 class Agreed:
     stop: str | None = None
     checkpoint_at: int | None = None
     pivot: bool = False
+    failed: bool = False
 
 
 def encode(req: Requests) -> list[int]:
     """One rank's pending requests as the vector the ranks all-reduce (MAX)."""
     stop = 0 if req.stop is None else (STOP_NAMES.index(req.stop) + 1 if req.stop in STOP_NAMES else 3)
     checkpoint = 0 if req.checkpoint_at is None else FAR - req.checkpoint_at
-    return [stop, checkpoint, int(req.pivot)]
+    return [stop, checkpoint, int(req.pivot), int(req.failed is not None)]
 
 
 def decode(vector: list[int]) -> Agreed:
-    stop, checkpoint, pivot = vector
+    stop, checkpoint, pivot, failed = vector
     name = None if stop == 0 else (STOP_NAMES[stop - 1] if stop <= len(STOP_NAMES) else "stop on another rank")
-    return Agreed(name, None if checkpoint == 0 else FAR - checkpoint, bool(pivot))
+    return Agreed(name, None if checkpoint == 0 else FAR - checkpoint, bool(pivot), bool(failed))
 
 
 def decide(vectors: list[list[int]]) -> Agreed:
@@ -66,6 +73,8 @@ def merge(req: Requests, agreed: Agreed) -> bool:
         log.warning("%s reached another rank: stopping at this step boundary with the others", agreed.stop)
     if agreed.checkpoint_at is not None and (req.checkpoint_at is None or agreed.checkpoint_at < req.checkpoint_at):
         req.checkpoint_at = agreed.checkpoint_at
+    if agreed.failed and req.failed is None:
+        req.failed = FAILED_ELSEWHERE
     learned = agreed.pivot and not req.pivot
     req.pivot = req.pivot or agreed.pivot
     return learned

@@ -308,6 +308,8 @@ class TrainingRun:
         start = self.step
         try:
             while True:
+                if self.writer.last_error and ck.on_write_error == "stop" and self.req.failed is None:
+                    self.req.failed = self.writer.last_error  # every rank exits at the boundary that shares it
                 if ranks.share(self.world, self.req):  # a hot pivot asked on rank 0: the same policy file
                     self.next_cfg = pivot.read_policy(self.run_dir / pivot.NEXT_POLICY, self.cfg)
                 action = boundary_action(self.step, stop_at, ck.every, self.req)
@@ -332,8 +334,8 @@ class TrainingRun:
                     await self.audit(trainer, proxy)
                 if action.stop:
                     break
-                if self.writer.last_error and ck.on_write_error == "stop":
-                    raise RunFailed(self.writer.last_error)
+                if self.req.failed:
+                    raise RunFailed(self.req.failed)
                 self.take_records(records.make_room(), proxy, progress)
                 fut = loop.run_in_executor(self.train, self._step, trainer, records, batch)
                 next_step = self.step + 1

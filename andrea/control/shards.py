@@ -4,7 +4,8 @@ Writes `step_NNNNNN.bin` (format: andrea/checkpoint.py) and, through `before_com
 (ledger fsync, `step_NNNNNN.state.json`, `.state.json`). Each ZeRO-1 rank holds the slice [lo, hi) of w, m and
 v (andrea/zero.py); a rank's staging buffer (ShardImage) holds its w[lo:hi], m[lo:hi] and v[lo:hi].
 
-The commit, on every rank's I/O thread, three tiny collectives on the `io` group (andrea/distributed.py):
+The commit, on every rank's I/O thread, over the `io` group (andrea/distributed.py): one tiny collective, then
+one message from each rank to rank 0 and one back.
     rank 0     claim the run directory's spare: rename it onto `step_N.bin.tmp` (andrea/spare.py)
     exchange   all-gather every rank's tails, the bytes of its slices that fall in a block another rank writes
                (under 4 KiB per slice; andrea/control/shard_layout.py). Also the order: no rank opens the `.tmp`
@@ -14,23 +15,26 @@ The commit, on every rank's I/O thread, three tiny collectives on the `io` group
                slices; pwrite the whole blocks it owns, with O_DIRECT from its ShardImage (the rank writing the
                last block then cuts the file to 8 + 12·n); fsync. Rank 0 first runs before_commit (ledger
                fsync, companions) while the others already write.
-    agree 1    (every block and companion is durable, or someone failed: rank 0 removes the .tmp)
-    rank 0     rename onto `step_N.bin`, fsync the directory (checkpoint.publish_checkpoint)
-    agree 2    (everyone learns the outcome: the same `last_committed` on every rank, so the same decisions);
-               then rank 0 applies retention (a released checkpoint becomes the spare)
+    vote       every rank to rank 0: 0 when its blocks (rank 0: and companions) are durable, else its rank + 1
+    rank 0     no failure: rename onto `step_N.bin`, fsync the directory (checkpoint.publish_checkpoint);
+               a failure: remove the `.tmp`
+    verdict    rank 0 to every rank: 0 (committed) or the failing rank + 1 (rank 0's own, a failed publish
+               included). Every rank learns the same outcome, so every rank keeps the same `last_committed`
+               and takes the same decisions; a rank leaves a failed commit only once the `.tmp` is gone. Rank 0
+               sends it and returns (then applies retention: a released checkpoint becomes the spare), without
+               the round trip an all-reduce would add to its commit.
 The atomic protocol of one process, unchanged: the rename is the commit point, and it happens only after every
-block is fsynced. Every block of the file has exactly one writer, and every write is whole, aligned blocks: no
-page cache, no read-modify-write of a block two ranks share, no buffered write waiting for the inode behind the
-other ranks' O_DIRECT writes. A rank that dies anywhere before agree 1 leaves a `.tmp` at most (removed at the
-next start); after it, the checkpoint is complete.
-
-Failure: agreement values carry rank + 1 of a failing rank (MAX), so every rank reports the same failure.
+rank's blocks are fsynced. Every block of the file has exactly one writer, and every write is whole, aligned
+blocks: no page cache, no read-modify-write of a block two ranks share, no buffered write waiting for the inode
+behind the other ranks' O_DIRECT writes. A rank that dies anywhere before its vote leaves a `.tmp` at most
+(removed at the next start); after rank 0's rename, the checkpoint is complete.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -47,6 +51,7 @@ from andrea.distributed import World
 if TYPE_CHECKING:
     from andrea.trainer import Fence  # a CUDA event or a HostCopy
 
+log = logging.getLogger("andrea.shards")
 
 
 def write_blocks(path: Path, writes: list[tuple[int, memoryview]], direct: ckpt.DirectIO,
@@ -59,8 +64,8 @@ def write_blocks(path: Path, writes: list[tuple[int, memoryview]], direct: ckpt.
     the point. No preallocation: with every rank writing from the first moment, a fallocate(2) of the whole
     file competes with their writes for the inode (measured on ext4: 2 writers at 0.92-0.94x one writer's
     throughput into a preallocated fresh file, 0.96x without). A full disk fails some rank's write instead, and
-    the agreement removes the `.tmp`. fsync is per file, whichever descriptor wrote: each rank's covers its own
-    blocks."""
+    rank 0 removes the `.tmp` on that rank's vote. fsync is per file, whichever descriptor wrote: each rank's
+    covers its own blocks."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
@@ -108,19 +113,8 @@ def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardI
             return
         try:
             fn()
-        except Exception as e:  # noqa: BLE001 - every rank must reach the agreement, whatever went wrong
+        except Exception as e:  # noqa: BLE001 - every rank must vote, whatever went wrong
             error.append(f"{e.strerror or e}" if isinstance(e, OSError) else repr(e))
-
-    def agree() -> None:
-        failed = world.max_ints([world.rank + 1 if error else 0], group="io")[0]
-        if failed:
-            if world.leader:
-                tmp.unlink(missing_ok=True)
-            # Nobody leaves before the .tmp is gone: a later commit of the same step (after a rollback) opens
-            # that name again without truncating it, and must never find this attempt's bytes or lose its own.
-            world.max_ints([0], group="io")
-            why = error[0] if error else "see that rank's log"
-            raise ShardFailure(f"{final}: checkpoint write failed on rank {failed - 1}: {why}")
 
     def write(tails: list[torch.Tensor]) -> None:
         staged.fill(tails, ckpt.header(step, n))
@@ -137,10 +131,23 @@ def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardI
         attempt(lambda: spare.claim(tmp))
     tails = world.all_gather_bytes(staged.tails(), group="io")  # after it, no rank opens the .tmp too early
     attempt(lambda: write(tails))
-    agree()
+    votes = world.to_leader(world.rank + 1 if error else 0)
     if world.leader:
-        attempt(publish)
-    agree()
+        failed = max(votes)
+        if not failed:
+            attempt(publish)
+            failed = 1 if error else 0
+        if failed:  # before the verdict, so no rank still writes into it when a later commit opens the name
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError as e:  # the verdict must go out: the next start removes a `.tmp`
+                log.error("%s: could not remove the failed commit's file: %s", tmp, e.strerror or e)
+        world.from_leader(failed)
+    else:
+        failed = world.from_leader(0)
+    if failed:
+        why = error[0] if error else "see that rank's log"
+        raise ShardFailure(f"{final}: checkpoint write failed on rank {failed - 1}: {why}")
     return final
 
 

@@ -34,6 +34,7 @@ class Requests:
     checkpoint_asked: int = 0  # signals received for it, coalesced
     landing: int | None = None  # step of a requested checkpoint taken but not yet committed
     pivot: bool = False
+    failed: str | None = None  # why the run ends with exit 1 at this boundary (a failed write, stop policy)
     received: list[str] = field(default_factory=list)
 
     def ask_checkpoint(self, current_step: int, every: int, align: str) -> bool:

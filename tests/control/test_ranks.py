@@ -9,8 +9,8 @@ from andrea.control.signals import Requests, boundary_action
 from andrea.distributed import World, check_batch, row_bounds, shard_bounds, shard_size
 
 
-def req(stop=None, checkpoint_at=None, pivot=False) -> Requests:
-    return Requests(stop=stop, checkpoint_at=checkpoint_at, pivot=pivot)
+def req(stop=None, checkpoint_at=None, pivot=False, failed=None) -> Requests:
+    return Requests(stop=stop, checkpoint_at=checkpoint_at, pivot=pivot, failed=failed)
 
 
 def agree_all(local: list[Requests]) -> list[Requests]:
@@ -54,10 +54,21 @@ def test_a_pivot_reaches_the_ranks_that_did_not_see_sighup():
     assert boundary_action(30, 1000, 100, local[1]).pivot
 
 
+def test_a_failed_write_on_one_rank_fails_every_rank_at_the_same_boundary():
+    """The commit's verdict reaches each rank's event loop at its own moment: one rank may hold the failure at a
+    boundary where another does not yet; the exchange gives it to all (none would be left in the next step)."""
+    why = "step_000020.bin: checkpoint write failed on rank 1: No space left on device"
+    local = agree_all([req(), req(failed=why), req()])
+    assert [r.failed for r in local] == [ranks.FAILED_ELSEWHERE, why, ranks.FAILED_ELSEWHERE]
+    assert {r.failed for r in agree_all([req(failed=why), req(failed=why)])} == {why}  # its own reason kept
+    assert [r.failed for r in agree_all([req(), req()])] == [None, None]
+
+
 def test_encoding_round_trips():
-    for r in (req(), req("SIGINT"), req("SIGTERM", 5, True), req(None, 0), req(None, 10**9)):
+    for r in (req(), req("SIGINT"), req("SIGTERM", 5, True), req(None, 0), req(None, 10**9), req(failed="x")):
         got = ranks.decode(ranks.encode(r))
-        assert (got.stop, got.checkpoint_at, got.pivot) == (r.stop, r.checkpoint_at, r.pivot)
+        assert (got.stop, got.checkpoint_at, got.pivot, got.failed) == (r.stop, r.checkpoint_at, r.pivot,
+                                                                        r.failed is not None)
 
 
 def test_one_process_shares_nothing():

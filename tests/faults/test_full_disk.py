@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import re
 import signal
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,8 @@ from andrea.control.writer import CheckpointWriter
 from tests.faults.conftest import remount_size
 from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, first_line_with, last_error_line,
                                   newest_committed, stale_tmp)
-from tests.runs import Trainer, seed_data, train
+from tests.runs import ROOT, Trainer, env, seed_data, train
+from tests.test_distributed import launcher_argv
 
 ENOSPC_TEXT = os.strerror(errno.ENOSPC)
 
@@ -80,6 +82,26 @@ def test_full_disk_with_the_stop_policy_exits_1_at_the_first_failed_write(prepar
     REPORT.note("full disk", f"tmpfs, stop: exit {result.returncode}; {message[:200]}")
     assert result.returncode == 1, result.stderr[-3000:]
     assert "step_000020.bin" in message and ENOSPC_TEXT in message, message
+    led = check_ledger(run, 10)
+    assert led.ok, (led.broken, led.lost[:10])
+    assert max(e["step"] for e in led.entries if "event" not in e) < 40, "kept training after the failed write"
+    assert newest_committed(run) == 10 and not checkpoint_problems(run, n_params)
+    assert not list(run.glob("step_*.bin.tmp"))
+
+
+def test_full_disk_under_torchrun_with_the_stop_policy_ends_every_worker_with_the_error(prepared, tmpfs, n_params):
+    """Two ranks: the failure reaches each rank's event loop at its own moment, and the boundary exchange makes
+    them stop together (ranks.py): each worker exits with the error line, none is left in a collective."""
+    run = seed_data(prepared, tmpfs(_one_and_a_half_checkpoints(prepared, n_params)))
+    result = subprocess.run(launcher_argv(run, "--steps", "1000", "--checkpoint-every", "10", "--set",
+                                          'checkpoint.on_write_error="stop"'),
+                            capture_output=True, text=True, timeout=300, env=env(), cwd=ROOT)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("andrea: error: ")]
+    REPORT.note("full disk", f"tmpfs, 2 ranks, stop: exit {result.returncode}; {errors[:1]}")
+    assert result.returncode != 0
+    assert len(errors) == 2, result.stderr[-4000:]  # one per worker
+    assert all("step_000020.bin" in e for e in errors), errors
+    assert not re.search(r'File ".*/andrea/', result.stderr), result.stderr[-4000:]  # no worker's traceback
     led = check_ledger(run, 10)
     assert led.ok, (led.broken, led.lost[:10])
     assert max(e["step"] for e in led.entries if "event" not in e) < 40, "kept training after the failed write"
