@@ -8,11 +8,11 @@ other round, so a drift of the disk within a round cancels), after an untimed wa
                    staging image; commit = checkpoint.commit_image (O_DIRECT when the filesystem takes it, +
                    ftruncate + fsync + rename + directory fsync).
     N writers      every rank, as the ShardedCheckpointWriter (andrea/control/shards.py): snapshot = memcpy of its
-                   12·n/N bytes of slices into its ShardImage; commit = shards.commit_shards (every rank writes its
-                   slices into the one .tmp, O_DIRECT for their block-aligned middles, + fsync; rank 0 adds the
-                   header, sets the length and renames): rank 0's wall time from a barrier to its return, which
-                   its last agreement holds back until every rank's part is done (a trailing barrier would add a
-                   collective's latency that the one writer does not pay); stall = the slowest rank's snapshot.
+                   12·n/N bytes of slices into its ShardImage; commit = shards.commit_shards (the tails'
+                   exchange; every rank writes its whole blocks of the one .tmp with O_DIRECT, + fsync; rank 0,
+                   once every vote is in, renames and sends the verdict): rank 0's wall time from a barrier to its
+                   return, which waits for every rank's vote (a trailing barrier would add a collective's latency
+                   that the one writer does not pay); stall = the slowest rank's snapshot.
     ..., spare     both again into the run directory's spare (andrea/spare.py): each commit's file is then
                    released the way retention releases one, and the next commit of that pair overwrites its
                    blocks. Every commit of a run after its first keep_last + 1 is this case.
@@ -107,7 +107,7 @@ def worker(rank: int, size: int, port: int, n: int, repeats: int, out_dir: str, 
                 world.barrier()
                 t1 = time.perf_counter()
                 path = commit_shards(world, run_dir, step, n, staging, ckpt.DirectIO("buffered" not in method))
-                commit = time.perf_counter() - t1  # rank 0's: its last agreement returns after every rank's part
+                commit = time.perf_counter() - t1  # rank 0's: it publishes after every rank's vote
                 stall = max(world.gather(stall))
             elif world.leader:
                 t0 = time.perf_counter()
