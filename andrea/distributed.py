@@ -176,11 +176,11 @@ class World:
         import torch.distributed as dist
         t = torch.tensor([value], dtype=torch.int64)
         if not self.leader:
-            dist.send(t, dst=0, group=self.groups[group])
+            dist.send(t, group=self.groups[group], group_dst=0)
             return None
         out = [value]
         for r in range(1, self.size):
-            dist.recv(t, src=r, group=self.groups[group])
+            dist.recv(t, group=self.groups[group], group_src=r)
             out.append(int(t))
         return out
 
@@ -193,9 +193,9 @@ class World:
         t = torch.tensor([value], dtype=torch.int64)
         if self.leader:
             for r in range(1, self.size):
-                dist.send(t, dst=r, group=self.groups[group])
+                dist.send(t, group=self.groups[group], group_dst=r)
             return value
-        dist.recv(t, src=0, group=self.groups[group])
+        dist.recv(t, group=self.groups[group], group_src=0)
         return int(t)
 
     def max_ints(self, values: list[int], group: str = "control") -> list[int]:
