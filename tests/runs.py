@@ -40,6 +40,14 @@ def train(run_dir: Path, *args: str, timeout: float = 300, extra_env: dict | Non
     return andrea("train", *TINY, "--run-dir", str(run_dir), *args, timeout=timeout, extra_env=extra_env)
 
 
+def launcher_argv(run_dir: Path, *args: str, nproc: int = 2, launch: tuple = ()) -> list[str]:
+    """`torchrun` (as `python -m torch.distributed.run`) training the tiny preset in `run_dir`, one node by
+    default."""
+    launch = launch or ("--standalone", f"--nproc_per_node={nproc}")
+    return [sys.executable, "-m", "torch.distributed.run", *launch, "-m", "andrea", "train", *TINY,
+            "--run-dir", str(run_dir), *args]
+
+
 def seed_data(template: Path, run_dir: Path) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy(template / "tokenizer.json", run_dir / "tokenizer.json")

@@ -17,7 +17,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -30,7 +29,8 @@ from andrea.control import shards
 from andrea.control.shard_layout import ShardImage
 from andrea.control.shards import ShardFailure, commit_shards
 from andrea.distributed import World, shard_bounds
-from tests.runs import ROOT, TINY, Trainer, andrea, env, header, ledger, seed_data, steps_in_ledger, train
+from tests.runs import (ROOT, TINY, Trainer, andrea, env, header, launcher_argv, ledger, seed_data,
+                        steps_in_ledger, train)
 from tests.test_direct_io import Disk
 
 TARGET, EVERY = 60, ["--checkpoint-every", "20"]
@@ -50,12 +50,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def launcher_argv(run_dir, *args, nproc: int = 2, launch: tuple = ()) -> list[str]:
-    launch = launch or ("--standalone", f"--nproc_per_node={nproc}")
-    return [sys.executable, "-m", "torch.distributed.run", *launch, "-m", "andrea", "train", *TINY,
-            "--run-dir", str(run_dir), *args]
 
 
 def torchrun(run_dir, *args, nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -26,8 +26,7 @@ from andrea.control.writer import CheckpointWriter
 from tests.faults.conftest import remount_size
 from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, first_line_with, last_error_line,
                                   newest_committed, stale_tmp)
-from tests.runs import ROOT, Trainer, env, seed_data, train
-from tests.test_distributed import launcher_argv
+from tests.runs import ROOT, Trainer, env, launcher_argv, seed_data, train
 
 ENOSPC_TEXT = os.strerror(errno.ENOSPC)
 
