@@ -6,7 +6,7 @@ PRESET ?= andrea-12m
 RUN_DIR ?= runs/$(PRESET)
 ARGS ?=
 
-.PHONY: train test faults bench gpu-wheels venv clean
+.PHONY: train test faults mutants bench gpu-wheels venv clean kernels-gpu-triton
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,9 +27,30 @@ test: venv
 faults: venv
 	ANDREA_FAULT_KILLS=200 $(PY) -m pytest -q -s tests/faults $(ARGS)
 
+# Mutations of the durable paths, one at a time in a scratch copy, each followed by the tests that should catch it:
+# one table, exit 0 only if every one is caught (tests/mutants.py; ~6 min on 2 cores). Opt-in, like `make faults`.
+mutants: venv
+	$(PY) -m tests.mutants $(ARGS)
+
 bench: venv
 	$(PY) bench/checkpoint.py --preset andrea-12m
 	$(PY) bench/train.py
+
+# The kernel tests (interpreter) under the GPU image's Triton, beside the pinned one that `make test` uses: a venv
+# holding only triton==$(TRITON_GPU_IMAGE) and numpy<2.4 (Triton 3.6's interpreter turns shape-(1,) arrays into
+# ints, which NumPy 2.4 refuses: 61 kernel tests fail for that alone), everything else read from $(VENV) through a
+# .pth file. Needs the network once; ~2 min on 2 cores. Opt-in, like `make faults`.
+TRITON_GPU_IMAGE ?= 3.6.0
+TRITON_VENV ?= build/triton36-venv
+kernels-gpu-triton: venv
+	@test -f $(TRITON_VENV)/.installed || { \
+	    $$($(PY) -c 'import sys; print(sys._base_executable)') -m venv $(TRITON_VENV) \
+	    && $(TRITON_VENV)/bin/pip install --quiet "triton==$(TRITON_GPU_IMAGE)" "numpy<2.4" \
+	    && $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+	        > $$($(TRITON_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/andrea-venv.pth \
+	    && touch $(TRITON_VENV)/.installed; }
+	TRITON_INTERPRET=1 $(TRITON_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+	    -W "ignore:Conversion of an array with ndim:DeprecationWarning" tests/kernels $(ARGS)
 
 # Wheels the offline GPU machine lacks, for bench/gpu_check.sh (carry build/gpu_wheels to the device).
 gpu-wheels:

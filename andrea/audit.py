@@ -37,6 +37,11 @@ def evaluate(trainer: Trainer, arms: list[ArmTokens], cfg: RunConfig) -> dict[st
     return losses
 
 
+def target_loss(losses: dict[str, float], target: dict[str, float]) -> float:
+    """The objective the data mixture serves (`policy.target`): Σ target[a]·losses[a] over the weighted arms."""
+    return sum(target[a] * losses[a] for a in losses) / sum(target[a] for a in losses)
+
+
 def prompt_generator(seed: int, step: int, prompt: str) -> torch.Generator:
     """The generator prompt `prompt` samples from at `step`: keyed by the prompt's text, not its index."""
     key = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "little")

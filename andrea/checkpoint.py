@@ -59,6 +59,10 @@ WRITE_CHUNK = 64 << 20  # bytes per write() call: bounded syscalls, lets a slow 
 # O_DIRECT alignment of buffer address, file offset and write length: logical block sizes are 512 or 4096 on
 # current disks, so 4096 serves both; a device needing more refuses the first write (EINVAL) -> buffered.
 DIRECT_ALIGN = 4096
+# errnos of an O_DIRECT refusal at the first write, where the buffered path takes over: EINVAL (the filesystem, or
+# an alignment the device wants larger), EFAULT (memory the kernel cannot pin for DMA: pinned CUDA host memory is
+# under some sandboxes; a buffered write copies from it fine). The one-file and the sharded writer share them.
+DIRECT_REFUSED_AT_WRITE = (errno.EINVAL, errno.EFAULT)
 
 log = logging.getLogger("andrea.checkpoint")
 
@@ -242,7 +246,7 @@ def _write_direct(path: str | Path, padded: memoryview, size: int) -> None:
         try:  # a refusal shows at the first write; later writes are past that question
             first = os.pwrite(fd, padded[:min(len(padded), WRITE_CHUNK)], 0)
         except OSError as e:
-            if e.errno in (errno.EINVAL, errno.EFAULT):
+            if e.errno in DIRECT_REFUSED_AT_WRITE:
                 raise _Refused("first write") from e
             raise
         pwrite_all(fd, padded[first:], first)  # a short DIO write stops on a block boundary: still aligned
@@ -256,8 +260,8 @@ def write_image(path: str | Path, image, size: int, direct: DirectIO) -> None:
     """Write the first `size` bytes of the aligned image to `path` (created or truncated) and fsync it.
 
     With `direct` enabled: O_DIRECT from `image` itself, all of it up to the next DIRECT_ALIGN boundary, then
-    ftruncate to `size`. Refused (EINVAL at open or first write): `direct` turns off, and the same bytes are
-    written buffered. Any other error propagates (the caller removes the file).
+    ftruncate to `size`. Refused (EINVAL at open, DIRECT_REFUSED_AT_WRITE at the first write): `direct` turns
+    off, and the same bytes are written buffered. Any other error propagates (the caller removes the file).
     """
     view = memoryview(image).cast("B")
     padded = -(-size // DIRECT_ALIGN) * DIRECT_ALIGN

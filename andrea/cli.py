@@ -1,6 +1,7 @@
 """`python -m andrea …`: the stable command line (scripts, tests and systemd units depend on it).
 
     train    train (or resume) a run in a run directory
+    prepare  prepare a run's data (tokenizer, token files) without training; train's first start does the same
     info     a preset's size and parameter layout, as JSON
     verify   validate checkpoints (a run directory or one file)
     sample   generate text from a checkpoint
@@ -68,31 +69,44 @@ def cmd_train(args: argparse.Namespace) -> int:
     early = EarlySignals()  # before the slow imports: a SIGTERM from now on ends in a clean stop
     run_dir = Path(args.run_dir)
     cfg = resolve_config(args, run_dir)
+    init_from = Path(args.init_from) if args.init_from else None
+    # Everything that can be refused is refused before the run directory is created or written to.
+    check_init_from(init_from)
+    import torch
+
+    from andrea import devices
+    from andrea.distributed import World, check_batch
+    world = World.from_env()  # torchrun's RANK / WORLD_SIZE / LOCAL_RANK; one process without them
+    check_batch(cfg.train.batch_size, world.size, cfg.train.micro_batch_size)
+    device_type, kernels = devices.resolve(cfg.train.device, cfg.train.kernels, world.local_rank, world.distributed)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OSError(f"{run_dir}: cannot create the run directory: {e.strerror}") from None
     if not os.access(run_dir, os.W_OK | os.X_OK):
         raise OSError(f"{run_dir}: the run directory is not writable")
-    import torch
-
-    from andrea.distributed import World, check_batch
-    from andrea.trainer import resolve_device, resolve_kernels
-    world = World.from_env()  # torchrun's RANK / WORLD_SIZE / LOCAL_RANK; one process without them
-    check_batch(cfg.train.batch_size, world.size)
-    device = world.device(resolve_device(cfg.train.device))
-    kernels = resolve_kernels(cfg.train.kernels, device)
-    if kernels == "triton" and device.type == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # must precede the first `import triton`
+    device = world.device(torch.device(device_type))
     torch.set_num_threads(max(1, torch.get_num_threads()))
     from andrea.control.runtime import TrainingRun
     world.init(device)
     try:
-        run = TrainingRun(cfg, run_dir, device=device, kernels=kernels,
-                          init_from=Path(args.init_from) if args.init_from else None, early=early, world=world)
+        run = TrainingRun(cfg, run_dir, device=device, kernels=kernels, init_from=init_from, early=early,
+                          world=world)
         return run_async(run.main(cfg.train.steps))
     finally:
         world.close()
+
+
+def check_init_from(path: Path | None) -> None:
+    """--init-from names a file, or a GPT-2 directory holding weights (export.weights_file); checked before the
+    run directory is touched (the file itself is validated when the run starts)."""
+    if path is None:
+        return
+    from andrea.export import is_weights, weights_file
+    if is_weights(path):
+        weights_file(path)  # no such file / a directory without weights: one line naming it
+    elif not path.is_file():
+        raise FileNotFoundError(f"{path}: --init-from: {'not a file' if path.exists() else 'no such file'}")
 
 
 def run_async(coro) -> int:
@@ -104,15 +118,42 @@ def run_async(coro) -> int:
         return asyncio.run(coro)
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from andrea.data.command import prepare_command
+    run_dir = Path(args.run_dir)
+    cfg = resolve_config(args, run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"{run_dir}: cannot create the run directory: {e.strerror}") from None
+    return prepare_command(cfg, run_dir)
+
+
 def cmd_info(args: argparse.Namespace) -> int:
+    """The JSON on stdout; the device-memory estimate (andrea/memory.py) also as one line on stderr."""
+    from andrea import memory
     from andrea.model import layout_for, n_params
+    overrides = list(args.set or [])
+    if args.micro_batch_size is not None:
+        overrides.append(f"train.micro_batch_size={args.micro_batch_size}")
+    if args.activation_checkpointing:
+        overrides.append('train.activation_checkpointing="blocks"')
     cfg = config_mod.load(preset=args.preset if args.preset or args.config else DEFAULT_PRESET,
-                          config_file=args.config, overrides=args.set or [])
+                          config_file=args.config, overrides=overrides)
     layout = layout_for(cfg.model)
     n = n_params(layout)
+    tc = cfg.train
+    est = memory.estimate(cfg.model, n, memory.micro_batch_rows(tc.micro_batch_size, tc.batch_size),
+                          activation_checkpointing=tc.activation_checkpointing, device=args.device)
     print(json.dumps({"preset": args.preset, "n_params": n, "checkpoint_bytes": ckpt.checkpoint_bytes(n),
+                      "memory": est.as_dict(),
                       "params": [{"name": p.name, "shape": list(p.shape), "offset": p.offset} for p in layout]},
                      indent=1))
+    mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
+    sys.stderr.write(f"device memory ({args.device}, micro-batch {est.micro_batch_size} of {tc.batch_size} rows, "
+                     f"activation checkpointing {est.activation_checkpointing}): parameters {mib(est.parameters)}, "
+                     f"gradient {mib(est.gradient)}, m and v {mib(est.adam_m_v)}, activations "
+                     f"{mib(est.activations)}, logits {mib(est.logits)}; total {est.total / 2**30:.2f} GiB\n")
     return 0
 
 
@@ -179,7 +220,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_ctl(args: argparse.Namespace) -> int:
     from andrea.control import ctl
-    return ctl.main(Path(args.run_dir), args.action, timeout=args.timeout)
+    return ctl.main(Path(args.run_dir), args.action, timeout=args.timeout)  # status: ops.run_status's report
 
 
 def add_config_flags(p: argparse.ArgumentParser) -> None:
@@ -206,8 +247,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "model.npz, pytorch_model.bin or a GPT-2 directory holding one (andrea export's output)")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("info", help="a preset's size and parameter layout (JSON)")
+    p = sub.add_parser("prepare", help="prepare a run's data (tokenizer, token files) without training")
     add_config_flags(p)
+    p.add_argument("--run-dir", required=True)
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("info", help="a preset's size, parameter layout and device-memory estimate (JSON)")
+    add_config_flags(p)
+    p.add_argument("--micro-batch-size", type=int, metavar="M", help="estimate memory with M rows per pass")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="estimate memory with train.activation_checkpointing = blocks")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cuda: bf16 autocast activations (default); cpu: fp32")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("verify", help="validate checkpoints")

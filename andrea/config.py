@@ -38,7 +38,8 @@ class ModelConfig:
     block_size: int = 128
     """Context length; also the number of learned position embeddings."""
     vocab_size: int = 4096
-    """Size of the byte-level BPE vocabulary trained at the run's first start (at least 256 + specials)."""
+    """Size of the byte-level BPE vocabulary trained at the run's first start (at least 256 + specials); token
+    files are uint16 up to 65,536 and uint32 above."""
     dropout: float = 0.0
     """0 for long pretraining runs; when > 0 the dropout RNG is seeded from (seed, step) so resume stays exact."""
     bias: bool = True
@@ -49,8 +50,8 @@ class ModelConfig:
             raise ConfigError(f"model.n_embd={self.n_embd} is not a multiple of model.n_head={self.n_head}")
         if self.vocab_size < 260:
             raise ConfigError(f"model.vocab_size={self.vocab_size} must be at least 260 (256 bytes + specials)")
-        if self.vocab_size > 65535:
-            raise ConfigError(f"model.vocab_size={self.vocab_size} must fit uint16 token files (<= 65535)")
+        if self.vocab_size > 2**31 - 1:
+            raise ConfigError(f"model.vocab_size={self.vocab_size} must fit int32 token ids")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
         for name in ("n_layer", "n_head", "n_embd", "block_size"):
@@ -95,9 +96,26 @@ class TrainConfig:
     device: str = "auto"
     """auto | cpu | cuda"""
     kernels: str = "auto"
-    """auto | torch | triton (auto = Triton on CUDA, the plain-torch reference on CPU)"""
+    """auto | torch | triton (auto = Triton on a CUDA GPU it runs on, sm_80 or newer; else the plain-torch reference)"""
+    micro_batch_size: int | str = 0
+    """Rows per forward and backward pass: a step runs batch_size / micro_batch_size of them over consecutive
+    slices of its batch, accumulating one gradient, then one AdamW update (same data, same math, less memory).
+    0 = the whole batch (per rank under torchrun); it must divide the batch (per rank). "auto": start from the
+    whole batch and halve it while the first step runs out of memory; the value chosen is written to run.toml."""
+    activation_checkpointing: str = "none"
+    """none | blocks (blocks: keep only each transformer block's input and recompute the block in the backward:
+    the same bytes, less activation memory, ~1/3 more compute)"""
 
     def __post_init__(self) -> None:
+        mb = self.micro_batch_size
+        if mb != "auto" and (type(mb) is not int or mb < 0):
+            raise ConfigError(f"train.micro_batch_size={mb!r} must be a positive integer, 0 (the whole batch) "
+                              f"or \"auto\"")
+        if type(mb) is int and mb and self.batch_size >= 1 and self.batch_size % mb:
+            raise ConfigError(f"train.micro_batch_size={mb} does not divide train.batch_size={self.batch_size}")
+        if self.activation_checkpointing not in ("none", "blocks"):
+            raise ConfigError(f"train.activation_checkpointing={self.activation_checkpointing!r} must be none or "
+                              f"blocks")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"train.device={self.device!r} must be auto, cpu or cuda")
         if self.kernels not in ("auto", "torch", "triton"):
@@ -137,20 +155,35 @@ class CheckpointConfig:
 
 @dataclass
 class SourceConfig:
-    """A user data source ("arm"): text files (a file, a directory or a glob) or a uint16 token file."""
+    """A user data source ("arm"): text, JSON lines or parquet (prepared into token files), or a token file."""
 
     name: str
     """Arm name: unique among arms, used in policy caps/floors and in .state.json."""
     path: str
-    """A file, a directory or a glob of text files; or one token file (kind = tokens)."""
+    """A file, a directory or a glob (`**` recurses); files ending in .gz or .zst are decompressed as they are read."""
     kind: str = "text"
-    """text | tokens (a flat little-endian uint16 array, as nanoGPT's prepare.py writes)"""
+    """text (each file one document) | jsonl (one JSON object per line) | parquet (one row per document) | tokens
+    (one flat little-endian token file, as nanoGPT's prepare.py writes; used in place, never copied)"""
+    field: str = "text"
+    """jsonl: the key that holds each document's text; parquet: the column."""
+    dtype: str = "uint16"
+    """tokens: uint16 | uint32, the file's token width."""
+    max_bytes: int = 0
+    """Cap on the text prepared from this source, in bytes of UTF-8; 0 (the default) prepares the whole source."""
 
     def __post_init__(self) -> None:
-        if self.kind not in ("text", "tokens"):
-            raise ConfigError(f"data.sources[{self.name!r}].kind={self.kind!r} must be 'text' or 'tokens'")
+        where = f"data.sources[{self.name!r}]"
+        if self.kind not in SOURCE_KINDS:
+            raise ConfigError(f"{where}.kind={self.kind!r} must be one of {', '.join(SOURCE_KINDS)}")
+        if self.dtype not in ("uint16", "uint32"):
+            raise ConfigError(f"{where}.dtype={self.dtype!r} must be 'uint16' or 'uint32'")
+        if self.max_bytes < 0:
+            raise ConfigError(f"{where}.max_bytes={self.max_bytes} must be >= 0 (0: the whole source)")
+        if not self.field:
+            raise ConfigError(f"{where}.field must not be empty")
 
 
+SOURCE_KINDS = ("text", "jsonl", "parquet", "tokens")
 BUILTIN_ARMS = ("stdlib-docstrings", "stdlib-code", "pydoc-topics")
 
 
@@ -163,7 +196,11 @@ class DataConfig:
     sources: list[SourceConfig] = field(default_factory=list)
     """User arms, `[[data.sources]]` tables with name, path, kind."""
     max_bytes_per_arm: int = 8_000_000
-    """Cap on the text read per arm at the first start (bounds tokenizer training and preparation time)."""
+    """Cap on the text of each built-in arm (the embedded corpus is small); user sources are prepared whole unless
+    their own `max_bytes` is set. A cap that cuts an arm is logged with how much was used of how much."""
+    tokenizer_sample_bytes: int = 16_000_000
+    """Text the BPE tokenizer is trained on: a deterministic sample drawn evenly across the text arms and their
+    files (the head of each chosen file), so training time and memory do not grow with the corpus."""
     val_fraction: float = 0.05
     """Share of each arm held out for validation (never trained on)."""
     tokenizer: str = "bpe"
@@ -182,6 +219,8 @@ class DataConfig:
             raise ConfigError(f"data: arm names must be unique, got {names}")
         if not 0.0 < self.val_fraction < 0.5:
             raise ConfigError(f"data.val_fraction={self.val_fraction} must be in (0, 0.5)")
+        if self.max_bytes_per_arm < 1 or self.tokenizer_sample_bytes < 1:
+            raise ConfigError("data.max_bytes_per_arm and data.tokenizer_sample_bytes must be >= 1")
 
     def arm_names(self) -> list[str]:
         return list(self.arms) + [s.name for s in self.sources]
@@ -201,10 +240,19 @@ class PolicyConfig:
     """EXP3 learning rate on rescaled rewards."""
     gamma: float = 0.05
     """EXP3 exploration: share of uniform mixing before the caps/floors projection."""
+    target: dict[str, float] = field(default_factory=dict)
+    """The objective the mixture serves: a weight per arm on its held-out loss (arms not listed weigh 1; the
+    weights are normalised to sum 1). Default: the mean over the configured arms, what `eval` markers report as
+    `target_loss`. An arm of weight 0 is sampled only as far as it helps the others (and its floor binds)."""
 
     def __post_init__(self) -> None:
         if self.update_every < 1 or self.eta <= 0 or not 0.0 <= self.gamma <= 1.0:
             raise ConfigError("policy.update_every must be >= 1, policy.eta > 0 and policy.gamma in [0, 1]")
+
+    def target_weights(self, arms: list[str]) -> list[float]:
+        """The normalised target weight of each arm in `arms` (validated by bandit.validate_policy)."""
+        raw = [float(self.target.get(a, 1.0)) for a in arms]
+        return [w / sum(raw) for w in raw]
 
 
 @dataclass
@@ -301,7 +349,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         from andrea.control.bandit import PolicyError, validate_policy  # pure numpy; no import cycle
         try:
-            validate_policy(self.data.arm_names(), self.policy.caps, self.policy.floors)
+            validate_policy(self.data.arm_names(), self.policy.caps, self.policy.floors, self.policy.target)
         except PolicyError as e:
             raise ConfigError(str(e)) from None
 

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from andrea import memory
 from andrea.config import ConfigError
 
 log = logging.getLogger("andrea.distributed")
@@ -57,10 +58,16 @@ def row_bounds(batch_size: int, size: int, rank: int) -> tuple[int, int]:
     return rank * rows, (rank + 1) * rows
 
 
-def check_batch(batch_size: int, size: int) -> None:
+def check_batch(batch_size: int, size: int, micro_batch_size: int | str = 0) -> None:
+    """The global batch splits evenly over the ranks, and each rank's rows into equal micro-batches."""
     if batch_size % size:
         raise ConfigError(f"train.batch_size={batch_size} (the global batch) is not divisible by the world size "
                           f"{size} (torchrun --nnodes × --nproc_per_node)")
+    rows = batch_size // size
+    problem = memory.check_micro_batch(micro_batch_size, rows, f"the {rows} rows of each of the {size} ranks "
+                                       f"(train.batch_size={batch_size})" if size > 1 else None)
+    if problem:
+        raise ConfigError(problem)
 
 
 @dataclass
@@ -91,11 +98,31 @@ class World:
         return self.size > 1
 
     def device(self, device: torch.device) -> torch.device:
-        """On CUDA each process drives the GPU of its LOCAL_RANK."""
+        """On CUDA each process drives the GPU of its LOCAL_RANK. This makes it current on the calling thread
+        only: every other thread that touches the GPU starts with `thread_initializer(device)`."""
         if not self.distributed or device.type != "cuda":
             return device
         torch.cuda.set_device(self.local_rank)
         return torch.device("cuda", self.local_rank)
+
+    @staticmethod
+    def thread_initializer(device: torch.device) -> Callable[[], None] | None:
+        """A thread pool's `initializer` that makes `device` its threads' current CUDA device (None off CUDA).
+
+        CUDA's current device is per host thread, and a new thread starts on device 0. Triton's launcher takes
+        its device and stream from torch.cuda.current_device(), and an event recorded without a stream lands on
+        the current device's current stream: a thread left on device 0 makes rank r > 0 launch into GPU 0's
+        context with cuda:r pointers. A device without an index (one process) means the caller's current one:
+        device 0 until someone chose another (asked without initializing CUDA on the caller's thread)."""
+        if device.type != "cuda":
+            return None
+        index = device.index
+        if index is None:
+            index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+
+        def make_current() -> None:
+            torch.cuda.set_device(index)
+        return make_current
 
     def init(self, device: torch.device) -> None:
         """Join the process group (env:// rendezvous prepared by torchrun) and create the side groups."""
@@ -213,6 +240,11 @@ def reduce_scatter_mean(out: torch.Tensor, flat: torch.Tensor) -> None:
     """out (s,) = this rank's slice of the mean over ranks of flat (P·s,)."""
     import torch.distributed as dist
     dist.reduce_scatter_single(out, flat, op=dist.ReduceOp.AVG)
+
+
+def all_reduce_min(t: torch.Tensor) -> None:
+    import torch.distributed as dist
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
 
 
 def all_reduce_sum(t: torch.Tensor) -> None:

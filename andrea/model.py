@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from andrea.config import ModelConfig
 
@@ -142,6 +143,11 @@ class GPT(nn.Module):
         self.h = nn.ModuleList(Block(cfg, ops.attention, ops.layer_norm) for _ in range(cfg.n_layer))
         self.ln_f = LayerNorm(cfg.n_embd, cfg.bias, ops.layer_norm)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        # Activation checkpointing (train.activation_checkpointing = "blocks", set by the trainer): a block keeps
+        # only its input (B, T, C) and runs its forward again in the backward. Non-reentrant torch.utils.checkpoint
+        # holds back every tensor saved inside the block, the Triton kernels' save_for_backward included, and
+        # replays the RNG state (dropout) and autocast, so the recomputation gives the same bytes.
+        self.checkpoint_blocks = False
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -149,8 +155,9 @@ class GPT(nn.Module):
         B, T = idx.shape
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        recompute = self.checkpoint_blocks and torch.is_grad_enabled()
         for block in self.h:
-            x = block(x)
+            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits, None

@@ -6,6 +6,9 @@
     compare  DIR_A DIR_B [--out PNG]       both loss curves from the branch point; which is lower at the end
     plot     RUN_DIR --out PNG             the loss curve with resumes, pivots and branches marked
 Reads and writes run directories as laid out in control/sidecars.py; appends markers to `.loss.json`.
+A path that is not a run directory (control/ctl.py, `run_dir_problem`) is one `andrea: error:` line naming it,
+before anything is read or written; `status` of a run that has not reached its first step still answers
+(its "state": starting, prepared, empty).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from andrea.control import ctl, pivot, sidecars
 from andrea.control.guard import ledger_summary
 from andrea.control.ledger import LEDGER_NAME, LossLedger, ema, history, marker, read_ledger
 from andrea.control.runlock import RunLock, is_locked, read_pid
+from andrea.data.manifest import data_status
 
 
 def loss_ema(entries: list[dict]) -> list[tuple[int, float]]:
@@ -31,23 +35,37 @@ def loss_ema(entries: list[dict]) -> list[tuple[int, float]]:
 
 def run_config(run_dir: Path) -> config_mod.RunConfig:
     path = run_dir / sidecars.CONFIG_NAME
+    if not run_dir.is_dir():
+        ctl.require_run_dir(run_dir)  # no such directory / not a directory
     if not path.exists():
         raise FileNotFoundError(f"{run_dir}: not a run directory (no {sidecars.CONFIG_NAME})")
     return config_mod.load(base=config_mod.read_toml(path), base_source=str(path))
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    run_dir = Path(args.run_dir)
-    st = ctl.status(run_dir)
+def run_status(run_dir: Path) -> dict:
+    """The report of `andrea status` and `andrea ctl RUN_DIR status`, built here only: the live part
+    (ctl.status: state, trainer pid, step, checkpoints), then the loss EMA, the bandit's phase and shares, and
+    the guard's summary. Before the first step (state starting, prepared or empty) the later fields are null."""
+    st = ctl.status(ctl.require_run_dir(run_dir))
     entries = read_ledger(run_dir / LEDGER_NAME).entries
     steps = history(entries)
     state = sidecars.read_json(run_dir / sidecars.STATE_NAME) or {}
     ema = loss_ema(steps)
     st.update({"loss_ema": ema[-1][1] if ema else None, "phase": state.get("phase"),
                "shares": state.get("shares"), "state_step": state.get("step"),
-               "guard": ledger_summary(entries)})  # incidents, rollbacks, the remedy in force (control/guard.py)
-    print(json.dumps(st, indent=1))
+               "target": (state.get("policy") or {}).get("target"), "target_loss": state.get("target_loss"),
+               "guard": ledger_summary(entries),  # incidents, rollbacks, the remedy in force (control/guard.py)
+               "data": data_status(run_dir)})  # per arm: tokens, source bytes, epochs (andrea/data/manifest.py)
+    return st
+
+
+def print_status(run_dir: Path) -> int:
+    print(json.dumps(run_status(run_dir), indent=1))
     return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    return print_status(Path(args.run_dir))
 
 
 def cmd_pivot(args: argparse.Namespace) -> int:
@@ -94,10 +112,10 @@ def cmd_branch(args: argparse.Namespace) -> int:
     if _n_params(cfg) != n:
         raise config_mod.ConfigError(f"branch: the new configuration has {_n_params(cfg)} parameters, "
                                      f"{ckpt.checkpoint_name(step)} has {n}: a branch keeps the model")
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise FileExistsError(f"{dest}: already exists and is not an empty directory")
     source = parent / ckpt.checkpoint_name(step)
     ckpt.validate(source, n, deep=True)
-    if dest.exists() and any(dest.iterdir()):
-        raise FileExistsError(f"{dest}: already exists and is not empty")
     dest.mkdir(parents=True, exist_ok=True)
     _link_or_copy(source, dest / source.name)
     for companion in sidecars.companions(parent, step):  # the bandit and the guard as of that checkpoint
@@ -139,9 +157,24 @@ def branch_point(a: list[dict], b: list[dict]) -> int:
     return same
 
 
+class NoTrainingSteps(FileNotFoundError):
+    """A run whose ledger holds no step yet, given to a command that reads its curve (an OSError: exit 1)."""
+
+
+def trained_entries(run_dir: Path, what: str) -> list[dict]:
+    """The ledger of a run that has recorded at least one step; else one line saying there is nothing to `what`."""
+    entries = read_ledger(ctl.require_run_dir(run_dir) / LEDGER_NAME).entries
+    if not history(entries):
+        raise NoTrainingSteps(f"{run_dir}: no training step in {LEDGER_NAME} yet: nothing to {what}")
+    return entries
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     dirs = [Path(args.dir_a), Path(args.dir_b)]
-    raw = [read_ledger(d / LEDGER_NAME).entries for d in dirs]
+    out = check_figure_path(args.out) if args.out else None
+    for d in dirs:  # both paths checked before either ledger is read: the line names the one at fault
+        ctl.require_run_dir(d)
+    raw = [trained_entries(d, "compare") for d in dirs]
     start = branch_point(*raw)
     curves = [[e for e in history(r) if e["step"] >= start] for r in raw]
     common = min((c[-1]["step"] for c in curves if c), default=start)
@@ -156,18 +189,32 @@ def cmd_compare(args: argparse.Namespace) -> int:
         lower = dirs[0] if finals[0] <= finals[1] else dirs[1]
         print(f"branch point: step {start}; lower loss EMA at step {common}: {lower} "
               f"(by {abs(finals[0] - finals[1]):.4f})")
-    if args.out:
+    if out is not None:
         from andrea.plots import plot_compare
-        plot_compare(dirs, curves, start, Path(args.out))
-        print(f"wrote {args.out}")
+        plot_compare(dirs, curves, start, out)
+        print(f"wrote {out}")
     return 0
+
+
+def check_figure_path(out: str) -> Path:
+    """--out, checked before any work: a format matplotlib writes (else exit 2), in a directory (else exit 1)."""
+    from andrea.plots import figure_format_problem
+    path = Path(out)
+    problem = figure_format_problem(path)
+    if problem is not None:
+        raise config_mod.ConfigError(f"{path}: {problem}")
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory (--out names the figure's file)")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{path}: no such directory {path.parent}")
+    return path
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from andrea.plots import plot_run
-    run_dir = Path(args.run_dir)
-    plot_run(run_dir, read_ledger(run_dir / LEDGER_NAME).entries, Path(args.out))
-    print(f"wrote {args.out}")
+    run_dir, out = Path(args.run_dir), check_figure_path(args.out)
+    plot_run(run_dir, trained_entries(run_dir, "plot"), out)
+    print(f"wrote {out}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Loss-curve figures (matplotlib, headless): one run with its life events marked, or two runs compared.
 
-Reads ledger entries (control/ledger.py); writes a PNG.
+Reads ledger entries (control/ledger.py); writes one figure file (PNG, or any format its suffix names).
 """
 
 from __future__ import annotations
@@ -11,10 +11,21 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend chosen first: no display on servers)
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
 from andrea.control.ledger import ema, history  # noqa: E402
 
 EMA_LABEL = "loss EMA (β=0.99, bias-corrected, at its mean step)"
+
+
+def figure_format_problem(out: Path) -> str | None:
+    """Why matplotlib cannot write a figure to `out` (its suffix names the format); None when it can."""
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    suffix = out.suffix[1:].lower()
+    if suffix in formats:
+        return None
+    return (f"{'no file suffix' if not suffix else f'.{suffix} is not a figure format'}: "
+            f"name it .png (or {', '.join('.' + f for f in sorted(formats) if f != 'png')})")
 
 
 def smoothed(xs: list[int], ys: list[float]) -> tuple[list[float], list[float]]:
@@ -52,6 +63,10 @@ def plot_run(run_dir: Path, entries: list[dict], out: Path) -> None:
     evals = live_evals(entries)
     if evals:
         ax.plot([e["step"] for e in evals], [e["val_loss"] for e in evals], "o-", ms=3, label="validation")
+        targeted = [e for e in evals if e.get("target_loss") is not None and e["target_loss"] != e["val_loss"]]
+        if targeted:  # policy.target weighs the arms unevenly: the objective the data mixture serves
+            ax.plot([e["step"] for e in targeted], [e["target_loss"] for e in targeted], "s--", ms=3,
+                    label="validation, policy.target")
     labelled = set()
     for e in entries:
         style = EVENT_STYLE.get(e.get("event"))

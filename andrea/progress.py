@@ -33,3 +33,37 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+class ByteProgress:
+    """Data preparation's progress: a tqdm bar of source bytes on a terminal, a log line every few seconds otherwise.
+
+    `base` is the bytes of arms already done in this call; `advance` takes the current arm's bytes read and the
+    tokens written so far."""
+
+    LOG_SECONDS = 5.0
+
+    def __init__(self, total: int, what: str):
+        self.total, self.what, self.base, self.tokens = total, what, 0, 0
+        self.t0 = self.last_log = time.monotonic()
+        self.bar = (tqdm(total=total, unit="B", unit_scale=True, dynamic_ncols=True, desc=what)
+                    if sys.stderr.isatty() and total else None)
+
+    def advance(self, arm_bytes: int, arm_tokens: int) -> None:
+        done = min(self.base + arm_bytes, self.total)
+        now = time.monotonic()
+        rate = done / max(now - self.t0, 1e-9)
+        if self.bar is not None:
+            self.bar.n = done
+            self.bar.set_postfix(tokens=f"{arm_tokens:,}", refresh=False)
+            self.bar.refresh()
+        elif now - self.last_log >= self.LOG_SECONDS:
+            self.last_log = now
+            eta = (self.total - done) / rate if rate > 0 else 0.0
+            log.info("%s: %.1f of %.1f MB (%.0f %%), %s tokens in this arm, %.2f MB/s, eta %s", self.what,
+                     done / 1e6, self.total / 1e6, 100 * done / max(self.total, 1), f"{arm_tokens:,}", rate / 1e6,
+                     time.strftime("%H:%M:%S", time.gmtime(eta)) if eta < 86400 else f"{eta / 86400:.1f}d")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -12,11 +12,23 @@ its first third and their .grad views into `state.grad`. A checkpoint is a copy 
 8-byte header, taken while the next step's forward and backward run (`snapshot`): on a CUDA copy stream, or on
 CPU on the trainer's one helper thread (`andrea-snapshot`); the next optimizer update waits for it. On CUDA the
 forward runs under bf16 autocast while the masters stay fp32.
+
+Micro-batches (`train.micro_batch_size`): a step runs its B rows (B/P per rank) as consecutive slices of b rows,
+each slice's backward adding d(Σ slice losses / B)/dw into the same flat gradient, then ONE AdamW update: the
+gradient is the plain run's up to summation order (the per-row math is the same; only the weight gradients' sums
+over rows are split in B/b parts). The step is atomic for the control plane: it runs every slice or, when a
+slice raises, none of the update. `"auto"` starts from the whole batch and, on the first step only, answers an
+out-of-memory error by halving b and running the step again from a zeroed gradient (memory.next_micro_batch);
+the choice is left in `micro_batch_choice` for the control plane to record (run.toml, the ledger).
+Test hook: `ANDREA_TEST_OOM_ROWS=<rows>` makes a pass over more rows than that raise torch.OutOfMemoryError after
+its forward (an injected CUDA out-of-memory, on any device); never in production.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -25,9 +37,13 @@ from functools import partial
 import torch
 
 from andrea import generate as generation
-from andrea.config import RunConfig, TrainConfig
+from andrea import memory
+from andrea.config import ConfigError, RunConfig, TrainConfig
 from andrea.data.store import DROPOUT_STREAM, rng_for
 from andrea.model import GPT, ModelMath, ParamSpec, bind_flat, decay_mask, init_weights, n_params, param_layout
+
+log = logging.getLogger("andrea.trainer")
+OOM_HOOK = "ANDREA_TEST_OOM_ROWS"
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -116,6 +132,11 @@ class Trainer:
         self._snapshot_done: Fence | None = None
         # The guard's remedy (control/guard.py): lr = lr_at(step) · lr_scale; saved beside every checkpoint.
         self.lr_scale = 1.0
+        self.model.checkpoint_blocks = cfg.train.activation_checkpointing == "blocks"
+        self.micro_batch: int | None = None  # rows per pass, fixed at the first step (per rank)
+        self._auto = cfg.train.micro_batch_size == "auto"  # until the first step has run
+        self.micro_batch_choice: dict | None = None  # what "auto" chose, for the control plane to record
+        self._oom_rows = int(os.environ.get(OOM_HOOK, "0") or 0)  # test hook (module docstring)
 
     # --- state -------------------------------------------------------------------------------------------
     def load(self, payload: torch.Tensor) -> None:
@@ -143,7 +164,7 @@ class Trainer:
             with torch.cuda.stream(self._copy_stream):
                 for dst, src in zip(dests, srcs):
                     dst.copy_(src, non_blocking=True)
-                fence = torch.cuda.Event()
+                fence = torch.cuda.Event(blocking=True)  # the writer's synchronize() sleeps, never spins a core
                 fence.record(self._copy_stream)
         self._snapshot_done = fence
         return fence
@@ -158,30 +179,87 @@ class Trainer:
 
     # --- one step ----------------------------------------------------------------------------------------
     def train_step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> StepOutput:
-        """Forward, backward and AdamW update for the batch of `step`; leaves the state at header step + 1."""
+        """Forward and backward of every micro-batch of `step`'s rows, then one AdamW update; leaves the state at
+        header step + 1."""
         tc = self.cfg.train
         self.model.train()
-        self.state.grad.zero_()
-        if self.cfg.model.dropout > 0:  # the only use of torch's global RNG, keyed by (seed, step)
-            torch.manual_seed(int(rng_for(tc.seed, step, DROPOUT_STREAM).integers(2**62)))
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        with self.autocast:
-            _, seq_losses = self.model(x, y)
-        loss = seq_losses.mean()
-        loss.backward()
+        rows = x.shape[0]
+        if self.micro_batch is None:
+            self.micro_batch = memory.micro_batch_rows(tc.micro_batch_size, rows)
+            problem = memory.check_micro_batch(self.micro_batch, rows)
+            if problem:
+                raise ConfigError(problem)
+        seq_losses = self._accumulate_or_halve(step, x, y) if self._auto else self._accumulate(step, x, y)
+        loss = seq_losses.mean()  # (B,) -> (): the whole batch's mean, as one pass computes it
         self._wait_snapshot()
         lr = lr_at(step, tc) * self.lr_scale
         grad_norm = self.adamw(self.state.w, self.state.grad, self.state.m, self.state.v, step=step + 1, lr=lr,
                                beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay,
                                decay_mask=self.decay, max_grad_norm=tc.grad_clip or None)
-        return StepOutput(step + 1, lr, loss.detach(), grad_norm, seq_losses.detach())
+        return StepOutput(step + 1, lr, loss.detach(), grad_norm, seq_losses)
+
+    def _accumulate(self, step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The batch's gradient into the flat `state.grad`, one micro-batch at a time; the per-row losses (B,)."""
+        self.state.grad.zero_()
+        if self.cfg.model.dropout > 0:  # the only use of torch's global RNG, keyed by (seed, step)
+            torch.manual_seed(int(rng_for(self.cfg.train.seed, step, DROPOUT_STREAM).integers(2**62)))
+        rows, mb = x.shape[0], self.micro_batch
+        parts = []
+        for lo in range(0, rows, mb):
+            with self.autocast:
+                seq = self.model(x[lo:lo + mb], y[lo:lo + mb])[1]  # (mb,); the logits are not kept
+            if self._oom_rows and mb > self._oom_rows and lo + mb == rows:
+                raise torch.OutOfMemoryError(f"CUDA out of memory ({OOM_HOOK}={self._oom_rows}, injected)")
+            # d(Σ slice / B): autograd adds each slice's part into the flat gradient in place (model.bind_flat)
+            (seq.mean() if mb == rows else seq.sum() / rows).backward()
+            parts.append(seq.detach())
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _accumulate_or_halve(self, step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """`micro_batch_size = "auto"`, first step: `_accumulate`, halving the micro-batch while it runs out of
+        memory (on any rank: the ranks agree before the update's collectives, `_all_ranks_ok`)."""
+        rows, tried = x.shape[0], []
+        while True:
+            seq = None
+            try:
+                seq = self._accumulate(step, x, y)
+            except torch.OutOfMemoryError as e:
+                error = str(e).splitlines()[0] if str(e) else "out of memory"
+            if self._all_ranks_ok(seq is not None):
+                break
+            # Out of the except block: the failed pass's graph and activations went with its traceback.
+            tried.append(self.micro_batch)
+            smaller = memory.next_micro_batch(rows, self.micro_batch)
+            if smaller is None:
+                raise torch.OutOfMemoryError(f"train.micro_batch_size=auto: out of memory even at one row per pass "
+                                             f"({error if seq is None else 'on another rank'})")
+            log.warning("train.micro_batch_size=auto: out of memory at %d rows per pass (%s); running step %d "
+                        "again at %d", self.micro_batch, error if seq is None else "on another rank", step + 1,
+                        smaller)
+            self.micro_batch = smaller
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        self._auto = False
+        self.micro_batch_choice = {"micro_batch_size": self.micro_batch, "rows": rows, "out_of_memory_at": tried}
+        return seq
+
+    def _all_ranks_ok(self, ok: bool) -> bool:
+        """One process: its own outcome (ZeroTrainer: every rank's)."""
+        return ok
 
     @torch.no_grad()
     def loss_of(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Mean loss of a batch, in passes of the training micro-batch (no more memory than a training pass)."""
         self.model.eval()
-        with self.autocast:
-            _, seq_losses = self.model(x.to(self.device), y.to(self.device))
-        return seq_losses.mean()
+        x, y = x.to(self.device), y.to(self.device)
+        mb = min(self.micro_batch or memory.micro_batch_rows(self.cfg.train.micro_batch_size, x.shape[0]),
+                 x.shape[0])
+        parts = []
+        for lo in range(0, x.shape[0], mb):
+            with self.autocast:
+                parts.append(self.model(x[lo:lo + mb], y[lo:lo + mb])[1])
+        return (parts[0] if len(parts) == 1 else torch.cat(parts)).mean()
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, *, temperature: float, top_k: int,

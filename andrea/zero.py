@@ -3,6 +3,9 @@
 Owns device memory only, like andrea/trainer.py; reads and writes no files. Per rank r of P (bounds:
 andrea/distributed.py, [lo, hi) of the flat n, padded to P·s internally):
 
+    micro      with train.micro_batch_size, step 1 runs this rank's rows as micro-batches that accumulate into
+               the flat gradient (Trainer._accumulate): no collective runs per micro-batch, so the gradient is
+               still reduced ONCE per step, by step 2's reduce-scatter (no no_sync needed: there are no hooks).
     memory     w: the full weights (P·s, the model's parameters are views into its first n), the full
                gradient (P·s), and m, v of the slice only (2·(hi - lo)): the optimizer state is 1/P per rank.
     one step   1. forward and backward on rows [r·B/P, (r+1)·B/P) of the global batch B (every rank drew the
@@ -56,7 +59,7 @@ class ShardState:
 class ZeroTrainer(Trainer):
     def __init__(self, cfg: RunConfig, device: torch.device, kernels: str, world: World):
         super().__init__(cfg, device, kernels)
-        dist_.check_batch(cfg.train.batch_size, world.size)
+        dist_.check_batch(cfg.train.batch_size, world.size, cfg.train.micro_batch_size)
         self.world = world
         full = self.state
         self.state = ShardState(self.n, world, device)
@@ -95,6 +98,12 @@ class ZeroTrainer(Trainer):
         dist_.all_gather(seq, out.seq_losses.float().contiguous())
         # The batch mean over all B rows, as one process computes it (same rows, same order).
         return StepOutput(out.step, out.lr, seq.mean(), out.grad_norm, seq)
+
+    def _all_ranks_ok(self, ok: bool) -> bool:
+        """"auto"'s first step: did every rank's pass fit? (one tiny MIN all-reduce; every rank halves together)"""
+        flag = torch.tensor([int(ok)], dtype=torch.int64, device=self.device)
+        dist_.all_reduce_min(flag)
+        return bool(flag.item())
 
     @torch.no_grad()
     def _zero_adamw(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, step: int,

@@ -7,18 +7,32 @@
 #   kernels_tests  TRITON_INTERPRET=0 pytest tests/kernels: the kernels compiled for CUDA against torch
 #                  (fp32/bf16/fp16 attention by the FlashAttention 2x rule, AdamW vs torch.optim.AdamW,
 #                  cross-entropy, bit-identical reruns); the CPU cases skip (no interpreter).
+#   cuda_paths     bench/cuda_paths.py (issue #27): executor threads on the rank's device (torch and Triton's
+#                  driver); the staging image registered at its exact size vs PyTorch's pinned allocator (bytes,
+#                  D2H GB/s, the copy intact); O_DIRECT from each (EFAULT here or not); CPU burnt by a default vs
+#                  a blocking event's synchronize(); SDPA's bf16 backward rerun bit for bit, with and without
+#                  torch.use_deterministic_algorithms. Fails only on a correctness probe.
 #   train_smoke    the real trainer on CUDA (andrea-12m, --kernels triton): ready line, SIGUSR1 checkpoint
 #                  while training, SIGTERM clean exit, verify, resume +20 steps; two identical 60-step runs
 #                  give the same step_000060.bin (GPU determinism); a run stopped at 30 and resumed to 60
-#                  gives it too (bit-exact resume on GPU).
+#                  gives it too (bit-exact resume on GPU). Two more 60-step runs with --kernels torch (SDPA):
+#                  whether their bytes match is reported (SMOKE torch_kernels_bytes_equal), never a failure:
+#                  the README promises the curve, not the bytes, there.
+#   dist_two_ranks torchrun --nproc_per_node=2 (ZeRO-1, NCCL) for 30 steps with a checkpoint every 10, then
+#                  verify: rank 1 on cuda:1 is where the thread-device bug (issue #27, item 1) showed (Triton
+#                  launching into GPU 0's context with cuda:1 pointers, step records fenced on GPU 0's stream).
+#                  Needs 2 GPUs: one GPU cannot host it (device index 1 does not exist, and NCCL refuses two
+#                  ranks on one GPU: "Duplicate GPU detected"), so there it is reported as skipped; on one GPU
+#                  the cuda_paths probe and tests/test_cuda_paths.py (fakes, rank 1 of 2) carry the check.
 #   kernels_bench  bench/kernels.py: attention vs SDPA flash (bf16), AdamW vs torch fused, GB/s vs peak,
 #                  fused cross-entropy and LayerNorm vs torch (time, GB/s, the cross-entropy's extra memory).
 #   train_bench    bench/train.py: andrea-12m and andrea-120m, andrea (torch / triton) vs a plain-torch loop.
 #   ckpt120_bench  bench/checkpoint.py --preset andrea-120m --repeats 3: snapshot stall and commit GB/s.
 #
-# Writes at most 8 files under $OUT (the device tool returns no more): summary.md (exit codes + key figures),
-# env.txt, kernels_tests.txt, train_smoke.txt, kernels.md, train.md, ckpt120.md, and details.tar.gz (kernels.json,
-# train.json, ckpt120.json and every raw log). Exit status: 0 iff every check passed, 1 otherwise, 2 when there is
+# Writes at most 8 files under $OUT (the device tool returns no more): summary.md (exit codes + key figures,
+# the cuda_paths table and the dist_two_ranks lines included), env.txt, kernels_tests.txt, train_smoke.txt,
+# kernels.md, train.md, ckpt120.md, and details.tar.gz (kernels.json, train.json, ckpt120.json, cuda_paths.json
+# and every raw log). Exit status: 0 iff every check passed, 1 otherwise, 2 when there is
 # no CUDA device (nothing is run).
 #
 # Python: GPU_CHECK_PYTHON if set; else .venv/bin/python, else python3, whichever sees a CUDA device; else
@@ -26,6 +40,11 @@
 # Python lacks (the offline H200 image has no tomli-w) is installed from the wheels in GPU_CHECK_WHEELS
 # (default build/gpu_wheels: `make gpu-wheels` fills it; carry that folder) into a scratch directory, never into
 # the interpreter.
+#
+# Stacks: the pins (torch 2.13, Triton 3.9) and the GPU image's (Python 3.12, torch 2.11, Triton 3.6); nothing here
+# depends on which (env.txt records it). Triton 3.6's *interpreter* fails 61 kernel tests with NumPy >= 2.4
+# (it int()s shape-(1,) arrays, which NumPy 2.4 refuses; 3.9 squeezes first): compiled kernels never meet it,
+# and `make kernels-gpu-triton` runs the CPU kernel tests under Triton 3.6 (with NumPy < 2.4) on any machine.
 #
 # Knobs: OUT, GPU_CHECK_BUDGET (seconds for all checks, default 540), GPU_CHECK_DRY=1 (find Python and CUDA,
 # print the plan, run nothing; exit 2 without CUDA), GPU_CHECK_XDIST (pytest workers, default 8: compiling
@@ -69,8 +88,8 @@ elif [[ -z $PY ]] || ! sees_cuda "$PY"; then
     exit 2
 fi
 if [[ $DRY == 1 ]]; then
-    echo "dry run: $PY sees a CUDA device; would run kernels_tests, train_smoke, kernels_bench, train_bench," \
-         "ckpt120_bench into $OUT within ${BUDGET}s"
+    echo "dry run: $PY sees a CUDA device; would run kernels_tests, cuda_paths, train_smoke, dist_two_ranks," \
+         "kernels_bench, train_bench, ckpt120_bench into $OUT within ${BUDGET}s"
     exit 0
 fi
 
@@ -92,7 +111,9 @@ fi
 TRAINER_PID=""
 finish() {
     [[ -n $TRAINER_PID ]] && kill -KILL "$TRAINER_PID" 2>/dev/null || true
-    for f in kernels.json train.json ckpt120.json; do [[ -f $WORK/$f ]] && cp "$WORK/$f" "$LOGS/"; done
+    for f in kernels.json train.json ckpt120.json cuda_paths.json cuda_paths.md; do
+        [[ -f $WORK/$f ]] && cp "$WORK/$f" "$LOGS/"
+    done
     tar -czf "$OUT/details.tar.gz" -C "$WORK" logs 2>/dev/null || true
     rm -rf "$WORK"
 }
@@ -105,6 +126,8 @@ trap finish EXIT
 import sys, torch, triton
 print(f"python {sys.version.split()[0]} ({sys.executable})")
 print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__version__}")
+import numpy
+print(f"numpy {numpy.__version__}, {torch.cuda.device_count()} CUDA device(s)")
 print(f"device {torch.cuda.get_device_name(0)}, capability {torch.cuda.get_device_capability(0)}")
 EOF
 } >"$OUT/env.txt" 2>&1 || true
@@ -184,7 +207,7 @@ if [[ -n $stop ]]; then
 fi
 
 # Determinism on the GPU: two identical runs, and a run stopped at 30 and resumed to 60, write the same bytes.
-for name in a b c; do seed "$WORK/det_$name"; done
+for name in a b c d e; do seed "$WORK/det_$name"; done
 # a, b and the first half of c run side by side (deterministic kernels do not care who shares the GPU).
 det() { train --run-dir "$WORK/det_$1" --steps "$2" --checkpoint-every 20 >"$LOGS/smoke_det_$1$2.log" 2>&1; }
 det a 60 & pa=$!; det b 60 & pb=$!; det c 30 & pc=$!
@@ -195,8 +218,36 @@ cmp "$WORK/det_a/step_000060.bin" "$WORK/det_b/step_000060.bin" && note determin
     || note determinism_two_runs fail
 cmp "$WORK/det_a/step_000060.bin" "$WORK/det_c/step_000060.bin" && note resume_bit_exact ok \
     || note resume_bit_exact fail
+# --kernels torch (the SDPA backward): reported, never counted. Equal here: the README may say so for this stack;
+# different: its "curve, not the bytes" stands (cuda_paths says whether use_deterministic_algorithms would help).
+torch_det() { train --run-dir "$WORK/det_$1" --steps 60 --checkpoint-every 20 --kernels torch \
+    >"$LOGS/smoke_det_torch_$1.log" 2>&1; }
+torch_det d & pd=$!; torch_det e & pe=$!
+wait $pd && wait $pe && cmp -s "$WORK/det_d/step_000060.bin" "$WORK/det_e/step_000060.bin" \
+    && echo "SMOKE torch_kernels_bytes_equal=yes" || echo "SMOKE torch_kernels_bytes_equal=no"
 echo "SMOKE failures=$fails"
 exit $((fails > 0))'
+
+cuda_paths='set -uo pipefail
+"$PY" bench/cuda_paths.py --json "$WORK/cuda_paths.json" --dir "$WORK" | tee "$WORK/cuda_paths.md"'
+
+# Two ranks (ZeRO-1, NCCL) on two GPUs; skipped (exit 0, said in the log) on one. Rank 1 drives cuda:1 from the
+# executor threads: the run ends 0 with every checkpoint valid only if they launch and fence on cuda:1.
+dist_two_ranks='set -uo pipefail
+gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+if ((gpus < 2)); then
+    echo "DIST skipped: $gpus GPU (rank 1 needs cuda:1; NCCL refuses two ranks on one GPU)"
+    exit 0
+fi
+run=$WORK/dist; mkdir -p "$run" && cp "$WORK/prep/tokenizer.json" "$run/" && cp -r "$WORK/prep/data" "$run/"
+"$PY" -m torch.distributed.run --standalone --nproc_per_node=2 -m andrea train $SMOKE_ARGS --run-dir "$run" \
+    --steps 30 --checkpoint-every 10 >"$LOGS/dist_torchrun.log" 2>&1
+rc=$?
+echo "DIST exit=$rc"
+grep -E "rank [01] of 2|committed in|stopped at|Error|error" "$LOGS/dist_torchrun.log" | tail -12
+"$PY" -m andrea verify "$run" && echo "DIST verify=ok" || { echo "DIST verify=fail"; rc=1; }
+ls "$run"/step_*.bin 2>/dev/null | wc -l | sed "s/^/DIST checkpoints=/"
+exit $rc'
 
 kernels_bench='set -euo pipefail
 "$PY" bench/kernels.py --json "$WORK/kernels.json" | tee "$OUT/kernels.md"'
@@ -210,8 +261,10 @@ ckpt120_bench='set -euo pipefail
 # Caps sum past the budget on purpose: each takes what is left, so a slow early check costs the benchmarks
 # at the end, never the correctness checks at the start.
 [[ ${GPU_CHECK_SELFTEST:-0} == 1 ]] || run_check kernels_tests 240 "$kernels_tests"
+[[ ${GPU_CHECK_SELFTEST:-0} == 1 ]] || run_check cuda_paths 90 "$cuda_paths"
 run_check train_smoke 240 "$train_smoke"
 [[ -f $WORK/trainer.pid ]] && TRAINER_PID=$(cat "$WORK/trainer.pid") && kill -KILL "$TRAINER_PID" 2>/dev/null || true
+[[ ${GPU_CHECK_SELFTEST:-0} == 1 ]] || run_check dist_two_ranks 150 "$dist_two_ranks"
 if [[ ${GPU_CHECK_SELFTEST:-0} != 1 ]]; then
     run_check kernels_bench 150 "$kernels_bench"
     run_check train_bench 200 "$train_bench"
@@ -238,8 +291,14 @@ failed=0
     tail -n 1 "$OUT/kernels_tests.txt" 2>/dev/null || echo "(no output)"
     grep -E "^(FAILED|ERROR) " "$OUT/kernels_tests.txt" 2>/dev/null | head -20 || true
     echo
+    echo "## cuda_paths"
+    cat "$WORK/cuda_paths.md" 2>/dev/null || echo "(no output)"
+    echo
     echo "## train_smoke"
     grep "^SMOKE " "$OUT/train_smoke.txt" 2>/dev/null || echo "(no output)"
+    echo
+    echo "## dist_two_ranks"
+    grep "^DIST " "$LOGS/dist_two_ranks.log" 2>/dev/null || echo "(no output)"
     echo
     "$PY" - "$WORK" <<'EOF' || echo "(figures unavailable)"
 import json, os, sys

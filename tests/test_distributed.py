@@ -40,10 +40,12 @@ POLICY = "[policy]\nfloors = { pydoc-topics = 0.6 }\ncaps = { stdlib-code = 0.1 
 # Per-step agreement between 2 ranks and 1 process. Only the order of float32 reductions differs (the gradient
 # mean over ranks, the global norm summed from slices in fp64, the loss mean over gathered rows); fp32 carries
 # 2^-24 ~ 6e-8 relative. At step 1 (identical weights) that is all there is: the grad norms agree to ~1e-6
-# (NORM_AT_START). The last-bit differences then ride through the updates: over 60 steps at the tiny preset's
-# peak lr the loss stays within 5e-6 relative and the gradient norm, far more sensitive to the weights, within
-# 1.3e-4 (measured). The bounds are ~20x those; a wrong shard, row split or missing average is off by O(1).
-LOSS_RTOL, NORM_RTOL, NORM_AT_START = 1e-4, 2e-3, 1e-5
+# (NORM_AT_START). The last-bit differences then ride through the updates and grow with the trajectory (how fast
+# depends on the data and the CPU's vector kernels, so this bounds a property, not a course): over 60 steps at the
+# tiny preset's peak lr the loss has stayed within 3e-5 relative and the gradient norm, far more sensitive to the
+# weights, within 4e-3 (measured on two machines and two data layouts). The bounds leave 3-5x room; a wrong
+# shard, row split or missing average is off by O(1).
+LOSS_RTOL, NORM_RTOL, NORM_AT_START = 1e-4, 2e-2, 1e-5
 
 
 def free_port() -> int:
@@ -111,11 +113,13 @@ def assert_follows(run_dir, reference, steps) -> None:
 
 def assert_state_close(path, reference) -> None:
     """Weights and both moments near the reference's: v (beta2 = 0.999) remembers every step, so a resume that
-    lost m and v would be off by tens of percent here, not by reduction order."""
+    lost m and v would be off by tens of percent here, not by reduction order. m follows the last few gradients,
+    the quantity the reduction order moves most (measured: 0.5 % of its largest entry after 60 steps with the
+    bandit choosing the mixture, whose discrete draws amplify last-bit differences; w and v stay under 0.1 %)."""
     a, b = regions(path), regions(reference)
-    for i, name in enumerate(("w", "m", "v")):
+    for i, (name, rtol) in enumerate((("w", 1e-3), ("m", 2e-2), ("v", 1e-2))):
         scale = np.abs(b[i]).max()
-        assert np.abs(a[i] - b[i]).max() <= 1e-3 * scale, name
+        assert np.abs(a[i] - b[i]).max() <= rtol * scale, (name, np.abs(a[i] - b[i]).max() / scale)
 
 
 class ThreadWorld(World):
@@ -151,7 +155,7 @@ class ThreadWorld(World):
 
 def commit_with_threads(tmp_path, n: int, size: int, payload: np.ndarray, fail_rank: int | None = None,
                         returned: dict | None = None, **hooks):
-    box, barrier, errors = {}, threading.Barrier(size), {}
+    box, barrier, errors = {}, threading.Barrier(size, timeout=30), {}  # a rank that never arrives breaks it
     mail = [queue.Queue() for _ in range(size)]
     direct = [ckpt.DirectIO(True) for _ in range(size)]
 
@@ -179,6 +183,7 @@ def commit_with_threads(tmp_path, n: int, size: int, payload: np.ndarray, fail_r
         t.start()
     for t in threads:
         t.join(60)
+    assert not [t.name for t in threads if t.is_alive()], "a rank thread still runs after 60 s (a lost message?)"
     return errors
 
 

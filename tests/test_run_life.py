@@ -116,5 +116,6 @@ def test_status_and_plot(prepared, tmp_path):
     status = json.loads(result.stdout)
     assert status["step"] == 40 and status["newest_checkpoint"] == "step_000040.bin"
     assert status["phase"] == 0 and abs(sum(status["shares"].values()) - 1) < 1e-9 and status["loss_ema"] > 0
+    assert status["target"] == {a: 1 / 3 for a in status["shares"]} and status["target_loss"] > 0  # policy.target
     out = tmp_path / "loss.png"
     assert andrea("plot", str(run), "--out", str(out)).returncode == 0 and out.read_bytes()[:4] == b"\x89PNG"

@@ -40,7 +40,7 @@ def test_tensorboard_scalars_equal_the_ledger_across_a_resume(prepared, tmp_path
     tb = scalars(run)
     arms = ["stdlib-docstrings", "stdlib-code", "pydoc-topics"]
     expected_tags = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "val/loss",
-                     "checkpoint/stall_s", "checkpoint/commit_s"}
+                     "val/target_loss", "checkpoint/stall_s", "checkpoint/commit_s"}
     expected_tags |= {f"val/{a}" for a in arms} | {f"data/share/{a}" for a in arms}
     assert set(tb) == expected_tags
 
@@ -49,6 +49,7 @@ def test_tensorboard_scalars_equal_the_ledger_across_a_resume(prepared, tmp_path
     last_eval = {e["step"]: e for e in entries if e.get("event") == "eval"}  # the rerun's eval at 40 wins
     assert sorted(last_eval) == [20, 40, 60]
     assert tb["val/loss"] == {s: float(np.float32(e["val_loss"])) for s, e in last_eval.items()}
+    assert tb["val/target_loss"] == {s: float(np.float32(e["target_loss"])) for s, e in last_eval.items()}
     for a in arms:
         assert tb[f"val/{a}"] == {s: float(np.float32(e["arms"][a])) for s, e in last_eval.items()}
     assert set(tb["checkpoint/commit_s"]) == set(tb["data/share/stdlib-code"]) == {20, 40, 60}

@@ -148,7 +148,8 @@ def test_user_arms_from_a_text_directory_and_a_token_file(tmp_path):
                    "--set", "policy.floors={tok=0.25, notes=0.25}")
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in (run / "data").iterdir()) == [
-        "notes.train.u16", "notes.val.u16", "pydoc-topics.train.u16", "pydoc-topics.val.u16"]
+        "manifest.json", "notes.files.jsonl", "notes.plan.json", "notes.train.u16", "notes.val.u16",
+        "pydoc-topics.train.u16", "pydoc-topics.val.u16"]  # the token arm is used in place, never copied
     shares = json.loads((run / ".state.json").read_text())["shares"]
     assert set(shares) == {"pydoc-topics", "notes", "tok"} and shares["tok"] >= 0.25 and shares["notes"] >= 0.25
     big = tmp_path / "big.bin"

@@ -4,19 +4,30 @@ Reads per-sequence training losses (`observe`), writes a sampling distribution o
 (`probabilities`, `allocate`) and its own state (`to_state` / `from_state`, the `.state.json` payload that the
 data proxy stores). Deterministic: no global RNG; `allocate` draws only from the generator it is given.
 
-Algorithm: EXP3.S with learning-progress rewards, after Graves, Bellemare, Menick, Munos and Kavukcuoglu,
-"Automated Curriculum Learning for Neural Networks", ICML 2017. Kept from the paper: log-weights w, policy
+The objective (`policy.target`, weights t summing to 1): the held-out loss Σ t_i·L_i. The bandit climbs it.
+
+Algorithm: EXP3.S (Graves, Bellemare, Menick, Munos and Kavukcuoglu, "Automated Curriculum Learning for Neural
+Networks", ICML 2017) with the reward of Online Data Mixing's kind (Albalak et al., 2023: the reward serves the
+loss being minimised) but measured as the objective's gain per sample. Kept from the paper: log-weights w, policy
 (1-γ)·softmax(w) + γ/K, the fixed-share mixing of EXP3.S (it bounds how far an arm can fall behind, so an arm
-that becomes learnable late in a 200K-step run can win again), and rewards rescaled to [-1, 1] by the 20th/80th
-percentiles of the history of unscaled rewards. Deviations, and why:
-- Reward. The paper's loss-driven signals (prediction gain, self prediction gain) need a second forward pass
-  after the update. Here the reward is "self-progress" from losses the training step already computed: for each
-  arm seen in a window, (arm's loss EMA before the window) − (arm's mean loss in the window), in nats. A
-  learnable arm keeps beating its own lagging average; a flat or mastered one scores ~0 (compare the
-  learning-curve slope of Matiisen et al., "Teacher-Student Curriculum Learning", 2017).
+that becomes useful late in a 200K-step run can win again), and rewards rescaled to [-1, 1] by the 20th/80th
+percentiles of the history of unscaled rewards. Choices, and why:
+- Reward: target gain per unit of share. For each arm i seen in a window, its progress d_i = (loss EMA before
+  the window) − (mean loss in the window), in nats, from losses the training step already computed (no second
+  forward pass). The raw reward is K·t_i·d_i / n_i, with n_i the arm's realised share of the window's sequences:
+  the objective's decrease that arm i's own data bought, per sequence spent on it, i.e. the gradient of
+  Σ t_j·L_j in the share p_i when an arm's data lowers mainly its own loss. Plain progress d_i (the previous
+  reward, after Matiisen et al., 2017) grows with the share itself, so the arm with the steepest curve took ever
+  more (64 % `stdlib-code`, worse than uniform); dividing by the share removes that feedback (an arm whose
+  progress comes from training on the others scores low once it is sampled a lot) and the target weight
+  removes the pull of what the operator does not ask for: unlearnable noise, or an arm of weight 0, gains
+  nothing per sample and sinks to its exploration share and its floor. Help to other arms is not identified
+  from training losses at this lag (a window's gains on arm j cannot be told apart by the arm that caused them),
+  so an arm of weight 0 is credited with none beyond what exploration gives it.
+- Start at the objective. The weights start at log(t_i + γ/K): before any evidence the mixture is the target's
+  own (uniform for the default target), so the bandit departs from uniform only on evidence.
 - Batches, not single pulls. Every arm sampled in a window gets its own reward at once, so there is no 1/π
-  importance weight: an arm with a small share would otherwise see its noise multiplied by up to K/γ.
-  An arm not sampled in a window gets no update.
+  importance weight beyond the share in the reward; an arm not sampled in a window gets no update.
 - Caps and floors. The operator's bounds are applied by Euclidean projection of the policy onto the capped
   simplex {x : Σx = 1, lo ≤ x ≤ hi}; the weights learn unconstrained, what is sampled always obeys the bounds.
 - Reward history. A bounded FIFO of the most recent unscaled rewards rather than the whole history
@@ -34,12 +45,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-STATE_FORMAT = 1
-LOSS_EMA_HORIZON_STEPS = 100.0
-"""Time constant of an arm's loss EMA in steps: one checkpoint interval (SPEC §1), long enough to average out
-per-window noise, short enough that the lag (the "progress" it measures against) is recent."""
+STATE_FORMAT = 2
+"""2: rewards serve `policy.target` (gain per share; the weights start at the target); 1 (self-progress rewards)
+is read as a reset, like a pivot: its weights learned another objective."""
+LOSS_EMA_HORIZON_STEPS = 50.0
+"""Time constant of an arm's loss EMA in steps: five windows, long enough to average out per-window noise, short
+enough that the progress it measures is recent (a longer lag makes the mixture overshoot a curve that is
+already flattening: in bench/mixture.py's and the tests' simulated worlds 100 steps cost more than 50)."""
 REWARD_EMA_DECAY = 0.9
 """Per update; the reward EMA is reported in `.state.json` and does not drive the weights."""
+LEAK = 0.1
+"""Per update: share of the weights' distance from the start forgotten (a memory of ~1/LEAK = 10 updates), so
+the mixture follows the current gains of a diminishing-returns objective, not the sum of past ones (EXP3's
+cumulative weights kept chasing an arm whose curve had flattened); the weights stay within η/LEAK (= 1 for the
+defaults) of the start, the target's mixture: a bounded bet away from it, taken only on evidence."""
 HISTORY_LEN = 1000
 """Unscaled rewards kept for the 20th/80th percentile rescaling."""
 FIXED_SHARE = 1e-3
@@ -62,6 +81,11 @@ class Policy:
     arms: tuple[str, ...]
     lo: tuple[float, ...]
     hi: tuple[float, ...]
+    target: tuple[float, ...] = ()  # normalised objective weights (sum 1); () = equal over the arms
+    target_raw: tuple[tuple[str, float], ...] = ()  # the operator's entries other than the default 1
+
+    def target_weights(self) -> np.ndarray:
+        return np.array(self.target, dtype=np.float64) if self.target else np.full(len(self.arms), 1 / len(self.arms))
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return np.array(self.lo, dtype=np.float64), np.array(self.hi, dtype=np.float64)
@@ -72,23 +96,34 @@ class Policy:
         Unbounded arms (floor 0, cap 1) are left out on purpose: adding a source or losing one (the zombie arm of
         SPEC §6) does not change what the operator asked for, so the other arms keep what they learned; any
         change to a cap or floor, or to which arm carries one, is a pivot.
+        The target's non-default weights count too (a new objective is a new policy); an all-default target
+        leaves the fingerprint as it was before targets existed.
         """
-        bounded = sorted((a, lo, hi) for a, lo, hi in zip(self.arms, self.lo, self.hi) if (lo, hi) != (0.0, 1.0))
+        bounded: list = sorted((a, lo, hi) for a, lo, hi in zip(self.arms, self.lo, self.hi) if (lo, hi) != (0.0, 1.0))
+        if self.target_raw:
+            bounded = [bounded, sorted(self.target_raw)]
         return hashlib.sha256(json.dumps(bounded).encode()).hexdigest()[:16]
 
 
-def validate_policy(arms: list[str], caps: dict[str, float], floors: dict[str, float]) -> Policy:
-    """Build the Policy for `arms`; arms without a cap get 1, without a floor 0. Raises PolicyError."""
+def validate_policy(arms: list[str], caps: dict[str, float], floors: dict[str, float],
+                    target: dict[str, float] | None = None) -> Policy:
+    """Build the Policy for `arms`; arms without a cap get 1, without a floor 0, without a target weight 1.
+    Raises PolicyError."""
+    target = {} if target is None else target
     if not arms:
         raise PolicyError("policy: no arms configured")
     if len(set(arms)) != len(arms):
         raise PolicyError(f"policy: arm names must be unique, got {list(arms)}")
-    for table, values in (("caps", caps), ("floors", floors)):
+    for table, values in (("caps", caps), ("floors", floors), ("target", target)):
         for arm, value in values.items():
             if arm not in arms:
                 raise PolicyError(f"policy.{table}: unknown arm {arm!r} (configured arms: {', '.join(arms)})")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise PolicyError(f"policy.{table}[{arm!r}]={value!r} must be a number in [0, 1]")
+            top = math.inf if table == "target" else 1.0  # target weights are relative: normalised to sum 1
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= top:
+                raise PolicyError(f"policy.{table}[{arm!r}]={value!r} must be a number in "
+                                  + ("[0, inf)" if table == "target" else "[0, 1]"))
+    if math.fsum(float(target.get(a, 1.0)) for a in arms) <= 0.0:
+        raise PolicyError("policy.target: every configured arm has weight 0: the objective is empty")
     lo = tuple(float(floors.get(a, 0.0)) for a in arms)
     hi = tuple(float(caps.get(a, 1.0)) for a in arms)
     for arm, l, h in zip(arms, lo, hi):
@@ -100,7 +135,9 @@ def validate_policy(arms: list[str], caps: dict[str, float], floors: dict[str, f
     if math.fsum(hi) < 1.0:
         raise PolicyError(f"policy.caps sum to {math.fsum(hi):.6g} < 1 (uncapped arms count 1): "
                           "the mixture cannot fill the simplex")
-    return Policy(tuple(arms), lo, hi)
+    raw = [float(target.get(a, 1.0)) for a in arms]
+    weights = tuple(w / math.fsum(raw) for w in raw)
+    return Policy(tuple(arms), lo, hi, weights, tuple((a, w) for a, w in zip(arms, raw) if w != 1.0))
 
 
 def project_capped_simplex(p: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -191,7 +228,8 @@ class Bandit:
         self.eta, self.gamma, self.update_every, self.alpha = float(eta), float(gamma), update_every, float(alpha)
         self._lo, self._hi = policy.bounds()
         k = len(self.arms)
-        self.weights = np.zeros(k)
+        self.target = policy.target_weights()
+        self.weights = self._start_weights()
         self.pulls = np.zeros(k, dtype=np.int64)
         self.loss_ema = np.full(k, np.nan)  # NaN until the arm's first window: no progress without a baseline
         self.reward_ema = np.zeros(k)
@@ -200,6 +238,18 @@ class Bandit:
         self.reward_history: list[float] = []
         self.updates = 0
         self._probs: np.ndarray | None = None
+
+    def _start_weights(self) -> np.ndarray:
+        """log(t + γ/K), mean-centred: softmax of it is the target nudged off zero (every arm gets a weight)."""
+        w = np.log(self.target + max(self.gamma, 1e-3) / self.target.size)
+        return w - w.mean()
+
+    def target_loss(self) -> float | None:
+        """The objective on training losses: Σ t_i·loss EMA_i over the arms with an EMA (None before any)."""
+        known = ~np.isnan(self.loss_ema) & (self.target > 0)
+        if not known.any():
+            return None
+        return float(np.sum(self.target[known] * self.loss_ema[known]) / np.sum(self.target[known]))
 
     def probabilities(self) -> np.ndarray:
         """The realized sampling distribution: (1-γ)·softmax(w) + γ/K projected onto the caps/floors simplex."""
@@ -235,7 +285,10 @@ class Bandit:
             return {}
         mean = np.where(seen, self.window_sum / np.maximum(self.window_count, 1), np.nan)
         rewarded = seen & ~np.isnan(self.loss_ema)
-        raw = self.loss_ema - mean  # progress in nats: how far the window beat the arm's own running average
+        progress = self.loss_ema - mean  # nats: how far the window beat the arm's own running average
+        share = self.window_count / self.window_count.sum()  # realised share of the window's sequences
+        # The objective's gain per unit of share (module docstring); K·t_i = 1 for the default target.
+        raw = np.where(seen, self.target.size * self.target * progress / np.maximum(share, 1e-12), np.nan)
         decay = math.exp(-self.update_every / LOSS_EMA_HORIZON_STEPS)
         baseline = np.where(np.isnan(self.loss_ema), mean, self.loss_ema)  # an arm's first window starts its EMA
         self.loss_ema = np.where(seen, decay * baseline + (1.0 - decay) * mean, self.loss_ema)
@@ -258,7 +311,10 @@ class Bandit:
         return {a: float(r) for a, r, ok in zip(self.arms, reward, rewarded) if ok}
 
     def _exp3s_step(self, reward: np.ndarray) -> None:
-        v = self.weights + self.eta * reward
+        start = self._start_weights()
+        # Discounted: the weights forget old rewards towards the start (the target's mixture) at rate LEAK, so
+        # they follow the current gains of a diminishing-returns objective instead of the sum of past ones.
+        v = start + (1.0 - LEAK) * (self.weights - start) + self.eta * reward
         k = v.size
         if k > 1 and self.alpha > 0.0:
             top = v.max()
@@ -271,9 +327,11 @@ class Bandit:
     def to_state(self) -> dict:
         """The `.state.json` payload. Floats are Python floats, never rounded (json writes repr: exact round trip).
 
-        {"format": 1, "policy_fingerprint": str, "updates": int, "reward_history": [float, ...] (oldest first),
+        {"format": 2, "policy_fingerprint": str, "updates": int, "reward_history": [float, ...] (oldest first),
+         "target_loss": float | null (Σ t·loss EMA: the objective on training losses; informational),
          "arms": {name: {"weight", "pulls", "loss_ema" (null before the arm's first window), "reward_ema",
-                         "window_loss_sum", "window_count", "share" (informational; not read back)}}}
+                         "window_loss_sum", "window_count", "share", "target" (the last two informational:
+                         not read back; the target comes from the configuration)}}}
         """
         share = self.probabilities()
         return {
@@ -281,10 +339,12 @@ class Bandit:
             "policy_fingerprint": self.policy.fingerprint(),
             "updates": self.updates,
             "reward_history": list(self.reward_history),
+            "target_loss": self.target_loss(),
             "arms": {a: {"weight": float(self.weights[i]), "pulls": int(self.pulls[i]),
                          "loss_ema": None if np.isnan(self.loss_ema[i]) else float(self.loss_ema[i]),
                          "reward_ema": float(self.reward_ema[i]), "window_loss_sum": float(self.window_sum[i]),
-                         "window_count": int(self.window_count[i]), "share": float(share[i])}
+                         "window_count": int(self.window_count[i]), "share": float(share[i]),
+                         "target": float(self.target[i])}
                      for i, a in enumerate(self.arms)},
         }
 
@@ -294,8 +354,13 @@ class Bandit:
 
         Zombie arms (in the state, not configured; SPEC §6) are dropped, new arms start fresh at the mean weight,
         and a state learned under another policy fingerprint gives a fresh bandit (a pivot is a new policy).
+        A state of an older format (1: self-progress rewards) is reset the same way, with one warning.
         Raises BanditStateError for anything that is not a well-formed state.
         """
+        if is_old_format(d):
+            return cls(arms, policy, **knobs), [
+                f"bandit state has format {d['format']}, this andrea writes format {STATE_FORMAT} (rewards that "
+                f"serve policy.target): starting a fresh bandit, as at a pivot"]
         fingerprint, updates, history, saved = _parse_state(d)
         bandit = cls(arms, policy, **knobs)
         if fingerprint != policy.fingerprint():
@@ -311,12 +376,18 @@ class Bandit:
                 bandit.weights[i], bandit.pulls[i], bandit.reward_ema[i] = s["weight"], s["pulls"], s["reward_ema"]
                 bandit.loss_ema[i] = np.nan if s["loss_ema"] is None else s["loss_ema"]
                 bandit.window_sum[i], bandit.window_count[i] = s["window_loss_sum"], s["window_count"]
+        bandit._probs = None
         if warnings:  # the arm set changed: new arms enter at the survivors' mean weight, then re-centre
             known = np.array([a in saved for a in bandit.arms])
             if known.any():
                 bandit.weights[~known] = bandit.weights[known].mean()
             bandit.weights -= bandit.weights.mean()
         return bandit, warnings
+
+
+def is_old_format(d: object) -> bool:
+    """A state written by an older andrea (format 1): readable as a reset, not as a state."""
+    return isinstance(d, dict) and type(d.get("format")) is int and 1 <= d["format"] < STATE_FORMAT
 
 
 def _parse_state(d: object) -> tuple[str, int, list[float], dict[str, dict]]:

@@ -2,6 +2,8 @@
 
 Reads `train.pid` and the `train.lock` flock (control/runlock.py) to find the live trainer, the tail of
 `.loss.json` and the checkpoints to report state; sends SIGUSR1 (checkpoint) or SIGTERM (stop).
+`status` prints the same report as `andrea status` (ops.run_status). A path that is not a run directory (see
+`run_dir_problem`) is refused in one line before anything is read or sent.
 With --timeout, `checkpoint` waits for a checkpoint newer than the one present when it was sent and `stop`
 waits for the process to exit.
 """
@@ -17,6 +19,50 @@ from pathlib import Path
 from andrea import checkpoint as ckpt
 from andrea.control.ledger import LEDGER_NAME
 from andrea.control.runlock import is_locked, read_pid
+
+# What makes a directory a run: any of these files (run.toml from the first start on; tokenizer.json once the
+# data is prepared; the ledger from the first start on), a checkpoint, or a trainer holding train.lock (a start
+# still preparing its data has written nothing else yet).
+RUN_FILES = ("run.toml", LEDGER_NAME, "tokenizer.json")
+PREPARED_FILES = ("tokenizer.json", "data")  # what a first start (or data preparation) leaves before step 1
+
+
+class NotARunError(FileNotFoundError):
+    """A path given as a run directory that is not one: one line naming it (an OSError: exit 1)."""
+
+
+def run_dir_problem(run_dir: Path) -> str | None:
+    """Why `run_dir` cannot be read as a run directory, in words; None when it is one."""
+    if not run_dir.exists():
+        return "no such directory"
+    if not run_dir.is_dir():
+        return "not a directory"
+    if any((run_dir / name).exists() for name in RUN_FILES) or ckpt.list_checkpoints(run_dir) \
+            or is_locked(run_dir):
+        return None
+    return f"not a run directory (no {', '.join(RUN_FILES)}, step_NNNNNN.bin or running trainer)"
+
+
+def require_run_dir(run_dir: Path) -> Path:
+    problem = run_dir_problem(run_dir)
+    if problem is not None:
+        raise NotARunError(f"{run_dir}: {problem}")
+    return run_dir
+
+
+def run_state(running: bool, step: int | None, n_checkpoints: int, prepared: bool, partly: bool = False) -> str:
+    """The run's life stage for `status`, from plain facts:
+    starting  a trainer (or `andrea prepare`) holds the lock and has recorded no step yet
+    training  a trainer holds the lock and has recorded steps
+    prepared  no trainer, no step, no checkpoint; tokenizer.json and data/ are in place, every arm complete
+    preparing no trainer, no step, no checkpoint; a preparation stopped part-way (`andrea prepare` continues it)
+    empty     no trainer, no step, no checkpoint, no prepared data (e.g. a first start stopped early)
+    stopped   no trainer; steps or checkpoints are there (resumable)"""
+    if running:
+        return "starting" if step is None else "training"
+    if step is None and n_checkpoints == 0:
+        return "preparing" if partly else "prepared" if prepared else "empty"
+    return "stopped"
 
 
 def last_ledger_step(run_dir: Path) -> int | None:
@@ -37,21 +83,34 @@ def last_ledger_step(run_dir: Path) -> int | None:
     return None
 
 
+def unfinished_arms(run_dir: Path) -> bool:
+    """Whether data/manifest.json names an arm whose preparation has not finished (andrea/data/manifest.py)."""
+    try:
+        arms = json.loads((run_dir / "data" / "manifest.json").read_text())["arms"]
+        return any(not a.get("complete") for a in arms.values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
 def status(run_dir: Path) -> dict:
+    """The live part of a run's report (cheap: the ledger's tail only; polled by `main`'s --timeout wait)."""
     running = is_locked(run_dir)
     found = ckpt.list_checkpoints(run_dir)
-    return {"run_dir": str(run_dir), "running": running, "pid": read_pid(run_dir) if running else None,
-            "step": last_ledger_step(run_dir), "newest_checkpoint": found[-1][1].name if found else None,
-            "checkpoints": [p.name for _, p in found]}
+    step = last_ledger_step(run_dir)
+    prepared = all((run_dir / name).exists() for name in PREPARED_FILES)
+    partly = unfinished_arms(run_dir)
+    return {"run_dir": str(run_dir), "state": run_state(running, step, len(found), prepared and not partly, partly),
+            "running": running,
+            "pid": read_pid(run_dir) if running else None, "step": step,
+            "newest_checkpoint": found[-1][1].name if found else None, "checkpoints": [p.name for _, p in found]}
 
 
 def main(run_dir: Path, action: str, timeout: float = 0.0) -> int:
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"{run_dir}: no such run directory")
+    require_run_dir(run_dir)
+    if action == "status":  # the one report `andrea status` prints (ops imports this module: import here)
+        from andrea.ops import print_status
+        return print_status(run_dir)
     st = status(run_dir)
-    if action == "status":
-        print(json.dumps(st, indent=1))
-        return 0
     if not st["running"] or st["pid"] is None:
         raise ProcessLookupError(f"{run_dir}: no trainer is running on this run directory")
     before = st["newest_checkpoint"]

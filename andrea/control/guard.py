@@ -208,6 +208,11 @@ class Guard:
                                    "remedy": dict(self.remedy)})
         return self.to_state(step)
 
+    def on_commit_failed(self, step: int) -> None:
+        """The commit of `step` failed: that checkpoint is not on disk, so it must never become the known-good
+        point (retention would then release the older one a rollback needs)."""
+        self.tentative = [t for t in self.tentative if t["step"] != step]
+
     def protected(self) -> set[int]:
         """Steps retention must keep: the newest known-good point and the tentative ones, each of which may
         become it (with keep_last = 1 retention would otherwise delete a candidate before its confirmation)."""

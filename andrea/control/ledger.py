@@ -22,6 +22,9 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
     eval    validation loss                      {"event": "eval", "step": 500, "val_loss": ..., "arms": {...}}
     pivot   a new data policy (SPEC §5)          {"event": "pivot", "step": ..., "phase": k, ...}
     branch  an audit branch starts here          {"event": "branch", "step": S, "parent": DIR}
+    micro_batch  train.micro_batch_size = "auto" chose the rows per pass at the first step after step S (also
+            written to run.toml)     {"event": "micro_batch", "step": S, "micro_batch_size": b, "rows": B/P,
+                                      "out_of_memory_at": [B/P, ...]}
     torn_tail  a partial last line left by a crash was cut off at open {"event": "torn_tail", "bytes": k}
     incident   the divergence guard (control/guard.py) saw the run leave its basin at step T
                {"event": "incident", "step": T, "reason": "loss 9.3 above its band 7.5 (3 of the last 5 steps

@@ -8,7 +8,8 @@ is the `.state.json` sidecar (andrea/control/sidecars.py). The batch at step t i
   the mixture of window w (steps [wK, (w+1)K)) has learned from every step before (w-1)K. The step in
   flight's losses are therefore never needed to build the next batch, which is prepared while the step runs.
 - Observations not yet applied are part of the state, saved beside every checkpoint.
-- A pivot (new caps and floors) starts a fresh bandit at the pivot step; older observations are dropped.
+- A pivot (new caps, floors or target) starts a fresh bandit at the pivot step; older observations are dropped.
+  So does a state of an older format (bandit.STATE_FORMAT): its weights learned another objective.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from andrea.config import RunConfig
-from andrea.control.bandit import Bandit, BanditStateError, Policy, validate_policy
+from andrea.control.bandit import Bandit, BanditStateError, Policy, is_old_format, validate_policy
 from andrea.data.store import TRAIN_STREAM, ArmTokens, rng_for, rows
 
 log = logging.getLogger("andrea.proxy")
@@ -40,7 +41,7 @@ class DataProxy:
         self.cfg = cfg
         self.arms = arms
         self.names = [a.name for a in arms]
-        self.policy: Policy = validate_policy(self.names, cfg.policy.caps, cfg.policy.floors)
+        self.policy: Policy = validate_policy(self.names, cfg.policy.caps, cfg.policy.floors, cfg.policy.target)
         self.every = cfg.policy.update_every
         self.bandit = bandit or self._fresh_bandit()
         self.phase, self.phase_start = phase, phase_start
@@ -97,8 +98,10 @@ class DataProxy:
             "phase": self.phase,
             "phase_start": self.phase_start,
             "policy": {"caps": self.cfg.policy.caps, "floors": self.cfg.policy.floors,
+                       "target": dict(zip(self.names, map(float, self.policy.target_weights()))),
                        "fingerprint": self.policy.fingerprint()},
             "shares": self.shares(),
+            "target_loss": self.bandit.target_loss(),
             "applied_upto": self.applied_upto,
             "pending": {"steps": pending, "arm_ids": [self.unapplied[s][0].tolist() for s in pending],
                         "losses": [self.unapplied[s][1].tolist() for s in pending]},
@@ -121,9 +124,9 @@ class DataProxy:
             proxy = cls(cfg, arms, phase=d["phase"], phase_start=d["phase_start"])
             bandit, warnings = Bandit.from_state(d["bandit"], proxy.names, proxy.policy, eta=cfg.policy.eta,
                                                  gamma=cfg.policy.gamma, update_every=cfg.policy.update_every)
-            if d["bandit"].get("policy_fingerprint") != proxy.policy.fingerprint():
-                # Learned under another policy (a pivot happened since): a new phase with a fresh bandit
-                # (SPEC §6); the old phase's observations belong to the old policy.
+            if is_old_format(d["bandit"]) or d["bandit"].get("policy_fingerprint") != proxy.policy.fingerprint():
+                # Learned under another policy (a pivot happened since) or another objective (an older format):
+                # a new phase with a fresh bandit (SPEC §6); the old phase's observations belong to the old one.
                 return cls(cfg, arms, phase=d["phase"] + 1, phase_start=step, bandit=bandit), warnings
             proxy.bandit = bandit
             proxy.applied_upto = d["applied_upto"]

@@ -1,9 +1,10 @@
 """Per-step scalars from the device to the host without a sync: a ring of (pinned) host slots.
 
 The training thread never calls `.item()`: after each update `push` stacks [loss, grad_norm, seq_losses...]
-on the device and starts a non-blocking copy into a host slot, fenced by a CUDA event (on CPU the copy is
-immediate). The control plane `pop_ready`s finished slots between steps and turns them into ledger lines
-and bandit observations. Only when the device runs `capacity` steps ahead of the host does `make_room` wait.
+on the device and starts a non-blocking copy into a host slot, fenced by a blocking CUDA event recorded on the
+stream that runs the copy (`copy_to_host`; on CPU the copy is immediate). The control plane `pop_ready`s
+finished slots between steps and turns them into ledger lines and bandit observations. Only when the device
+runs `capacity` steps ahead of the host does `make_room` wait.
 """
 
 from __future__ import annotations
@@ -26,6 +27,21 @@ class StepRecord:
     seq_losses: np.ndarray  # (B,) float64
 
 
+def copy_to_host(dst: torch.Tensor, src: torch.Tensor) -> torch.cuda.Event:
+    """Start the copy of the CUDA tensor `src` into the pinned host tensor `dst`; return the event that fences it.
+
+    copy_ runs on the current stream of src's device, whichever device is current on the calling thread, so the
+    event is recorded on that stream, named: an event recorded with no stream lands on the current device's
+    stream, and on a thread left on device 0 (rank r > 0) it could complete before the copy on device r has.
+    A blocking event: a host that waits on it (pop_ready, the end of a run) sleeps instead of spinning a core.
+    """
+    stream = torch.cuda.current_stream(src.device)
+    dst.copy_(src, non_blocking=True)
+    event = torch.cuda.Event(blocking=True)
+    event.record(stream)
+    return event
+
+
 class StepRecords:
     def __init__(self, capacity: int, batch_size: int, device: torch.device):
         pinned = device.type == "cuda"
@@ -43,9 +59,7 @@ class StepRecords:
         row = torch.cat([out.loss.float().view(1), out.grad_norm.float().view(1), out.seq_losses.float()])
         event = None
         if row.is_cuda:
-            self.host[slot].copy_(row, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
+            event = copy_to_host(self.host[slot], row)
         else:
             self.host[slot].copy_(row)
         with self._lock:

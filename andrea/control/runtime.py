@@ -20,6 +20,9 @@ Under torchrun (`self.world`, andrea/distributed.py) every rank runs this loop i
 the ranks' request exchange (control/ranks.py), the model is ZeRO-1 (andrea/zero.py), the commit is sharded
 (control/shards.py); rank 0 alone holds the lock, the ledger, the sidecars and the audits.
 Test hook: `ANDREA_TEST_STEP_DELAY=<seconds>` sleeps after each step (a window for signals); never in production.
+Test hook: `ANDREA_TEST_POISON_STEPS=<n>[,<n>...]` makes the step record of header step n read loss = NaN the first
+time this process reaches n (the weights are untouched): a divergence at a chosen step on any machine, which the
+guard meets as a non-finite incident (tests/test_guard_run.py). Never in production.
 Reads `run.toml`, checkpoints, `tokenizer.json` and `data/`; writes everything listed in sidecars.py,
 `.loss.json` (control/ledger.py) and `step_NNNNNN.bin` (checkpoint.py).
 """
@@ -27,6 +30,7 @@ Reads `run.toml`, checkpoints, `tokenizer.json` and `data/`; writes everything l
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -52,6 +56,8 @@ from andrea.control import tensorboard
 from andrea.control.signals import (EarlySignals, Requests, abort_now, boundary_action, install_handlers,
                                     remove_handlers)
 from andrea.data import store
+from andrea.data.prepare import Interrupted
+from andrea.data.sources import DataError
 from andrea.progress import Progress
 from andrea.distributed import World
 from andrea.trainer import Trainer
@@ -64,6 +70,17 @@ class RunFailed(RuntimeError):
     """The run stopped without the guarantee it owes (e.g. the final checkpoint could not be written)."""
 
 
+def poison_steps(text: str) -> set[int]:
+    """The steps of the ANDREA_TEST_POISON_STEPS test hook ("33" or "33,70"; empty: none)."""
+    try:
+        steps = {int(part) for part in text.split(",") if part.strip()}
+    except ValueError:
+        steps = {0}
+    if min(steps, default=1) < 1:
+        raise ConfigError(f"ANDREA_TEST_POISON_STEPS={text!r}: expected header steps >= 1, comma-separated")
+    return steps
+
+
 class TrainingRun:
     def __init__(self, cfg: RunConfig, run_dir: Path, *, device: torch.device, kernels: str,
                  init_from: Path | None = None, early: EarlySignals | None = None, world: World | None = None):
@@ -72,11 +89,16 @@ class TrainingRun:
         self.device, self.kernels, self.init_from = device, kernels, init_from
         self.req = Requests()
         self.step = 0  # header step of the state the trainer holds
-        self.io = ThreadPoolExecutor(1, thread_name_prefix="andrea-io")
-        self.train = ThreadPoolExecutor(1, thread_name_prefix="andrea-train")
+        # Both threads wait on or launch GPU work: each makes this rank's GPU current first (a thread starts on
+        # device 0; World.device set it for the main thread only).
+        on_device = World.thread_initializer(device)
+        self.io = ThreadPoolExecutor(1, thread_name_prefix="andrea-io", initializer=on_device)
+        self.train = ThreadPoolExecutor(1, thread_name_prefix="andrea-train", initializer=on_device)
         self.tb: tensorboard.TensorBoardLog | None = None  # log.tensorboard: the ledger's lines as scalars
         self.early = early
+        self.preparing = False  # rank 0 is preparing data (a stop then ends the preparation, not a step)
         self.step_delay = float(os.environ.get("ANDREA_TEST_STEP_DELAY", "0") or 0)  # test hook: slow steps
+        self.poison_steps = poison_steps(os.environ.get("ANDREA_TEST_POISON_STEPS", ""))  # test hook: NaN records
 
     # --- signals -------------------------------------------------------------------------------------------
     def on_signal(self, sig: signal.Signals) -> None:
@@ -86,6 +108,10 @@ class TrainingRun:
             if self.req.stop is not None and sig == signal.SIGINT:
                 abort_now()
             self.req.stop = sig.name
+            if self.preparing:
+                log.warning("%s received: stopping data preparation at the next chunk (what is done is kept)",
+                            sig.name)
+                return
             log.warning("%s received: finishing step %d, then writing its checkpoint and exiting "
                         "(send SIGINT again to abort without it)", sig.name, self.step + 1)
         elif sig == signal.SIGUSR1:
@@ -130,13 +156,30 @@ class TrainingRun:
         return DataProxy(new_cfg, proxy.arms, phase=phase, phase_start=step)
 
     # --- start -------------------------------------------------------------------------------------------
+    def prepare_data(self) -> tuple:
+        """Rank 0 prepares what is not prepared yet (andrea/data/prepare.py), polling for a stop request between
+        chunks; the other ranks wait, then map the files. An interruption or a data error reaches every rank."""
+        data, model = self.cfg.data, self.cfg.model
+        result, outcome = None, None
+        if self.world.leader:
+            self.preparing = True
+            try:
+                result = store.prepare(data, self.run_dir, model.vocab_size, model.block_size,
+                                       should_stop=lambda: self.req.stop is not None)
+            except (Interrupted, DataError) as e:
+                outcome = (type(e).__name__, str(e))
+            finally:
+                self.preparing = False
+        self.world.barrier()
+        outcome = self.world.broadcast(outcome)
+        if outcome is not None:
+            raise (Interrupted if outcome[0] == "Interrupted" else DataError)(outcome[1])
+        return result if self.world.leader else store.prepare(data, self.run_dir, model.vocab_size, model.block_size)
+
     async def start(self) -> tuple[Trainer, DataProxy]:
         loop = asyncio.get_running_loop()
         trainer = await loop.run_in_executor(self.train, trainer_for, self.world, self.cfg, self.device, self.kernels)
-        # Rank 0 prepares tokenizer and token files; the other ranks wait for it, then read them.
-        codec, arms = await loop.run_in_executor(self.train, self.world.leader_first, store.prepare, self.cfg.data,
-                                                 self.run_dir,
-                                                 self.cfg.model.vocab_size, self.cfg.model.block_size)
+        codec, arms = await loop.run_in_executor(self.train, self.prepare_data)
         self.codec = codec
         # --init-from weights (safetensors, npz, a GPT-2 directory): loaded now, step 0, m = v = 0 (export.py)
         imported = await loop.run_in_executor(self.train, export.load_init_weights, self.init_from, trainer,
@@ -231,12 +274,18 @@ class TrainingRun:
                                  rollback.companion_path(self.run_dir, step): sidecars.json_bytes(guard_state)})
 
         commit = self.writer.start_commit(slot, step, fence, before_commit)
+        commit.add_done_callback(lambda fut: self._landed(fut, step))
         if self.tb is not None:
             commit.add_done_callback(self.tb.on_commit)
         if self.req.checkpoint_at is not None and step >= self.req.checkpoint_at:
             self.req.checkpoint_at, self.req.landing = None, step
             commit.add_done_callback(lambda _: setattr(self.req, "landing", None))
         return True
+
+    def _landed(self, fut: asyncio.Future, step: int) -> None:
+        """A commit's outcome, on the loop thread: a failed one is never confirmed as the guard's good point."""
+        if fut.cancelled() or fut.exception() is not None or fut.result().error is not None:
+            self.guard.on_commit_failed(step)
 
     async def audit(self, trainer: Trainer, proxy: DataProxy) -> None:
         """Validation loss and sample audits at their cadences (never at step 0)."""
@@ -246,7 +295,8 @@ class TrainingRun:
         if step > 0 and step % self.cfg.train.eval_every == 0:
             losses = await loop.run_in_executor(self.train, audit.evaluate, trainer, proxy.arms, self.cfg)
             val = sum(losses.values()) / len(losses)
-            self.feed.lines.append(marker("eval", step, val_loss=val, arms=losses))
+            target = audit.target_loss(losses, dict(zip(proxy.names, proxy.policy.target_weights())))
+            self.feed.lines.append(marker("eval", step, val_loss=val, target_loss=target, arms=losses))
             log.info("step %d val_loss %.4f (%s)", step, val, ", ".join(f"{k} {v:.3f}" for k, v in losses.items()))
         every = self.cfg.sample.every or self.cfg.checkpoint.every
         if step > 0 and step % every == 0 and self.codec is not None and self.cfg.sample.prompts:
@@ -288,6 +338,9 @@ class TrainingRun:
                   + (f" rank={self.world.rank}/{self.world.size}" if self.world.distributed else ""),
                   file=out, flush=True)
             return await self.loop(trainer, proxy, stop_at)
+        except Interrupted as e:  # a stop during data preparation: nothing trained, everything prepared kept
+            log.warning("%s", e)
+            return 0
         finally:
             remove_handlers(loop)
             self.world.quiet()
@@ -342,6 +395,8 @@ class TrainingRun:
                 self.take_records(records.pop_ready(wait_until_step=proxy.cut_for(next_step)), proxy, progress)
                 batch = proxy.batch(next_step) if self.guard.pending is None else batch  # else: rolled back
                 self.step = await fut
+                if trainer.micro_batch_choice is not None:  # train.micro_batch_size = "auto" decided
+                    self.record_micro_batch(trainer)
                 self.take_records(records.pop_ready(), proxy, progress)
                 self.feed.flush()
         finally:
@@ -360,8 +415,22 @@ class TrainingRun:
                  self.req.stop or "step target reached", ckpt.checkpoint_name(self.writer.last_committed or 0))
         return 0
 
+    def record_micro_batch(self, trainer: Trainer) -> None:
+        """`micro_batch_size = "auto"` chose at its first step: a ledger marker, and run.toml holds the number (a
+        resume reuses it instead of probing again)."""
+        choice, trainer.micro_batch_choice = trainer.micro_batch_choice, None
+        self.cfg.train.micro_batch_size = choice["micro_batch_size"]
+        self.feed.lines.append(marker("micro_batch", self.step - 1, **choice))
+        log.info("train.micro_batch_size=auto: %d rows per pass (of %d per step%s), recorded in run.toml",
+                 choice["micro_batch_size"], choice["rows"], " per rank" if self.world.distributed else "")
+        if self.world.leader:
+            self.io.submit(sidecars.write_atomic, self.run_dir / sidecars.CONFIG_NAME, self.cfg.to_toml().encode())
+
     def _step(self, trainer: Trainer, records: StepRecords, batch: Batch) -> int:
         out = trainer.train_step(batch.step, batch.x, batch.y)
+        if out.step in self.poison_steps:  # test hook: once per process (a rollback's replay of n stays healthy)
+            self.poison_steps.discard(out.step)
+            out = dataclasses.replace(out, loss=torch.full_like(out.loss, float("nan")))
         records.push(out)
         if self.step_delay:
             time.sleep(self.step_delay)

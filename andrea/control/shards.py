@@ -57,7 +57,8 @@ log = logging.getLogger("andrea.shards")
 def write_blocks(path: Path, writes: list[tuple[int, memoryview]], direct: ckpt.DirectIO,
                  size: int | None = None) -> None:
     """pwrite whole blocks (ShardImage.writes) into the shared file, with O_DIRECT while the filesystem takes
-    it (a refusal at the first write or when O_DIRECT is switched on: said once, then buffered); with `size`
+    it (a refusal when O_DIRECT is switched on, EINVAL, or at the first write, EINVAL or EFAULT as in
+    checkpoint.py: said once, then buffered); with `size`
     (the rank that writes the last block) cut the file to its length; fsync.
 
     Opened with O_CREAT, never O_TRUNC: other ranks write into the same file, and a claimed spare's blocks are
@@ -82,7 +83,7 @@ def write_blocks(path: Path, writes: list[tuple[int, memoryview]], direct: ckpt.
             try:
                 ckpt.pwrite_all(fd, view, off)
             except OSError as e:
-                if not (on and i == 0 and e.errno == errno.EINVAL):
+                if not (on and i == 0 and e.errno in ckpt.DIRECT_REFUSED_AT_WRITE):
                     raise
                 direct.refuse(path, "first write", e)
                 fcntl.fcntl(fd, fcntl.F_SETFL, flags)

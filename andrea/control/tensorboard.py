@@ -7,6 +7,7 @@ each checkpoint's bandit state and commit result. Tags, all with the header step
     train/tokens_per_s     every `train.log_every` steps: ledger tokens / ledger time since the last point
                            (reset at a start/resume marker, so downtime never counts)
     val/loss               an `eval` marker's val_loss (the mean over arms)
+    val/target_loss        its target_loss (policy.target's weighting of the arms: the objective of the mixture)
     val/<arm>              its per-arm held-out losses
     data/share/<arm>       the bandit's mixture at each checkpoint (the `shares` of step_S.state.json)
     checkpoint/stall_s     the training loop's stall for the snapshot of step S
@@ -104,6 +105,8 @@ class TensorBoardLog:
                 self.rate_from = None
             elif event == "eval":
                 self._scalar("val/loss", e["val_loss"], step)
+                if e.get("target_loss") is not None:  # policy.target's objective (absent before it existed)
+                    self._scalar("val/target_loss", e["target_loss"], step)
                 for arm, value in e.get("arms", {}).items():
                     self._scalar(f"val/{arm}", value, step)
 

@@ -1,10 +1,10 @@
-"""Where an arm's text comes from: the embedded standard-library arms and user text/token sources.
+"""Where an arm's text comes from: the embedded standard-library arms, and the files of user sources.
 
 Reads only: the running interpreter's standard library (`stdlib-code`: module source text;
 `stdlib-docstrings`: module, class and function docstrings extracted with `ast`; `pydoc-topics`: the
-reference-manual prose shipped in `pydoc_data`), and user files named in `[[data.sources]]`.
-Documents are visited in a fixed order (sorted by a hash of their relative path, so a byte cap still samples
-the whole library) and the text of each arm is capped at `data.max_bytes_per_arm`.
+reference-manual prose shipped in `pydoc_data`), and the names of user files named in `[[data.sources]]`
+(read.py reads their content). Documents are visited in a fixed order (sorted by a hash of their relative path,
+so a byte cap still samples the whole library); `data.max_bytes_per_arm` caps a built-in arm (prepare.py).
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-
-from andrea.config import DataConfig, SourceConfig
+from andrea.config import SourceConfig
 
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
@@ -70,8 +68,9 @@ def builtin_documents(name: str) -> Iterator[str]:
 
 def source_files(src: SourceConfig) -> list[Path]:
     path = Path(src.path).expanduser()
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
+    if path.is_dir():  # hidden files and directories (.git, .DS_Store) are not documents
+        files = sorted(p for p in path.rglob("*") if p.is_file()
+                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
     elif path.is_file():
         files = [path]
     else:
@@ -81,44 +80,11 @@ def source_files(src: SourceConfig) -> list[Path]:
     return files
 
 
-def user_documents(src: SourceConfig) -> Iterator[str]:
-    for f in source_files(src):
-        text = _read(f)
-        if text:
-            yield text
-
-
-def capped(docs: Iterator[str], max_bytes: int) -> Iterator[str]:
-    total = 0
-    for doc in docs:
-        if total >= max_bytes:
-            return
-        doc = doc[: max_bytes - total]
-        total += len(doc.encode("utf-8", errors="ignore"))
-        yield doc
-
-
-def arm_documents(cfg: DataConfig, name: str) -> list[str]:
-    """The (capped) documents of a text arm; DataError if it has none."""
-    source = next((s for s in cfg.sources if s.name == name), None)
-    docs = builtin_documents(name) if source is None else user_documents(source)
-    out = list(capped(docs, cfg.max_bytes_per_arm))
-    if not out or not any(d.strip() for d in out):
-        where = f"data.sources[{name!r}] ({source.path})" if source else f"data.arms[{name!r}]"
-        raise DataError(f"{where}: the source is empty")
-    return out
-
-
-def read_token_file(src: SourceConfig, vocab_size: int) -> np.ndarray:
-    """A pre-tokenized uint16 file (nanoGPT prepare.py layout), memory-mapped and checked against the vocab."""
-    files = source_files(src)
-    if len(files) != 1:
-        raise DataError(f"data.sources[{src.name!r}].path: a token source must be one file, {len(files)} match")
-    size = files[0].stat().st_size
-    if size < 4 or size % 2:
-        raise DataError(f"{files[0]}: not a uint16 token file ({size} bytes)")
-    tokens = np.memmap(files[0], dtype="<u2", mode="r")
-    top = int(tokens.max())
-    if top >= vocab_size:
-        raise DataError(f"{files[0]}: token id {top} does not fit model.vocab_size={vocab_size}")
-    return tokens
+def builtin_source_bytes(name: str) -> int | None:
+    """The size of a built-in arm's whole text where it is known without reading it all (None: docstrings)."""
+    if name == "stdlib-code":
+        return sum(p.stat().st_size for p in stdlib_files())
+    if name == "pydoc-topics":
+        from pydoc_data.topics import topics
+        return sum(len(t.encode()) for t in topics.values())
+    return None

@@ -1,11 +1,9 @@
-"""A run's prepared data: its tokenizer, each arm's token arrays, and the batch at step t.
+"""A run's prepared data as the trainer sees it: each arm's token arrays (memory-mapped) and the batch at step t.
 
-Writes, once per run at its first start (and for arms added later), into the run directory:
-    tokenizer.json              byte-level BPE trained with HF `tokenizers` on the run's text arms
-    data/<arm>.train.u16        little-endian uint16 tokens, documents joined by <|endoftext|>
-    data/<arm>.val.u16          the held-out tail of the same stream (`data.val_fraction`)
-Each file is written to a temporary name and renamed, so an interrupted preparation is redone, never half-used.
-Resume reuses these files: the data a run trains on never changes under it, whatever the machine's stdlib.
+Reads `tokenizer.json` and `data/` (manifest.py documents the layout; prepare.py writes it, at `andrea prepare` or
+the first start, and for arms added later). A run prepared before the manifest existed (`data/<arm>.train.u16` and
+`.val.u16` without a record) is read as it is: the data a run trains on never changes under it. Token files are
+memory-mapped, so a trainer's memory does not grow with the corpus.
 
 The batch at step t is a pure function of (seed, t, the arm of each row): row offsets come from a
 numpy PCG64 stream keyed by (seed, t), so no iterator position needs saving — the checkpoint's header step is
@@ -14,18 +12,22 @@ enough to continue the data stream exactly.
 
 from __future__ import annotations
 
-import os
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from andrea.config import DataConfig
-from andrea.data.sources import DataError, arm_documents, read_token_file
+from andrea.data import manifest as mf
+from andrea.data import splits
+from andrea.data.codec import EOT, TextCodec  # noqa: F401  (EOT: re-exported for callers of store)
+from andrea.data.prepare import prepare_run
+from andrea.data.sources import DataError
 
-EOT = "<|endoftext|>"
+log = logging.getLogger("andrea.data")
 TRAIN_STREAM, EVAL_STREAM, SAMPLE_STREAM, DROPOUT_STREAM = 0, 1, 2, 3  # independent RNG streams per purpose
 
 
@@ -34,80 +36,39 @@ def rng_for(seed: int, step: int, stream: int, *extra: int) -> np.random.Generat
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, stream, step, *extra])))
 
 
-class TextCodec:
-    """The run's tokenizer (HF tokenizers), with the id of the document separator."""
-
-    def __init__(self, tokenizer: Tokenizer):
-        self.tokenizer = tokenizer
-        self.eot = tokenizer.token_to_id(EOT)
-
-    @classmethod
-    def train(cls, documents: list[str], vocab_size: int) -> "TextCodec":
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-        tok.train_from_iterator(documents, trainer)
-        return cls(tok)
-
-    @classmethod
-    def load(cls, path: Path) -> "TextCodec":
-        try:
-            return cls(Tokenizer.from_file(str(path)))
-        except Exception as e:  # tokenizers raises a bare Exception on a bad file
-            raise DataError(f"{path}: not a tokenizer file: {str(e).splitlines()[0]}") from None
-
-    def encode_documents(self, documents: list[str]) -> np.ndarray:
-        ids: list[int] = []
-        for enc in self.tokenizer.encode_batch(documents, add_special_tokens=False):
-            ids.extend(enc.ids)
-            ids.append(self.eot)
-        return np.asarray(ids, dtype=np.uint16)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.get_vocab_size()
-
-
 @dataclass
 class ArmTokens:
     name: str
-    train: np.ndarray  # uint16 (N,)
-    val: np.ndarray  # uint16 (M,)
+    train: np.ndarray  # (N,) uint16 or uint32, memory-mapped
+    val: np.ndarray  # (M,)
 
 
-def _atomic_save(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
+def legacy_arms(cfg: DataConfig, data_dir: Path, manifest: mf.Manifest | None) -> set[str]:
+    """Arms prepared before the manifest existed: their pair of .u16 files and no record."""
+    known = manifest.arms if manifest else {}
+    return {a for a in cfg.arm_names() if a not in known
+            and (data_dir / f"{a}.train.u16").exists() and (data_dir / f"{a}.val.u16").exists()}
 
 
-def prepare(cfg: DataConfig, run_dir: Path, vocab_size: int, block_size: int
-            ) -> tuple[TextCodec | None, list[ArmTokens]]:
-    """Load (or build at first start) the run's tokenizer and token arrays, in `cfg.arm_names()` order."""
+def prepare(cfg: DataConfig, run_dir: Path, vocab_size: int, block_size: int,
+            should_stop: Callable[[], bool] = lambda: False) -> tuple[TextCodec | None, list[ArmTokens]]:
+    """Prepare what is not prepared yet, then map the run's arms in `cfg.arm_names()` order."""
     data_dir = run_dir / "data"
-    data_dir.mkdir(parents=True, exist_ok=True)
-    token_arms = {s.name for s in cfg.sources if s.kind == "tokens"}
-    text_arms = [a for a in cfg.arm_names() if a not in token_arms]
-    codec = _tokenizer(cfg, run_dir, vocab_size, text_arms) if text_arms else None
+    legacy = legacy_arms(cfg, data_dir, mf.Manifest.load(data_dir))
+    codec, manifest, did = prepare_run(cfg, run_dir, vocab_size, should_stop=should_stop, legacy=legacy)
     arms = []
     for name in cfg.arm_names():
-        source = next((s for s in cfg.sources if s.name == name), None)
-        if source is not None and source.kind == "tokens":
-            tokens = read_token_file(source, vocab_size)
-            cut = len(tokens) - max(int(len(tokens) * cfg.val_fraction), block_size + 1)
-            arm = ArmTokens(name, tokens[:cut], tokens[cut:])
+        if name in legacy:
+            arm = ArmTokens(name, *(np.memmap(data_dir / f"{name}.{s}.u16", dtype="<u2", mode="r")
+                                    for s in ("train", "val")))
         else:
-            arm = _text_arm(cfg, data_dir, name, codec)
+            arm = _mapped(data_dir, name, manifest.arms[name], np.dtype(manifest.dtype), cfg.val_fraction,
+                          block_size)
+            if not did:
+                changed = mf.drift(data_dir, name, manifest.arms[name])
+                if changed:
+                    log.warning("data: arm %r: %d source file(s) changed or gone since preparation (first: %s); "
+                                "training continues on the prepared tokens", name, len(changed), changed[0])
         for split in ("train", "val"):
             if len(getattr(arm, split)) <= block_size + 1:
                 raise DataError(f"arm {name!r}: {split} split has {len(getattr(arm, split))} tokens, "
@@ -116,31 +77,26 @@ def prepare(cfg: DataConfig, run_dir: Path, vocab_size: int, block_size: int
     return codec, arms
 
 
-def _tokenizer(cfg: DataConfig, run_dir: Path, vocab_size: int, text_arms: list[str]) -> TextCodec:
-    path = run_dir / "tokenizer.json"
-    if cfg.tokenizer != "bpe":
-        codec = TextCodec.load(Path(cfg.tokenizer))
-    elif path.exists():
-        codec = TextCodec.load(path)
-    else:
-        documents = [d for arm in text_arms for d in arm_documents(cfg, arm)]
-        codec = TextCodec.train(documents, vocab_size)
-        _atomic_save(path, lambda p: codec.tokenizer.save(str(p)))
-    if codec.eot is None:
-        raise DataError(f"{path}: tokenizer has no {EOT} token")
-    if codec.vocab_size > vocab_size:
-        raise DataError(f"{path}: tokenizer has {codec.vocab_size} tokens, more than model.vocab_size={vocab_size}")
-    return codec
+def _mapped(data_dir: Path, name: str, rec: mf.ArmRecord, dtype: np.dtype, val_fraction: float,
+            block_size: int) -> ArmTokens:
+    if rec.kind == "tokens":  # used in place; the held-out tail as before the manifest existed
+        tokens = np.memmap(rec.source, dtype=np.dtype(rec.dtype).newbyteorder("<"), mode="r")
+        cut = len(tokens) - max(int(len(tokens) * val_fraction), block_size + 1)
+        return ArmTokens(name, tokens[:cut], tokens[cut:])
+    if rec.train_tokens + rec.val_tokens == 0:
+        raise DataError(f"data.sources[{name!r}] ({rec.source}): the source is empty")
+    dtype, ext = dtype.newbyteorder("<"), splits.suffix(dtype)
+    return ArmTokens(name, *(_map(data_dir / f"{name}.{s}.{ext}", dtype, n)
+                             for s, n in (("train", rec.train_tokens), ("val", rec.val_tokens))))
 
 
-def _text_arm(cfg: DataConfig, data_dir: Path, name: str, codec: TextCodec) -> ArmTokens:
-    train_path, val_path = data_dir / f"{name}.train.u16", data_dir / f"{name}.val.u16"
-    if not (train_path.exists() and val_path.exists()):
-        tokens = codec.encode_documents(arm_documents(cfg, name))
-        cut = len(tokens) - int(len(tokens) * cfg.val_fraction)
-        _atomic_save(train_path, lambda p: tokens[:cut].tofile(p))
-        _atomic_save(val_path, lambda p: tokens[cut:].tofile(p))
-    return ArmTokens(name, np.fromfile(train_path, dtype="<u2"), np.fromfile(val_path, dtype="<u2"))
+def _map(path: Path, dtype: np.dtype, n: int) -> np.ndarray:
+    if n == 0:
+        return np.zeros(0, dtype=dtype)
+    try:
+        return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: cannot map the prepared tokens: {e}") from None
 
 
 def rows(arms: list[ArmTokens], arm_ids: np.ndarray, block_size: int, rng: np.random.Generator,

@@ -234,10 +234,11 @@ def test_bandit_learns_to_favour_the_learnable_arm_within_floors():
     assert np.allclose(bandit.probabilities(), 1 / 3)
     drive(bandit, np.random.default_rng(0), 600, curriculum_loss)  # 60 updates
     p = bandit.probabilities()
-    # Threshold: > 0.6 for 'easy' (uniform is 1/3; the floors leave it at most 0.8), the others held at >= 0.1.
-    assert p[0] > 0.6, p
+    # Threshold: > 0.45 for 'easy' (uniform is 1/3; the weights stay within eta/LEAK = 1 of the start, which
+    # allows at most ~0.58), the others held at >= 0.1.
+    assert p[0] > 0.45, p
     assert np.all(p[1:] >= 0.1), p
-    assert bandit.pulls[0] > bandit.pulls[1] + bandit.pulls[2]
+    assert bandit.pulls[0] > 1.2 * max(bandit.pulls[1], bandit.pulls[2])
     assert bandit.updates == 60
 
 
@@ -354,7 +355,7 @@ def _set(path, value):
     (lambda d: None, "JSON object"),
     (lambda d: [d], "JSON object"),
     (_set(["arms"], KeyError), "missing key 'arms'"),
-    (_set(["format"], 2), "format=2"),
+    (_set(["format"], 3), "format=3"),  # a newer andrea's; format 1 is a reset (test below)
     (_set(["policy_fingerprint"], 7), "policy_fingerprint"),
     (_set(["updates"], -1), "updates"),
     (_set(["updates"], True), "updates"),

@@ -65,6 +65,26 @@ def test_non_finite_is_an_incident_at_once_and_anomalies_stay_out_of_the_baselin
     assert "not finite" in g.pending["reason"]
 
 
+@pytest.mark.parametrize("loss, grad", [(float("nan"), 1.0), (5.0, float("inf")), (float("-inf"), float("nan"))])
+def test_the_commit_gate_stays_shut_from_a_non_finite_record_until_the_rollback(loss, grad):
+    """Issue #28, item 5: a non-finite record flags one step only (one anomaly is noise for the flag count),
+    so it is the pending incident that must shut the gate, for every record until the rollback is applied."""
+    g = Guard(GuardConfig(confirm_steps=5))
+    feed(g, [(5.0, 1.0)] * 10)
+    g.on_checkpoint(10, "step_000010.bin")
+    feed(g, [(5.0, 1.0)] * 5, start=11)
+    assert g.good["step"] == 10 and g.may_commit()
+    assert g.observe(16, loss, grad) == INCIDENT
+    assert sum(g.detector.flags) < g.cfg.persist - 1  # the flags alone would leave the gate open
+    assert not g.may_commit()
+    assert feed(g, [(5.0, 1.0)] * 10, start=17) == [INCIDENT] * 10  # healthy records after it change nothing
+    assert not g.may_commit() and g.protected() == {10}
+    plan = g.plan()
+    assert (plan.give_up, plan.to_step, plan.to_path) == (False, 10, "step_000010.bin")
+    g.apply(plan)
+    assert g.pending is None and g.may_commit()  # back at the good point: quiet, the gate opens again
+
+
 def test_gradient_norm_alone_can_make_an_incident():
     g = Guard(GuardConfig())
     feed(g, [(5.0, 1.0)] * 10)
@@ -95,12 +115,18 @@ def test_confirmation_waits_for_the_detector_to_be_quiet():
     assert g.good["step"] == 20
 
 
-def diverge(g: Guard, start: int) -> int:
-    """Feed anomalies until the guard declares an incident; return its step."""
-    step = start
-    while g.observe(step, 1e3, 1.0) != INCIDENT:
-        step += 1
-    return step
+def diverge(g: Guard, start: int, limit: int = 20) -> int:
+    """Feed anomalies until the guard declares an incident; return its step. Bounded: a guard that never
+    declares one (detection broken or disabled) fails here in milliseconds instead of looping forever."""
+    for step in range(start, start + limit):
+        if g.observe(step, 1e3, 1.0) == INCIDENT:
+            return step
+    raise AssertionError(f"no incident after {limit} anomalous records from step {start}")
+
+
+def test_diverge_fails_instead_of_hanging_when_no_incident_comes():
+    with pytest.raises(AssertionError, match="no incident after 20 anomalous records"):
+        diverge(Guard(GuardConfig(enabled=False)), 1)
 
 
 def test_escalation_skip_data_then_lower_lr_then_give_up():

@@ -10,6 +10,7 @@ message goes into the fault table.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,7 @@ import pytest
 from andrea import checkpoint as ckpt
 from andrea.control.ledger import read_ledger
 from tests.faults.harness import REPORT, digest_diff, first_line_with, last_error_line
-from tests.runs import train, tree_digest
+from tests.runs import ROOT, andrea, seed_data, train, tree_digest
 
 STEP20, STEP70 = ckpt.checkpoint_name(20), ckpt.checkpoint_name(70)
 
@@ -345,3 +346,79 @@ def test_a_read_only_run_directory_is_refused_in_one_line(trained_copy, readonly
     assert message.startswith("andrea: error: ") and str(ro) in message and "writable" in message, message
     assert "Traceback" not in result.stderr
     assert tree_digest(ro) == before
+
+
+# --- device options this machine cannot run; run-life commands on a directory that is not a run (issue 26) -------
+def _hide_cuda(tmp_path: Path) -> dict[str, str]:
+    return {"CUDA_VISIBLE_DEVICES": ""}  # torch then sees no CUDA device, on any machine
+
+
+def _hide_triton(tmp_path: Path) -> dict[str, str]:
+    fake = tmp_path / "no-triton" / "triton"  # shadows the installed package: `import triton` fails
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("triton hidden by the test")\n')
+    return {"PYTHONPATH": f"{fake.parent}{os.pathsep}{ROOT}"}
+
+
+DEVICE_CASES = {  # name -> (train args, the machine as the test makes it, words the message must contain)
+    "--device cuda without a CUDA device": (["--device", "cuda"], _hide_cuda, ["train.device=cuda", "--device cpu"]),
+    "--kernels triton without Triton": (["--kernels", "triton"], _hide_triton,
+                                        ["train.kernels=triton", "Triton cannot be imported", "--kernels torch"]),
+}
+
+
+@pytest.mark.parametrize("where", ["a trained run", "an absent run directory"])
+@pytest.mark.parametrize("name", list(DEVICE_CASES))
+def test_a_device_option_this_machine_cannot_run_is_refused_in_one_line_before_anything_is_written(
+        name, where, trained_copy, tmp_path):
+    args, machine, words = DEVICE_CASES[name]
+    run = trained_copy if where == "a trained run" else tmp_path / "fresh"
+    before = tree_digest(run) if run.exists() else None
+    result = train(run, "--steps", "30", *args, extra_env=machine(tmp_path))
+    message = last_error_line(result.stderr)
+    if where == "a trained run":
+        REPORT.bad_input(name, "refused", result.returncode, message)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and message.startswith("andrea: error: "), result.stderr[-2000:]
+    assert sum(l.startswith("andrea: error") for l in result.stderr.splitlines()) == 1
+    for word in words:
+        assert word in message, f"{word!r} not in: {message}"
+    assert (tree_digest(run) == before) if before is not None else not run.exists()
+
+
+def _nonrun(tmp_path: Path) -> Path:
+    d = tmp_path / "not-a-run"
+    d.mkdir()
+    (d / "notes.txt").write_text("a directory that is not a run\n")
+    return d
+
+
+RUN_LIFE_CASES = {  # name -> argv after `andrea` ({d}: the directory that is not a run, {out}: an output path)
+    "status of a directory that is not a run": ["status", "{d}"],
+    "ctl status of a directory that is not a run": ["ctl", "{d}", "status"],
+    "plot of a directory that is not a run": ["plot", "{d}", "--out", "{out}"],
+    "compare of two directories that are not runs": ["compare", "{d}", "{d}"],
+}
+
+
+@pytest.mark.parametrize("name", list(RUN_LIFE_CASES))
+def test_a_run_life_command_on_a_directory_that_is_not_a_run_is_refused_in_one_line(name, tmp_path):
+    d, out = _nonrun(tmp_path), tmp_path / "loss.png"
+    before = tree_digest(tmp_path)
+    result = andrea(*[a.format(d=d, out=out) for a in RUN_LIFE_CASES[name]])
+    message = last_error_line(result.stderr)
+    REPORT.bad_input(name, "refused", result.returncode, message)
+    assert result.returncode == 1, (result.stdout, result.stderr[-2000:])
+    assert message == f"andrea: error: {d}: not a run directory (no run.toml, .loss.json, tokenizer.json, " \
+                      "step_NNNNNN.bin or running trainer)", result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and not result.stdout
+    assert tree_digest(tmp_path) == before and not out.exists()
+
+
+def test_status_answers_for_a_prepared_run_and_for_a_stopped_one(prepared, trained_copy, tmp_path):
+    fresh = seed_data(prepared, tmp_path / "prepared")  # tokenizer.json and data/, as a first start leaves them
+    for run, state, step in ((fresh, "prepared", None), (trained_copy, "stopped", 20)):
+        result = andrea("status", str(run))
+        assert result.returncode == 0, result.stderr[-2000:]
+        st = json.loads(result.stdout)
+        assert (st["state"], st["step"], st["running"]) == (state, step, False), st

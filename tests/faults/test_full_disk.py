@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+import andrea
 from andrea import checkpoint as ckpt
 from andrea.control.writer import CheckpointWriter
 from tests.faults.conftest import remount_size
@@ -29,6 +30,15 @@ from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, fir
 from tests.runs import ROOT, Trainer, env, launcher_argv, seed_data, train
 
 ENOSPC_TEXT = os.strerror(errno.ENOSPC)
+PACKAGE = Path(andrea.__file__).resolve().parent  # andrea's own code, wherever the checkout lives
+
+
+def andrea_frames(text: str) -> list[str]:
+    """The traceback frames in `text` that run andrea's own code: files inside its package directory, as the
+    interpreter reports them, symbolic links resolved. A path that merely passes through a directory named
+    `andrea` (a checkout cloned as andrea/, its .venv with torchrun's own traceback) is not one."""
+    files = re.findall(r'File "([^"]+)", line \d+', text)  # torchrun prefixes a worker's lines with [rankN]:
+    return [f for f in files if Path(f).resolve().is_relative_to(PACKAGE)]
 
 
 def _seeded_bytes(prepared: Path) -> int:
@@ -41,18 +51,23 @@ def _one_and_a_half_checkpoints(prepared: Path, n: int) -> int:
 
 
 def _fill(directory: Path) -> Path:
-    """Write a filler file until the filesystem is completely full (down to the last byte)."""
+    """Write a filler file until the filesystem is completely full (down to the last byte). Bounded: at most
+    the filesystem's size in writes of each chunk size, then it fails instead of writing forever."""
     filler = directory / "filler"
+    st = os.statvfs(directory)
+    size = st.f_blocks * st.f_frsize
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         for chunk in (1 << 20, 1 << 12, 1):
-            while True:
+            for _ in range(size // chunk + 2):  # a filesystem of `size` bytes refuses one of these writes
                 try:
                     os.write(fd, bytes(chunk))
                 except OSError as e:
                     if e.errno != errno.ENOSPC:
                         raise
                     break
+            else:
+                raise AssertionError(f"{directory}: still not full after {size} bytes in chunks of {chunk}")
     finally:
         os.close(fd)
     return filler
@@ -88,6 +103,19 @@ def test_full_disk_with_the_stop_policy_exits_1_at_the_first_failed_write(prepar
     assert not list(run.glob("step_*.bin.tmp"))
 
 
+def test_andrea_frames_are_the_packages_own_code_not_a_directory_named_andrea(tmp_path):
+    """The traceback check must hold in a checkout cloned as andrea/ (issue #21): torchrun's own frames in
+    andrea/.venv are not andrea's; a worker's frames in the package are, even reached through a symbolic link."""
+    venv_frame = tmp_path / "andrea" / ".venv" / "lib" / "python3.11" / "site-packages" / "torch" / "run.py"
+    (tmp_path / "link").symlink_to(PACKAGE)
+    torchrun = f'Traceback (most recent call last):\n  File "{venv_frame}", line 8, in <module>\n    main()\n'
+    worker = (f'[rank1]: Traceback (most recent call last):\n[rank1]:   File "<frozen runpy>", line 198, in _run\n'
+              f'[rank1]:   File "{tmp_path / "link" / "cli.py"}", line 12, in main\n[rank1]:     run()\n')
+    assert andrea_frames(torchrun) == []
+    assert andrea_frames(worker) == [str(tmp_path / "link" / "cli.py")]
+    assert andrea_frames(f'  File "{PACKAGE / "control" / "runtime.py"}", line 3, in loop\n') != []
+
+
 def test_full_disk_under_torchrun_with_the_stop_policy_ends_every_worker_with_the_error(prepared, tmpfs, n_params):
     """Two ranks: the failure reaches each rank's event loop at its own moment, and the boundary exchange makes
     them stop together (ranks.py): each worker exits with the error line, none is left in a collective."""
@@ -100,7 +128,7 @@ def test_full_disk_under_torchrun_with_the_stop_policy_ends_every_worker_with_th
     assert result.returncode != 0
     assert len(errors) == 2, result.stderr[-4000:]  # one per worker
     assert all("step_000020.bin" in e for e in errors), errors
-    assert not re.search(r'File ".*/andrea/', result.stderr), result.stderr[-4000:]  # no worker's traceback
+    assert not andrea_frames(result.stderr), result.stderr[-4000:]  # no worker's traceback
     led = check_ledger(run, 10)
     assert led.ok, (led.broken, led.lost[:10])
     assert max(e["step"] for e in led.entries if "event" not in e) < 40, "kept training after the failed write"

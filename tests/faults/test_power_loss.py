@@ -1,11 +1,15 @@
 """Power loss: the commit order is right, so a write cut at any stage leaves the old or the new checkpoint.
 
-In-process: `commit_checkpoint` runs with the os calls it makes wrapped, once per crash point. At the point the
-wrapper copies the run directory as it is at that instant (the "disk image" the machine reboots into), then
-raises `PowerCut` so nothing after it runs. After the rename and before the directory fsync the rename itself
-may be lost on a real power cut, so that point yields two images: rename kept and rename lost. Each image is
-then started the way the trainer starts (`remove_stale_tmp`, `newest_valid`). Out of process: a real trainer is
-SIGKILLed inside the ANDREA_TEST_COMMIT_DELAY window and restarted.
+In-process: `commit_checkpoint` runs with the os calls it makes wrapped, once per crash point and once per write
+path (O_DIRECT, and the buffered fallback a filesystem that refuses O_DIRECT gets). At the point the wrapper
+copies the run directory as it is at that instant (the "disk image" the machine reboots into), then raises
+`PowerCut` so nothing after it runs. What the page cache held is lost with the power: every byte written since
+its file's last fsync reads back as garbage (0xFF: NaN in every float) in the image, so a commit that renames a
+file it never fsynced leaves a checkpoint that fails validation (a SIGKILL, which keeps the page cache, never
+shows that). After the rename and before the directory fsync the rename itself may be lost on a real power cut,
+so that point yields two images: rename kept and rename lost. Each image is then started the way the trainer
+starts (`remove_stale_tmp`, `newest_valid`). Out of process: a real trainer is SIGKILLed inside the
+ANDREA_TEST_COMMIT_DELAY window and restarted.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from tests.runs import train, wait_until
 N = 4096
 STAGES = ["before-open", "after-open", "mid-write", "after-write", "after-fsync", "after-rename", "after-dir-fsync"]
 BEFORE_RENAME = STAGES[:5]
+PATHS = {"O_DIRECT": True, "buffered": False}  # the write path: ckpt.DirectIO(enabled)
 
 
 class PowerCut(BaseException):
@@ -37,7 +42,8 @@ def payload(seed: int) -> np.ndarray:
 
 
 class Journal:
-    """Wraps os.open/pwrite/fsync/rename: records what commit_checkpoint does and cuts the power at `stage`."""
+    """Wraps os.open/pwrite/fsync/rename: records what commit_checkpoint does and cuts the power at `stage`;
+    `unsynced` holds, per inode, the (offset, length) written since its last fsync: what the power cut loses."""
 
     def __init__(self, run_dir: Path, images: Path, stage: str | None):
         self.run_dir, self.images, self.stage = run_dir, images, stage
@@ -45,21 +51,30 @@ class Journal:
         self.paths: dict[int, str] = {}
         self.real = {name: getattr(os, name) for name in ("open", "pwrite", "fsync", "rename")}
         self.taken: list[Path] = []
+        self.unsynced: dict[int, list[tuple[int, int]]] = {}
 
     def install(self, m: pytest.MonkeyPatch) -> None:
         for name in self.real:
             m.setattr(os, name, getattr(self, name))
 
     def cut(self, lost_rename: tuple[str, str] | None = None) -> None:
+        lost_pages = {p.name: self.unsynced[p.stat().st_ino] for p in self.run_dir.iterdir()
+                      if p.is_file() and self.unsynced.get(p.stat().st_ino)}
         image = self.images / f"image{len(self.taken)}"
         shutil.copytree(self.run_dir, image)
         self.taken.append(image)
+        _lose_page_cache(image, lost_pages)
         if lost_rename is not None:  # the same instant, had the directory entry not reached the disk
             lost = self.images / f"image{len(self.taken)}"
             shutil.copytree(self.run_dir, lost)
             os.replace(lost / Path(lost_rename[1]).name, lost / Path(lost_rename[0]).name)
             self.taken.append(lost)
+            final, tmp = Path(lost_rename[1]).name, Path(lost_rename[0]).name
+            _lose_page_cache(lost, {tmp if name == final else name: r for name, r in lost_pages.items()})
         raise PowerCut(self.stage)
+
+    def _written(self, fd: int, offset: int, length: int) -> None:
+        self.unsynced.setdefault(os.fstat(fd).st_ino, []).append((offset, length))
 
     def open(self, path, flags, mode=0o777, *args, **kwargs):
         tmp = str(path).endswith(ckpt.TMP_SUFFIX)
@@ -75,10 +90,11 @@ class Journal:
     def pwrite(self, fd, data, offset):
         if self.stage == "mid-write" and len(data) > 8:
             half = len(data) // 2
-            self.real["pwrite"](fd, data[:half], offset)
+            self._written(fd, offset, self.real["pwrite"](fd, data[:half], offset))
             self.events.append(("write", self.paths.get(fd)))
             self.cut()
         written = self.real["pwrite"](fd, data, offset)
+        self._written(fd, offset, written)
         self.events.append(("write", self.paths.get(fd)))
         return written
 
@@ -87,6 +103,7 @@ class Journal:
         if self.stage == "after-write" and path and path.endswith(ckpt.TMP_SUFFIX):
             self.cut()
         self.real["fsync"](fd)
+        self.unsynced.pop(os.fstat(fd).st_ino, None)  # on the disk now, whatever happens next
         self.events.append(("fsync", path))
         if self.stage == "after-dir-fsync" and path == str(self.run_dir):
             self.cut()
@@ -102,6 +119,20 @@ class Journal:
             self.cut()
 
 
+def _lose_page_cache(image: Path, lost: dict[str, list[tuple[int, int]]]) -> None:
+    """In the disk image, overwrite every range written since its file's last fsync with 0xFF bytes."""
+    for name, ranges in lost.items():
+        path = image / name
+        if not path.exists():
+            continue
+        size = path.stat().st_size
+        with open(path, "r+b") as f:
+            for offset, length in ranges:
+                if offset < size:
+                    f.seek(offset)
+                    f.write(b"\xff" * min(length, size - offset))
+
+
 def _run_dir_with_old_checkpoint(tmp_path: Path) -> tuple[Path, bytes]:
     run = tmp_path / "run"
     run.mkdir()
@@ -109,12 +140,15 @@ def _run_dir_with_old_checkpoint(tmp_path: Path) -> tuple[Path, bytes]:
     return run, old.read_bytes()
 
 
-def test_commit_writes_the_tmp_fsyncs_it_renames_it_then_fsyncs_the_directory_in_that_order(tmp_path, monkeypatch):
+@pytest.mark.parametrize("path", PATHS)
+def test_commit_writes_the_tmp_fsyncs_it_renames_it_then_fsyncs_the_directory_in_that_order(tmp_path, monkeypatch,
+                                                                                            path):
     run, _ = _run_dir_with_old_checkpoint(tmp_path)
     journal = Journal(run, tmp_path, None)
     with monkeypatch.context() as m:
         journal.install(m)
-        ckpt.commit_checkpoint(run, 20, payload(20), before_rename=journal.before_rename)
+        ckpt.commit_checkpoint(run, 20, payload(20), before_rename=journal.before_rename,
+                               direct=ckpt.DirectIO(PATHS[path]))
     final, tmp = str(run / "step_000020.bin"), str(run / "step_000020.bin.tmp")
     ev = journal.events
     last_write = max(i for i, e in enumerate(ev) if e == ("write", tmp))
@@ -123,12 +157,14 @@ def test_commit_writes_the_tmp_fsyncs_it_renames_it_then_fsyncs_the_directory_in
     fsync_dir = next(i for i, e in enumerate(ev) if e == ("fsync", str(run)) and i > rename)
     assert last_write < fsync_tmp < rename < fsync_dir, ev
     assert not [e for e in ev if e[0] in ("open", "write") and e[1] == final], "the final name was written directly"
-    REPORT.note("power loss", "commit order: write tmp → fsync tmp → rename → fsync dir (checked on the os calls)")
+    assert not journal.unsynced, "bytes of the commit were never fsynced"
+    REPORT.note("power loss", f"commit order ({path}): write tmp → fsync tmp → rename → fsync dir (os calls)")
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("stage", STAGES)
 def test_power_cut_at_each_commit_stage_leaves_the_old_or_the_new_checkpoint_never_neither(tmp_path, monkeypatch,
-                                                                                          stage):
+                                                                                          stage, path):
     run, old_bytes = _run_dir_with_old_checkpoint(tmp_path)
     images = tmp_path / "images"
     images.mkdir()
@@ -136,13 +172,14 @@ def test_power_cut_at_each_commit_stage_leaves_the_old_or_the_new_checkpoint_nev
     with monkeypatch.context() as m:
         journal.install(m)
         with pytest.raises(PowerCut):
-            ckpt.commit_checkpoint(run, 20, payload(20), before_rename=journal.before_rename)
+            ckpt.commit_checkpoint(run, 20, payload(20), before_rename=journal.before_rename,
+                                   direct=ckpt.DirectIO(PATHS[path]))
     assert journal.taken, f"the power cut at {stage} never happened"
     seen = []
     for image in journal.taken:
         ckpt.remove_stale_tmp(image)  # what the next start does first
         info, skipped = ckpt.newest_valid(image, N)
-        assert not skipped and not checkpoint_problems(image, N), skipped
+        assert not skipped and not checkpoint_problems(image, N), (path, stage, skipped)
         assert info is not None, f"power cut {stage}: neither the old nor the new checkpoint survived"
         assert (image / "step_000010.bin").read_bytes() == old_bytes, "the old checkpoint changed"
         seen.append(info.step)
@@ -154,7 +191,7 @@ def test_power_cut_at_each_commit_stage_leaves_the_old_or_the_new_checkpoint_nev
         assert seen == [20, 10]  # rename kept / rename lost: the new one or the old one
     # The interrupted process itself (the exception path) leaves no temporary file behind.
     assert not list(run.glob("*.tmp")) or stage not in BEFORE_RENAME
-    REPORT.note("power loss", f"cut {stage:<16} → resumes from step {' or '.join(map(str, seen))}")
+    REPORT.note("power loss", f"cut {stage:<16} ({path:<8}) → resumes from step {' or '.join(map(str, seen))}")
 
 
 def test_sigkill_in_the_commit_window_keeps_the_old_checkpoint_and_the_next_start_removes_the_tmp(

@@ -1,0 +1,65 @@
+"""`python -m andrea prepare`: a run's data prepared without training (on a CPU box, before the GPU is free).
+
+Writes what prepare.py writes (`tokenizer.json`, `data/`) and the resolved `run.toml`, so that a later
+`andrea train --run-dir DIR` trains on exactly this preparation. Holds the run's lock (a trainer and a
+preparation never write one run at once). SIGTERM or Ctrl-C stops at the next chunk with everything done kept,
+exit 0; running it again continues, and on a prepared run it does nothing and says so.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from andrea.config import RunConfig
+from andrea.control import sidecars
+from andrea.control.runlock import RunLock
+from andrea.data import manifest as mf
+from andrea.data import store
+from andrea.data.prepare import Interrupted, prepare_run
+
+
+class StopFlag:
+    """SIGTERM / SIGINT handlers that only record (the preparation polls between chunks)."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self.previous = {sig: signal.signal(sig, self._set) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _set(self, signum: int, frame: object) -> None:
+        if self.signal == "SIGINT" and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: leave now (every committed piece stays valid)
+        self.signal = signal.Signals(signum).name
+        sys.stderr.write(f"andrea: {self.signal} received: stopping data preparation at the next chunk\n")
+
+    def __call__(self) -> bool:
+        return self.signal is not None
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def prepare_command(cfg: RunConfig, run_dir: Path, out=sys.stdout) -> int:
+    stop = StopFlag()
+    lock = RunLock(run_dir)
+    lock.acquire()
+    try:
+        sidecars.write_atomic(run_dir / sidecars.CONFIG_NAME, cfg.to_toml().encode())
+        data_dir = run_dir / "data"
+        legacy = store.legacy_arms(cfg.data, data_dir, mf.Manifest.load(data_dir))
+        try:
+            _, manifest, did = prepare_run(cfg.data, run_dir, cfg.model.vocab_size, should_stop=stop, legacy=legacy)
+        except Interrupted as e:
+            print(e, file=out)
+            return 0
+        _, arms = store.prepare(cfg.data, run_dir, cfg.model.vocab_size, cfg.model.block_size)  # checks the splits
+        train = sum(len(a.train) for a in arms)
+        val = sum(len(a.val) for a in arms)
+        verb = "prepared" if did else "already prepared, nothing to do:"
+        print(f"data {verb} {len(arms)} arm(s), {train:,} train + {val:,} val tokens in {data_dir}", file=out)
+        return 0
+    finally:
+        lock.release()
+        stop.restore()
