@@ -6,7 +6,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from andrea.control.ledger import history, read_ledger
 from tests.runs import seed_data, train
 
-FLAGS = ["--checkpoint-every", "20", "--set", "log.tensorboard=true", "--set", "train.eval_every=20"]
+# The guard off: the rerun's lower lr moves the gradient norm, and whether the guard then gates step 40 depends on
+# the trajectory (the CPU, the data); this test is about what reaches TensorBoard, not about the guard.
+FLAGS = ["--checkpoint-every", "20", "--set", "log.tensorboard=true", "--set", "train.eval_every=20",
+         "--set", "guard.enabled=false"]
 
 
 def scalars(run) -> dict[str, dict[int, float]]:

@@ -206,7 +206,7 @@ def systematic_counts(p: np.ndarray, n: int, u: float) -> np.ndarray:
 
 
 class Bandit:
-    """EXP3.S over the configured arms with self-progress rewards, bounded by the policy's caps and floors.
+    """Discounted EXP3.S over the configured arms, rewards serving the target, bounded by the caps and floors.
 
     The per-arm arrays (weights, pulls, loss_ema, ...) are public for logging; treat them as read-only, since
     `probabilities()` is cached until the next `update()`.
