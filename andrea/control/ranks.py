@@ -1,9 +1,9 @@
 """What the ranks of a data-parallel run agree on at each step boundary, and what only rank 0 does.
 
-Reads and writes no files. Under torchrun a signal reaches the workers at different moments (the launcher forwards
-SIGTERM/SIGINT to each in turn; SLURM may signal only some; `andrea ctl` and SIGHUP reach rank 0 alone, through
-`train.pid`), and a commit's outcome reaches each rank's event loop at its own moment. So at every boundary,
-before `boundary_action`, the ranks exchange their requests in ONE tiny all-reduce MAX of four int64 (`share`),
+Reads and writes no files itself (`prepare_data` has andrea/data do that on rank 0). Under torchrun a signal
+reaches the workers at different moments (the launcher forwards SIGTERM/SIGINT to each in turn; SLURM may signal
+only some; `andrea ctl` and SIGHUP reach rank 0 alone, through `train.pid`), and a commit's outcome reaches each
+rank's event loop at its own moment. So at every boundary, before `boundary_action`, the ranks exchange their requests in ONE tiny all-reduce MAX of four int64 (`share`),
 and every rank then decides from the same merged Requests — the same checkpoint for the same step, the same stop,
 the same pivot, the same failure:
 
@@ -19,6 +19,9 @@ an agreement to one rank's Requests. A rank that learns of a pivot from another 
 `RUN_DIR/policy.next.toml` (the run directory is shared), before rank 0's archive could remove it: the archive
 runs after the pivot checkpoint's commit, which needs every rank.
 
+`prepare_data`: rank 0 prepares the run's data (andrea/data/prepare.py) while the others wait at a barrier, then
+they map the same files; an interruption or a data error on rank 0 reaches every rank, so none is left waiting.
+
 `FollowerLedger`: the loss ledger as ranks other than 0 hold it: lines are dropped (rank 0 writes the one truth).
 """
 
@@ -28,7 +31,11 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from andrea.config import RunConfig
 from andrea.control.signals import Requests
+from andrea.data import store
+from andrea.data.prepare import Interrupted
+from andrea.data.sources import DataError
 from andrea.distributed import World
 
 log = logging.getLogger("andrea.ranks")
@@ -104,3 +111,19 @@ class FollowerLedger:
 
     def close(self) -> None:
         pass
+
+
+def prepare_data(world: World, cfg: RunConfig, run_dir: Path, should_stop) -> tuple:
+    """(codec, arms) on every rank; rank 0 alone writes. Raises Interrupted or DataError on every rank alike."""
+    data, model = cfg.data, cfg.model
+    result, outcome = None, None
+    if world.leader:
+        try:
+            result = store.prepare(data, run_dir, model.vocab_size, model.block_size, should_stop=should_stop)
+        except (Interrupted, DataError) as e:
+            outcome = (type(e).__name__, str(e))
+    world.barrier()
+    outcome = world.broadcast(outcome)
+    if outcome is not None:
+        raise (Interrupted if outcome[0] == "Interrupted" else DataError)(outcome[1])
+    return result if world.leader else store.prepare(data, run_dir, model.vocab_size, model.block_size)

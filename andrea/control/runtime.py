@@ -57,7 +57,6 @@ from andrea.control.signals import (EarlySignals, Requests, abort_now, boundary_
                                     remove_handlers)
 from andrea.data import store
 from andrea.data.prepare import Interrupted
-from andrea.data.sources import DataError
 from andrea.progress import Progress
 from andrea.distributed import World
 from andrea.trainer import Trainer
@@ -157,24 +156,12 @@ class TrainingRun:
 
     # --- start -------------------------------------------------------------------------------------------
     def prepare_data(self) -> tuple:
-        """Rank 0 prepares what is not prepared yet (andrea/data/prepare.py), polling for a stop request between
-        chunks; the other ranks wait, then map the files. An interruption or a data error reaches every rank."""
-        data, model = self.cfg.data, self.cfg.model
-        result, outcome = None, None
-        if self.world.leader:
-            self.preparing = True
-            try:
-                result = store.prepare(data, self.run_dir, model.vocab_size, model.block_size,
-                                       should_stop=lambda: self.req.stop is not None)
-            except (Interrupted, DataError) as e:
-                outcome = (type(e).__name__, str(e))
-            finally:
-                self.preparing = False
-        self.world.barrier()
-        outcome = self.world.broadcast(outcome)
-        if outcome is not None:
-            raise (Interrupted if outcome[0] == "Interrupted" else DataError)(outcome[1])
-        return result if self.world.leader else store.prepare(data, self.run_dir, model.vocab_size, model.block_size)
+        """Rank 0 prepares what is not prepared yet, polling for a stop request (ranks.prepare_data)."""
+        self.preparing = self.world.leader
+        try:
+            return ranks.prepare_data(self.world, self.cfg, self.run_dir, should_stop=lambda: self.req.stop is not None)
+        finally:
+            self.preparing = False
 
     async def start(self) -> tuple[Trainer, DataProxy]:
         loop = asyncio.get_running_loop()

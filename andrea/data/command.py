@@ -54,7 +54,8 @@ def prepare_command(cfg: RunConfig, run_dir: Path, out=sys.stdout) -> int:
         except Interrupted as e:
             print(e, file=out)
             return 0
-        _, arms = store.prepare(cfg.data, run_dir, cfg.model.vocab_size, cfg.model.block_size)  # checks the splits
+        arms = store.load_arms(cfg.data, data_dir, manifest, legacy, cfg.model.block_size,  # checks the splits
+                               check_sources=not did)
         train = sum(len(a.train) for a in arms)
         val = sum(len(a.val) for a in arms)
         verb = "prepared" if did else "already prepared, nothing to do:"

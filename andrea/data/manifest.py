@@ -48,7 +48,7 @@ class ArmRecord:
     files: int = 0  # source files finished
     files_bytes: int = 0  # committed length of <arm>.files.jsonl
     capped: bool = False  # the cap stopped the arm before its source ended
-    counts: dict = dataclasses.field(default_factory=dict)  # read.Counts: undecodable bytes, empty files, skipped records
+    counts: dict = dataclasses.field(default_factory=dict)  # read.Counts: undecodable bytes, empty files, skips
     dtype: str = "uint16"  # token arms: the file's token width
 
     @classmethod

@@ -1,14 +1,10 @@
 """Preparing a run's data: sources read in pieces, encoded by HF `tokenizers` on all cores, appended to token files.
 
-`prepare_run` is what `andrea prepare` and a run's first start call. Memory is one chunk of text and its tokens,
-whatever the corpus size: pieces (read.py) are gathered into chunks of `CHUNK_BYTES`, each chunk goes through
-`Tokenizer.encode_batch_fast` (parallel in Rust), and its tokens are appended to the arm's files (splits.py). Every
-`COMMIT_SECONDS`, at a stop request and at the end of an arm, the files are fsynced and then the manifest
-(manifest.py) records how far the arm got; a later call continues from there and ends with the same bytes as an
-uninterrupted preparation. `should_stop` (a SIGTERM, Ctrl-C) is polled between chunks and source files: the
-preparation commits and raises `Interrupted` within a chunk's time (about a second).
-Test hook: `ANDREA_TEST_FILE_DELAY=<seconds>` sleeps after each source file (a window for signals); never in
-production.
+`prepare_run` is what `andrea prepare` and a run's first start call: it fixes each arm's file list (its plan),
+trains or loads the tokenizer, records token arms, then runs one `ArmJob` (encode.py) per arm not yet complete.
+Memory is one chunk of text and its tokens, whatever the corpus size. `should_stop` (a SIGTERM, Ctrl-C) is polled
+between chunks, source files and every MiB of the tokenizer's sample: the preparation commits and raises
+`Interrupted` within about a second.
 
 Writes `tokenizer.json` (trained on a bounded sample: `TextArm.sample`) and `data/` (manifest.py lists its files).
 """
@@ -16,10 +12,7 @@ Writes `tokenizer.json` (trained on a bounded sample: `TextArm.sample`) and `dat
 from __future__ import annotations
 
 import logging
-import os
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,56 +20,13 @@ import numpy as np
 from andrea.config import DataConfig, SourceConfig
 from andrea.control.sidecars import write_atomic
 from andrea.data import manifest as mf
-from andrea.data import read, splits
+from andrea.data import splits
 from andrea.data.codec import EOT, TextCodec
-from andrea.data.sources import DataError, builtin_documents, builtin_source_bytes, source_files
+from andrea.data.encode import ArmJob, Interrupted, TextArm
+from andrea.data.sources import DataError, builtin_source_bytes, source_files
 from andrea.progress import ByteProgress
 
 log = logging.getLogger("andrea.data")
-
-CHUNK_BYTES = 2 << 20  # text per encode_batch call: ~1 s of encoding on two cores
-COMMIT_SECONDS = 10.0
-SAMPLE_FILE_BYTES = 1 << 16  # the tokenizer's sample takes at least this much from each file it visits
-
-
-class Interrupted(Exception):
-    """A stop request arrived during preparation; what is done is committed. The message says how far it got."""
-
-
-@dataclass
-class TextArm:
-    """One text arm's files (or a built-in's document stream, as one pseudo-file) and its cap."""
-
-    name: str
-    kind: str  # text | jsonl | parquet | builtin
-    key: str
-    cap: int  # bytes of text; 0: none
-    source: SourceConfig | None
-
-    @property
-    def where(self) -> str:
-        return f"data.sources[{self.name!r}] ({self.source.path})" if self.source else f"data.arms[{self.name!r}]"
-
-    def pieces(self, path: Path, start: int, line: int, counts: read.Counts) -> Iterator[read.Piece]:
-        if self.source is None:
-            docs = read.Documents(builtin_documents(self.name), counts)
-            return docs.pieces(start)
-        return read.pieces(path, self.kind, self.key, start, counts, line)
-
-    def sample(self, budget: int, plan: list[dict]) -> Iterator[str]:
-        """The head of evenly spaced files, `budget` bytes of text in all (at most the cap)."""
-        budget = min(budget, self.cap) if self.cap else budget
-        m = max(1, min(len(plan), budget // SAMPLE_FILE_BYTES))
-        per_file = budget // m
-        for k in range(m):
-            left = per_file
-            for piece in self.pieces(Path(plan[k * len(plan) // m]["path"]), 0, 1, read.Counts()):
-                data = piece.text.encode()
-                yield data[:left].decode(errors="ignore") if len(data) > left else piece.text
-                left -= len(data)
-                if left <= 0:
-                    break
-
 
 def text_arms(cfg: DataConfig) -> list[TextArm]:
     user = {s.name: s for s in cfg.sources}
@@ -149,136 +99,6 @@ class _Counted:
             yield t
 
 
-# --- one arm ---------------------------------------------------------------------------------------------------
-class ArmJob:
-    """Encodes one text arm from its record's cursor to the end (or the cap), committing as it goes."""
-
-    def __init__(self, arm: TextArm, record: mf.ArmRecord, plan: list[dict], codec: TextCodec, dtype: np.dtype,
-                 data_dir: Path, val_fraction: float, save: Callable[[], None]):
-        self.arm, self.rec, self.plan, self.codec, self.save = arm, record, plan, codec, save
-        ext = splits.suffix(dtype)
-        self.writer = splits.SplitWriter(data_dir / f"{arm.name}.train.{ext}", data_dir / f"{arm.name}.val.{ext}",
-                                         dtype, record.span, val_fraction, record.train_tokens, record.val_tokens)
-        self.files = mf.FileLog(data_dir / f"{arm.name}.files.jsonl", record.files_bytes) if arm.source else None
-        self.counts = read.Counts(**record.counts)
-        self.chunk: list[tuple[int, read.Piece]] = []
-        self.chunk_bytes = 0
-        self.cursor = dict(record.cursor)
-        # tokens and documents per file index, for its files.jsonl line; a resumed file starts from its cursor's
-        self.tally: dict[int, list[int]] = {self.cursor["file"]: [self.cursor.get("tokens", 0),
-                                                                 self.cursor.get("documents", 0)]}
-        self.finished: list[dict] = []  # file records whose last piece is in the chunk
-        self.file_delay = float(os.environ.get("ANDREA_TEST_FILE_DELAY", "0") or 0)  # test hook: slow files
-
-    def run(self, should_stop: Callable[[], bool], progress: ByteProgress) -> bool:
-        """True when the arm is complete; False when stopped (everything read so far committed)."""
-        try:
-            return self._run(should_stop, progress)
-        except OSError as e:  # a full disk, a read-only mount: the last commit stays the valid state
-            where = e.filename or self.writer.paths[0].parent
-            raise DataError(f"{where}: cannot write the prepared data: {e.strerror or e} (everything committed "
-                            f"before is kept; free space and run again to continue)") from None
-        finally:
-            self.writer.close()
-            if self.files is not None:
-                self.files.close()
-
-    def _run(self, should_stop: Callable[[], bool], progress: ByteProgress) -> bool:
-        last_commit = time.monotonic()
-        for i in range(self.cursor["file"], len(self.plan)):
-            entry = self.plan[i]
-            path = Path(entry["path"])
-            self._check_unchanged(path, entry, "since its preparation began")
-            start, line = self.cursor["position"], self.cursor["line"]
-            self.tally.setdefault(i, [0, 0])
-            for piece in self.arm.pieces(path, start, line, self.counts):
-                if self.arm.cap and self.rec.text_bytes >= self.arm.cap:
-                    self.rec.capped = True
-                    break
-                self._add(i, piece)
-                if piece.resumable:
-                    self.cursor = {"file": i, "position": piece.end, "line": piece.line or 1}
-                if self.chunk_bytes >= CHUNK_BYTES and piece.resumable:
-                    self._flush(progress)
-                    if should_stop() or time.monotonic() - last_commit > COMMIT_SECONDS:
-                        self._commit()
-                        last_commit = time.monotonic()
-                        if should_stop():
-                            return False
-            if self.rec.capped:
-                break
-            self._check_unchanged(path, entry, "while it was read")
-            self.finished.append({**entry, "sha256": None if self.arm.source is None else mf.sha256(path),
-                                  "tokens": None, "documents": None, "_file": i})
-            self.cursor = {"file": i + 1, "position": 0, "line": 1}
-            if self.file_delay:
-                time.sleep(self.file_delay)
-            if should_stop():
-                self._flush(progress)
-                self._commit()
-                return False
-        self._flush(progress)
-        self.rec.complete = True
-        self._commit()
-        return True
-
-    def _check_unchanged(self, path: Path, entry: dict, when: str) -> None:
-        if self.arm.source is None:
-            return
-        try:
-            now = mf.stat_entry(path)
-        except FileNotFoundError:
-            raise DataError(f"{path}: the source file vanished during preparation (what is prepared is kept; "
-                            f"restore the file, or delete the run's data/ to prepare afresh)") from None
-        if (now["size"], now["mtime_ns"]) != (entry["size"], entry["mtime_ns"]):
-            raise DataError(f"{path}: the source file changed {when} (what is prepared is kept; restore it, or "
-                            f"delete the run's data/ to prepare afresh)")
-
-    def _add(self, file_index: int, piece: read.Piece) -> None:
-        data = piece.text.encode()
-        if self.arm.cap and self.rec.text_bytes + len(data) > self.arm.cap:
-            left = self.arm.cap - self.rec.text_bytes
-            piece = read.Piece(data[:left].decode(errors="ignore"), piece.end, True, False)
-            data = piece.text.encode()
-            self.rec.capped = True
-        self.rec.text_bytes += len(data)
-        self.chunk.append((file_index, piece))
-        self.chunk_bytes += len(data)
-
-    def _flush(self, progress: ByteProgress) -> None:
-        if self.chunk:
-            encodings = self.codec.tokenizer.encode_batch_fast([p.text for _, p in self.chunk],
-                                                                add_special_tokens=False)
-            parts = []
-            for (i, piece), enc in zip(self.chunk, encodings):
-                parts.append(np.asarray(enc.ids, dtype=self.writer.dtype))
-                tally = self.tally.setdefault(i, [0, 0])
-                tally[0] += len(enc.ids)
-                if piece.doc_end:
-                    parts.append(np.asarray([self.codec.eot], dtype=self.writer.dtype))
-                    tally[0] += 1
-                    tally[1] += 1
-                    self.rec.documents += 1
-            del encodings
-            self.writer.append(np.concatenate(parts))
-        for rec in self.finished:
-            rec["tokens"], rec["documents"] = self.tally.pop(rec.pop("_file"))
-            if self.files is not None:
-                self.files.add(rec)
-            self.rec.files += 1
-        self.finished.clear()
-        progress.advance(self.counts.raw_bytes, self.writer.stream)
-        self.chunk, self.chunk_bytes = [], 0
-
-    def _commit(self) -> None:
-        self.rec.train_tokens, self.rec.val_tokens = self.writer.commit()
-        self.rec.files_bytes = self.files.commit() if self.files is not None else 0
-        tokens, documents = self.tally.get(self.cursor["file"], [0, 0])
-        self.rec.cursor = {**self.cursor, "tokens": tokens, "documents": documents}
-        self.rec.counts = self.counts.to_dict()
-        self.save()  # the manifest only ever names bytes that are already durable
-
-
 # --- the run ---------------------------------------------------------------------------------------------------
 def token_record(src: SourceConfig, vocab_size: int, cfg_val_fraction: float) -> mf.ArmRecord:
     """A token arm, checked once (its width, its largest id) and recorded with its provenance."""
@@ -317,10 +137,14 @@ def prepare_run(cfg: DataConfig, run_dir: Path, vocab_size: int, *, should_stop:
             manifest.arms[src.name] = token_record(src, vocab_size, cfg.val_fraction)
             manifest.save()
             did = True
-    codec, plans = None, {a.name: plan_for(a, data_dir) for a in arms if a.name not in legacy}
+    # Plans are read (or fixed) only where they are used: by the arms to prepare, and by every arm when the
+    # tokenizer is trained now (a prepared run's start reads none of them).
+    training = cfg.tokenizer == "bpe" and not (run_dir / "tokenizer.json").exists()
+    sampled = [a for a in arms if a.name not in legacy] if training else []
+    plans = {a.name: plan_for(a, data_dir) for a in [*sampled, *todo]}
+    codec = None
     if arms:
-        codec, info = tokenizer_for(cfg, run_dir, vocab_size, [a for a in arms if a.name in plans], plans,
-                                    should_stop)
+        codec, info = tokenizer_for(cfg, run_dir, vocab_size, sampled, plans, should_stop)
         if manifest.tokenizer and manifest.tokenizer.get("sha256") != info["sha256"]:
             raise DataError(f"{manifest.path}: prepared with another tokenizer (sha256 "
                             f"{manifest.tokenizer['sha256'][:12]}…, now {info['sha256'][:12]}…)")

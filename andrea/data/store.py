@@ -56,6 +56,13 @@ def prepare(cfg: DataConfig, run_dir: Path, vocab_size: int, block_size: int,
     data_dir = run_dir / "data"
     legacy = legacy_arms(cfg, data_dir, mf.Manifest.load(data_dir))
     codec, manifest, did = prepare_run(cfg, run_dir, vocab_size, should_stop=should_stop, legacy=legacy)
+    return codec, load_arms(cfg, data_dir, manifest, legacy, block_size, check_sources=not did)
+
+
+def load_arms(cfg: DataConfig, data_dir: Path, manifest: mf.Manifest, legacy: set[str], block_size: int,
+              check_sources: bool = True) -> list[ArmTokens]:
+    """Map every arm's token files; `check_sources`: warn once per arm whose source files changed or vanished
+    since they were prepared (the prepared tokens are used all the same)."""
     arms = []
     for name in cfg.arm_names():
         if name in legacy:
@@ -64,17 +71,16 @@ def prepare(cfg: DataConfig, run_dir: Path, vocab_size: int, block_size: int,
         else:
             arm = _mapped(data_dir, name, manifest.arms[name], np.dtype(manifest.dtype), cfg.val_fraction,
                           block_size)
-            if not did:
-                changed = mf.drift(data_dir, name, manifest.arms[name])
-                if changed:
-                    log.warning("data: arm %r: %d source file(s) changed or gone since preparation (first: %s); "
-                                "training continues on the prepared tokens", name, len(changed), changed[0])
+            changed = mf.drift(data_dir, name, manifest.arms[name]) if check_sources else []
+            if changed:
+                log.warning("data: arm %r: %d source file(s) changed or gone since preparation (first: %s); "
+                            "training continues on the prepared tokens", name, len(changed), changed[0])
         for split in ("train", "val"):
             if len(getattr(arm, split)) <= block_size + 1:
                 raise DataError(f"arm {name!r}: {split} split has {len(getattr(arm, split))} tokens, "
                                 f"fewer than block_size + 2 = {block_size + 2}")
         arms.append(arm)
-    return codec, arms
+    return arms
 
 
 def _mapped(data_dir: Path, name: str, rec: mf.ArmRecord, dtype: np.dtype, val_fraction: float,

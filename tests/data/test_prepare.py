@@ -15,7 +15,7 @@ import pytest
 
 from andrea.config import DataConfig, SourceConfig
 from andrea.data import manifest as mf
-from andrea.data import prepare, read, splits, store
+from andrea.data import encode, read, splits, store
 from andrea.data.codec import TextCodec
 from andrea.data.prepare import Interrupted, prepare_run
 from andrea.data.sources import DataError, source_files
@@ -82,7 +82,7 @@ def test_every_document_is_prepared_whole_and_the_split_depends_only_on_position
 
 
 def test_interrupted_many_times_and_killed_between_ends_byte_identical(corpus, records, tmp_path, monkeypatch):
-    monkeypatch.setattr(prepare, "CHUNK_BYTES", 16_384)  # many chunks, so stops land everywhere
+    monkeypatch.setattr(encode, "CHUNK_BYTES", 16_384)  # many chunks, so stops land everywhere
     monkeypatch.setattr(read, "SEGMENT_BYTES", 4096)
     cfg = config(*corpus_arms(corpus, records))
     straight = tmp_path / "straight"
@@ -166,7 +166,7 @@ def test_wide_vocabularies_use_uint32_files_and_token_arms_are_checked(corpus, t
 
 
 def test_a_source_vanishing_mid_preparation_is_one_error_and_the_rerun_completes(corpus, tmp_path, monkeypatch):
-    monkeypatch.setattr(prepare, "CHUNK_BYTES", 16_384)
+    monkeypatch.setattr(encode, "CHUNK_BYTES", 16_384)
     src = tmp_path / "src"
     shutil.copytree(corpus, src)
     cfg = config(SourceConfig("notes", str(src)))
@@ -189,8 +189,8 @@ def test_a_source_vanishing_mid_preparation_is_one_error_and_the_rerun_completes
 
 
 def test_a_full_disk_is_one_error_naming_the_file_and_keeps_every_commit(corpus, tmp_path, monkeypatch):
-    monkeypatch.setattr(prepare, "CHUNK_BYTES", 16_384)
-    monkeypatch.setattr(prepare, "COMMIT_SECONDS", 0.0)  # commit after every chunk
+    monkeypatch.setattr(encode, "CHUNK_BYTES", 16_384)
+    monkeypatch.setattr(encode, "COMMIT_SECONDS", 0.0)  # commit after every chunk
     monkeypatch.setattr(read, "SEGMENT_BYTES", 4096)
     cfg = config(SourceConfig("notes", str(corpus)))
     prepare_run(cfg, tmp_path / "straight", VOCAB)
@@ -217,8 +217,8 @@ def test_a_full_disk_is_one_error_naming_the_file_and_keeps_every_commit(corpus,
 
 
 def test_token_files_are_durable_before_the_manifest_that_counts_them(corpus, tmp_path, monkeypatch):
-    monkeypatch.setattr(prepare, "CHUNK_BYTES", 16_384)
-    monkeypatch.setattr(prepare, "COMMIT_SECONDS", 0.0)
+    monkeypatch.setattr(encode, "CHUNK_BYTES", 16_384)
+    monkeypatch.setattr(encode, "COMMIT_SECONDS", 0.0)
     cfg = config(SourceConfig("notes", str(corpus)))
     data = tmp_path / "data"
     with OsCalls() as calls:
