@@ -3,9 +3,9 @@
 Reads and writes no files itself (`prepare_data` has andrea/data do that on rank 0). Under torchrun a signal
 reaches the workers at different moments (the launcher forwards SIGTERM/SIGINT to each in turn; SLURM may signal
 only some; `andrea ctl` and SIGHUP reach rank 0 alone, through `train.pid`), and a commit's outcome reaches each
-rank's event loop at its own moment. So at every boundary, before `boundary_action`, the ranks exchange their requests in ONE tiny all-reduce MAX of four int64 (`share`),
-and every rank then decides from the same merged Requests — the same checkpoint for the same step, the same stop,
-the same pivot, the same failure:
+rank's event loop at its own moment. So at every boundary, before `boundary_action`, the ranks exchange their
+requests in ONE tiny all-reduce MAX of four int64 (`share`), and every rank then decides from the same merged
+Requests — the same checkpoint for the same step, the same stop, the same pivot, the same failure:
 
     index  meaning       encoding (0 = nothing requested)
     0      stop          1 SIGTERM, 2 SIGINT, 3 any other reason (MAX: one of them; only the log line differs)
