@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 
@@ -28,6 +29,11 @@ class RunLock:
         except BlockingIOError:
             os.close(fd)
             other = read_pid(self.run_dir)
+            for _ in range(40):  # the holder writes train.pid just after its flock: name it, not "pid None"
+                if other is not None:
+                    break
+                time.sleep(0.05)
+                other = read_pid(self.run_dir)
             raise RunLockedError(f"{self.run_dir}: another trainer (pid {other}) is running on this run "
                                  "directory") from None
         self._fd = fd
