@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from andrea import checkpoint as ckpt
-from andrea import config as config_mod
+from andrea import configload
 from andrea import ops
 from andrea.config import ConfigError, RunConfig
 
@@ -39,7 +39,8 @@ def error(message: str) -> None:
 
 
 def user_errors() -> tuple[type[Exception], ...]:
-    from andrea.control.bandit import BanditStateError, PolicyError
+    from andrea.control.bandit import BanditStateError
+    from andrea.control.policy import PolicyError
     from andrea.control.ledger import LedgerError
     from andrea.control.runlock import RunLockedError
     from andrea.control.runtime import RunFailed
@@ -58,9 +59,9 @@ def resolve_config(args: argparse.Namespace, run_dir: Path | None) -> RunConfig:
         if value is not None:
             overrides.append(f"{key}={json.dumps(value)}")
     saved = run_dir / "run.toml" if run_dir is not None else None
-    base = config_mod.read_toml(saved) if saved is not None and saved.exists() else None
+    base = configload.read_toml(saved) if saved is not None and saved.exists() else None
     preset = args.preset or (None if args.config or base else DEFAULT_PRESET)
-    return config_mod.load(preset=preset, config_file=args.config, base=base, overrides=overrides,
+    return configload.load(preset=preset, config_file=args.config, base=base, overrides=overrides,
                            base_source=str(saved))
 
 
@@ -138,7 +139,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         overrides.append(f"train.micro_batch_size={args.micro_batch_size}")
     if args.activation_checkpointing:
         overrides.append('train.activation_checkpointing="blocks"')
-    cfg = config_mod.load(preset=args.preset if args.preset or args.config else DEFAULT_PRESET,
+    cfg = configload.load(preset=args.preset if args.preset or args.config else DEFAULT_PRESET,
                           config_file=args.config, overrides=overrides)
     layout = layout_for(cfg.model)
     n = n_params(layout)
@@ -225,7 +226,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
 
 def add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="a TOML file (sections model, train, checkpoint, data, policy, sample)")
-    p.add_argument("--preset", help=f"a shipped preset: {', '.join(config_mod.preset_names())}")
+    p.add_argument("--preset", help=f"a shipped preset: {', '.join(configload.preset_names())}")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override one key (repeatable)")
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from andrea import checkpoint as ckpt
 from andrea import config as config_mod
+from andrea import configload
 from andrea.control import ctl, pivot, sidecars
 from andrea.control.guard import ledger_summary
 from andrea.control.ledger import LEDGER_NAME, LossLedger, ema, history, marker, read_ledger
@@ -39,7 +40,7 @@ def run_config(run_dir: Path) -> config_mod.RunConfig:
         ctl.require_run_dir(run_dir)  # no such directory / not a directory
     if not path.exists():
         raise FileNotFoundError(f"{run_dir}: not a run directory (no {sidecars.CONFIG_NAME})")
-    return config_mod.load(base=config_mod.read_toml(path), base_source=str(path))
+    return configload.load(base=configload.read_toml(path), base_source=str(path))
 
 
 def run_status(run_dir: Path) -> dict:
@@ -106,7 +107,7 @@ def cmd_branch(args: argparse.Namespace) -> int:
     parent, dest, step = Path(args.run_dir), Path(args.to), args.step
     parent_cfg = run_config(parent)
     overrides = list(args.set or [])
-    cfg = config_mod.load(base=parent_cfg.to_dict(), config_file=args.config, overrides=overrides,
+    cfg = configload.load(base=parent_cfg.to_dict(), config_file=args.config, overrides=overrides,
                           base_source=str(parent / sidecars.CONFIG_NAME))
     n = _n_params(parent_cfg)
     if _n_params(cfg) != n:

@@ -48,7 +48,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andrea import config as config_mod  # noqa: E402
+from andrea import configload  # noqa: E402
 from andrea import generate as generation  # noqa: E402
 from andrea.data.store import TextCodec  # noqa: E402
 from andrea.trainer import Trainer  # noqa: E402
@@ -117,7 +117,7 @@ def end_to_end(args: argparse.Namespace, prepared: Path, work: Path) -> None:
 
 
 def microbench(args: argparse.Namespace, prepared: Path) -> None:
-    cfg = config_mod.load(preset=args.preset)
+    cfg = configload.load(preset=args.preset)
     sc = cfg.sample
     codec = TextCodec.load(prepared / "tokenizer.json")
     prompts = [codec.encode(p) or [codec.eot] for p in sc.prompts]
@@ -177,7 +177,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.steps < 2:
         sys.exit("bench/audit.py: --steps must be >= 2 (one measured interval)")
-    args.batch = config_mod.load(preset=args.preset).train.batch_size
+    args.batch = configload.load(preset=args.preset).train.batch_size
     print(f"# Sample-audit cost: {args.preset}, CPU, {os.cpu_count()} cores\n")
     work = Path(tempfile.mkdtemp(prefix="andrea-audit-bench-", dir=args.dir))
     try:

@@ -66,7 +66,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from andrea import checkpoint as ckpt  # noqa: E402
-from andrea import config as config_mod  # noqa: E402
+from andrea import config as config_mod, configload  # noqa: E402
 from andrea.control.writer import CheckpointWriter, staging_image  # noqa: E402
 from andrea.trainer import FlatState, Trainer, resolve_device  # noqa: E402
 from checkpoint_report import fs_type, median, report, targets  # noqa: E402  (beside this file: sys.path[0])
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
                 forwarded += [flag, str(value)]
         return checkpoint_dist.main(forwarded)
     device = resolve_device(args.device)
-    cfg = config_mod.load(preset=args.preset) if args.preset else None
+    cfg = configload.load(preset=args.preset) if args.preset else None
     slow = args.preset == "andrea-120m" and device.type == "cpu"  # minutes per step on a few cores
     if args.steps is None:
         args.steps = 1 if slow else 3

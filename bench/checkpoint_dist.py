@@ -146,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.synthetic_params:
         n, what = args.synthetic_params, f"{args.synthetic_params:,} synthetic parameters"
     else:
-        from andrea import config
+        from andrea import configload
         from andrea.model import layout_for, n_params
         preset = args.preset or "andrea-12m"
-        n, what = n_params(layout_for(config.load(preset=preset).model)), preset
+        n, what = n_params(layout_for(configload.load(preset=preset).model)), preset
     nbytes = ckpt.checkpoint_bytes(n)
     out = Path(tempfile.mkdtemp(prefix="andrea-ckdist-", dir=args.dir or REPO))
     (out / "fresh").mkdir()

@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from andrea import checkpoint as ckpt  # noqa: E402
-from andrea import config as config_mod  # noqa: E402
+from andrea import configload  # noqa: E402
 from andrea.model import layout_for, n_params  # noqa: E402
 
 NONE = 10 ** 9  # a cadence no run reaches: only the final checkpoint
@@ -238,7 +238,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cfg = config_mod.load(preset=args.preset)
+    cfg = configload.load(preset=args.preset)
     n = n_params(layout_for(cfg.model))
     parent = Path(args.dir) if args.dir else REPO.parent
     parent.mkdir(parents=True, exist_ok=True)

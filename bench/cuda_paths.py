@@ -12,12 +12,12 @@ Each probe prints one row (probe, verdict, figures) and decides something issue 
     blocking_event   CPU seconds a host thread burns in synchronize() on a ~0.3 s kernel: a default event (spins)
                      vs blocking=True (sleeps). Decides whether the fences' blocking=True pays (it frees a core).
     sdpa_backward    two identical bf16 SDPA backwards (the `--kernels torch` attention) compared bit for bit,
-                     then again under torch.use_deterministic_algorithms(True). Decides the README's line on
+                     then again under torch.use_deterministic_algorithms(True). Decides docs/architecture.md's line on
                      `--kernels torch` on CUDA: keep "curve, not bytes", or offer the deterministic switch.
     attn_bwd_shapes  the bf16 attention backward at head dim 64 (both presets' shape) timed under the pinned launch
                      shape, whose dK/dV kernel spills (255 registers, 24-28 B on sm_80/89/90 by the compile check),
-                     and under the spill-free candidates the compile check found (README, "Compiled for real
-                     GPUs"). Decides item 6: adopt the fastest spill-free one if it is at least as fast (it changes
+                     and under the spill-free candidates the compile check found (docs/testing.md, "Compiled for
+                     real GPUs"). Decides item 6: adopt the fastest spill-free one if it is at least as fast (it changes
                      the GPU bits of the backward, never the CPU's), else keep the spills.
 Exit 1 when a correctness property fails (a wrong device, a copy that did not land, a refused O_DIRECT that did
 not fall back); figures never fail it.
@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from andrea import checkpoint as ckpt  # noqa: E402
-from andrea import config  # noqa: E402
+from andrea import configload  # noqa: E402
 from andrea.control import writer  # noqa: E402
 from andrea.distributed import World  # noqa: E402
 from andrea.model import layout_for, n_params  # noqa: E402
@@ -72,7 +72,7 @@ def thread_device() -> None:
 
 
 def pinned_staging(preset: str) -> list[tuple[str, torch.Tensor]]:
-    n = n_params(layout_for(config.load(preset=preset).model))
+    n = n_params(layout_for(configload.load(preset=preset).model))
     size = ckpt.image_bytes(n)
 
     def held() -> int:  # bytes PyTorch's pinned allocator holds (rounded block sizes), where this torch says

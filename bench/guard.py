@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from andrea.config import GuardConfig, load  # noqa: E402
+from andrea.config import GuardConfig  # noqa: E402
+from andrea.configload import load  # noqa: E402
 from andrea.control.guard import Detector, band  # noqa: E402
 from andrea.control.ledger import history, read_ledger  # noqa: E402
 

@@ -36,9 +36,9 @@ def rss_bytes() -> int:
 
 
 def build(preset: str, micro: int, ac: str, device):
-    from andrea import config
+    from andrea import configload
     from andrea.trainer import Trainer, resolve_kernels
-    cfg = config.load(preset=preset, overrides=[f"train.micro_batch_size={micro}",
+    cfg = configload.load(preset=preset, overrides=[f"train.micro_batch_size={micro}",
                                                 f'train.activation_checkpointing="{ac}"'])
     return cfg, Trainer(cfg, device, resolve_kernels("auto", device))
 
@@ -54,12 +54,12 @@ def peak(preset: str, micro: int, ac: str, device_name: str) -> dict:
     """One configuration's peak memory, in this process: a warm-up step, then one measured step."""
     import torch
 
-    from andrea import config, memory
+    from andrea import configload, memory
     from andrea.trainer import Trainer, resolve_device, resolve_kernels
     device = resolve_device(device_name)
-    warm = config.load(preset="andrea-tiny")  # touch torch's kernels and libraries once: their pages are baseline
+    warm = configload.load(preset="andrea-tiny")  # touch torch's kernels and libraries once: their pages are baseline
     Trainer(warm, device, resolve_kernels("auto", device)).train_step(0, *random_batch(warm, 0))
-    batches = [random_batch(config.load(preset=preset), s) for s in range(2)]
+    batches = [random_batch(configload.load(preset=preset), s) for s in range(2)]
     base = rss_bytes()
     cfg, trainer = build(preset, micro, ac, device)
     for s, (x, y) in enumerate(batches):  # the first also allocates what later steps reuse

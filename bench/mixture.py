@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from andrea.audit import evaluate, target_loss  # noqa: E402
-from andrea.config import RunConfig, load  # noqa: E402
+from andrea.config import RunConfig  # noqa: E402
+from andrea.configload import load  # noqa: E402
 from andrea.control.proxy import DataProxy  # noqa: E402
 from andrea.data.store import prepare  # noqa: E402
 from andrea.trainer import Trainer, resolve_device  # noqa: E402

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from andrea import config as config_mod  # noqa: E402
+from andrea import configload  # noqa: E402
 from andrea.config import ModelConfig, RunConfig  # noqa: E402
 from andrea.trainer import Trainer, lr_at, resolve_device  # noqa: E402
 
@@ -151,7 +151,7 @@ def peak_flops(device: torch.device) -> tuple[float | None, str]:
 
 
 def bench_preset(preset: str, device: torch.device, batch_size: int, warmup: int, steps: int) -> dict:
-    cfg = config_mod.load(preset=preset)
+    cfg = configload.load(preset=preset)
     kernels = ["torch", "triton"] if device.type == "cuda" else ["torch"]
     subjects = {f"andrea ({k})": Trainer(cfg, device, k) for k in kernels}
     first = next(iter(subjects.values()))
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         notes.append("andrea-120m skipped on CPU (minutes per step); pass --include-120m-cpu to run it")
     results = []
     for preset in presets:
-        cfg = config_mod.load(preset=preset)
+        cfg = configload.load(preset=preset)
         batch = args.batch_size or (cfg.train.batch_size if device.type == "cuda" else CPU_BATCH)
         results.append(bench_preset(preset, device, batch, args.warmup, args.steps))
         if device.type == "cuda":

@@ -29,7 +29,7 @@ import torch.multiprocessing as mp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from andrea import config  # noqa: E402
+from andrea import configload  # noqa: E402
 from andrea import distributed as dist_  # noqa: E402
 from andrea.distributed import World  # noqa: E402
 from andrea.trainer import Trainer, resolve_device  # noqa: E402
@@ -63,7 +63,7 @@ def sync(device: torch.device) -> None:
 def worker(rank: int, size: int, port: int, args, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(args.threads)
-    cfg = config.load(preset=args.preset, overrides=[f"train.batch_size={args.batch_size}"] if args.batch_size
+    cfg = configload.load(preset=args.preset, overrides=[f"train.batch_size={args.batch_size}"] if args.batch_size
                       else [])
     world = World(rank, size, rank)
     device = world.device(resolve_device(args.device))
@@ -94,7 +94,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--device", default="auto")
     args = p.parse_args()
-    cfg = config.load(preset=args.preset, overrides=[f"train.batch_size={args.batch_size}"] if args.batch_size
+    cfg = configload.load(preset=args.preset, overrides=[f"train.batch_size={args.batch_size}"] if args.batch_size
                       else [])
     device = resolve_device(args.device)
     torch.set_num_threads(args.threads)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from andrea import cli
-from andrea import config as config_mod
+from andrea import configload
 from andrea.control import ctl
 from andrea.control.runlock import RunLock
 from tests.runs import TINY, andrea
@@ -103,7 +103,7 @@ def scratch(tmp_path) -> dict[str, Path]:
     (nonrun / "notes.txt").write_text("not a run\n")
     run = tmp_path / "run"
     run.mkdir()
-    (run / "run.toml").write_text(config_mod.load(preset="andrea-tiny").to_toml())
+    (run / "run.toml").write_text(configload.load(preset="andrea-tiny").to_toml())
     (tmp_path / "out").mkdir()
     policy = tmp_path / "policy.toml"
     policy.write_text('[policy]\ncaps = {}\nfloors = {}\n')
@@ -185,7 +185,7 @@ def test_status_of_a_run_that_has_not_reached_its_first_step_answers_with_its_st
     assert cli.main(argv) == 0
     st = json.loads(capsys.readouterr().out)
     assert st["state"] == "prepared" and st["step"] is None and st["loss_ema"] is None and not st["running"]
-    (run / "run.toml").write_text(config_mod.load(preset="andrea-tiny").to_toml())
+    (run / "run.toml").write_text(configload.load(preset="andrea-tiny").to_toml())
     (run / ".loss.json").write_text('{"event": "start", "step": 0, "time": 0}\n')
     assert cli.main(argv) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "prepared"

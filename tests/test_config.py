@@ -2,20 +2,20 @@
 
 import pytest
 
-from andrea import config
+from andrea import config, configload
 from andrea.model import layout_for, n_params
 
 
 def test_presets_have_the_promised_sizes():
-    assert n_params(layout_for(config.load(preset="andrea-tiny").model)) < 1_000_000
-    n12 = n_params(layout_for(config.load(preset="andrea-12m").model))
-    n120 = n_params(layout_for(config.load(preset="andrea-120m").model))
+    assert n_params(layout_for(configload.load(preset="andrea-tiny").model)) < 1_000_000
+    n12 = n_params(layout_for(configload.load(preset="andrea-12m").model))
+    n120 = n_params(layout_for(configload.load(preset="andrea-120m").model))
     assert abs(n12 - 12.8e6) <= 0.02 * 12.8e6
     assert abs(n120 - 120e6) <= 0.03 * 120e6
 
 
 def test_set_overrides_parse_toml_values():
-    cfg = config.load(preset="andrea-tiny", overrides=["train.lr=0.01", "data.arms=['pydoc-topics']",
+    cfg = configload.load(preset="andrea-tiny", overrides=["train.lr=0.01", "data.arms=['pydoc-topics']",
                                                         "checkpoint.usr1=cadence"])
     assert cfg.train.lr == 0.01 and cfg.data.arms == ["pydoc-topics"] and cfg.checkpoint.usr1 == "cadence"
 
@@ -24,10 +24,10 @@ def test_mistyped_key_is_named_with_a_suggestion(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[train]\nlearning_rate = 0.1\nlr_decay_step = 5\n")
     with pytest.raises(config.ConfigError) as err:
-        config.load(config_file=bad)
+        configload.load(config_file=bad)
     assert str(bad) in str(err.value) and "train.learning_rate" in str(err.value)
     with pytest.raises(config.ConfigError, match=r"did you mean 'train.lr_decay_steps'"):
-        config.load(overrides=["train.lr_decay_step=5"])
+        configload.load(overrides=["train.lr_decay_step=5"])
 
 
 @pytest.mark.parametrize("item, message", [
@@ -39,7 +39,7 @@ def test_mistyped_key_is_named_with_a_suggestion(tmp_path):
 ])
 def test_bad_values_are_one_line(item, message):
     with pytest.raises(config.ConfigError) as err:
-        config.load(preset="andrea-tiny", overrides=[item])
+        configload.load(preset="andrea-tiny", overrides=[item])
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -47,10 +47,10 @@ def test_broken_toml_names_the_file(tmp_path):
     bad = tmp_path / "broken.toml"
     bad.write_text("[train\nlr = ")
     with pytest.raises(config.ConfigError, match="broken.toml: not valid TOML"):
-        config.load(config_file=bad)
+        configload.load(config_file=bad)
 
 
 def test_resolved_config_round_trips_through_toml():
-    cfg = config.load(preset="andrea-12m", overrides=["policy.floors={stdlib-code=0.2}"])
-    again = config.from_dict(config.parse_toml(cfg.to_toml(), "run.toml"))
+    cfg = configload.load(preset="andrea-12m", overrides=["policy.floors={stdlib-code=0.2}"])
+    again = configload.from_dict(configload.parse_toml(cfg.to_toml(), "run.toml"))
     assert again == cfg

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from andrea import checkpoint as ckpt
-from andrea import config
+from andrea import configload
 from andrea.control import records as records_mod
 from andrea.control import writer as writer_mod
 from andrea.control.runtime import TrainingRun
@@ -138,7 +138,7 @@ def test_rank_1_of_2_launches_copies_and_records_on_its_own_gpu_from_every_execu
     world = World(rank=1, size=2, local_rank=1)
     device = world.device(torch.device("cuda"))  # as cli.cmd_train does, on the main thread
     assert device == torch.device("cuda", 1) and torch.cuda.current_device() == 1
-    run = TrainingRun(config.load(preset="andrea-tiny"), tmp_path, device=device, kernels="triton", world=world)
+    run = TrainingRun(configload.load(preset="andrea-tiny"), tmp_path, device=device, kernels="triton", world=world)
     try:
         def training_step() -> None:  # the andrea-train thread: kernel launches, then the step record's copy
             cuda.launch()
@@ -196,7 +196,7 @@ def test_a_step_record_is_fenced_on_its_copys_stream_from_any_thread(monkeypatch
 # --- item 3: the snapshot's fence is a blocking event on the copy stream ------------------------------------------
 def test_the_snapshot_fence_is_a_blocking_event_recorded_on_the_copy_stream(monkeypatch):
     cuda = FakeCuda(monkeypatch)
-    trainer = Trainer(config.load(preset="andrea-tiny"), torch.device("cpu"))
+    trainer = Trainer(configload.load(preset="andrea-tiny"), torch.device("cpu"))
     trainer._copier.shutdown()
     trainer._copy_stream = FakeStream(1)  # the CUDA branch of the snapshot, its copies done by the CPU
     staging = torch.empty_like(trainer.state.buffer)

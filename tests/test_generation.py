@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 
-from andrea import audit, config
+from andrea import audit, configload
 from andrea import generate as generation
 from andrea.data.store import TextCodec
 from andrea.model import GPT
@@ -27,7 +27,7 @@ PROMPTS = [[11, 2, 3], [7], [5, 6, 7, 8, 9, 10, 11]]  # odd, unequal lengths, th
 
 
 def sharp_trainer(kernels: str = "torch") -> Trainer:
-    trainer = Trainer(config.load(preset="andrea-tiny"), torch.device("cpu"), kernels)
+    trainer = Trainer(configload.load(preset="andrea-tiny"), torch.device("cpu"), kernels)
     with torch.no_grad():
         trainer.state.w.mul_(5.0)
     trainer.model.eval()
@@ -113,7 +113,7 @@ def test_cached_generation_under_bf16_autocast():
 
 def test_generation_leaves_training_bit_identical_and_its_thread_count_alone():
     threads = torch.get_num_threads()
-    a, b = (Trainer(config.load(preset="andrea-tiny"), torch.device("cpu")) for _ in range(2))
+    a, b = (Trainer(configload.load(preset="andrea-tiny"), torch.device("cpu")) for _ in range(2))
     x = torch.randint(0, 512, (8, 64), generator=torch.Generator().manual_seed(1))
     try:
         torch.set_num_threads(2)
@@ -159,7 +159,7 @@ def test_sampled_cached_generation_equals_the_uncached_loop():
 
 def test_sample_audits_keep_their_format_and_key_each_prompt_by_its_text(prepared):
     codec = TextCodec.load(prepared / "tokenizer.json")
-    cfg = config.load(preset="andrea-tiny", overrides=['sample.prompts=["def ", "The ", ""]'])
+    cfg = configload.load(preset="andrea-tiny", overrides=['sample.prompts=["def ", "The ", ""]'])
     trainer = sharp_trainer()
     audits = audit.sample_audits(trainer, codec, cfg, 7)
     assert [sorted(a) for a in audits] == [["prompt", "step", "text"]] * 3
@@ -167,7 +167,7 @@ def test_sample_audits_keep_their_format_and_key_each_prompt_by_its_text(prepare
     assert all(isinstance(a["text"], str) and a["text"] for a in audits)
     assert audit.sample_audits(trainer, codec, cfg, 7) == audits
     assert audit.sample_audits(trainer, codec, cfg, 8) != [{**a, "step": 8} for a in audits]
-    alone = config.load(preset="andrea-tiny", overrides=['sample.prompts=["The "]'])
+    alone = configload.load(preset="andrea-tiny", overrides=['sample.prompts=["The "]'])
     assert audit.sample_audits(trainer, codec, alone, 7) == audits[1:2]
 
 

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from andrea import checkpoint as ckpt
-from andrea import cli, config, memory
+from andrea import cli, configload, memory
 from andrea.config import ConfigError
 from andrea.distributed import check_batch
 from andrea.model import layout_for, n_params
@@ -41,7 +41,7 @@ FAR = ["--checkpoint-every", "100000"]
 
 
 def tiny_cfg(**train):
-    return config.from_dict({"model": TINY_MODEL, "train": {"batch_size": 8, "warmup_steps": 2, "lr": 1e-3,
+    return configload.from_dict({"model": TINY_MODEL, "train": {"batch_size": 8, "warmup_steps": 2, "lr": 1e-3,
                                                             **train}})
 
 
@@ -134,7 +134,7 @@ def test_activation_checkpointing_recomputes_the_blocks_and_gives_the_same_bytes
 # --- the memory estimate ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("ac", ["none", "blocks"])
 def test_the_estimate_counts_what_autograd_saves(ac):
-    cfg = config.from_dict({"model": {"n_layer": 3, "n_head": 4, "n_embd": 64, "block_size": 32,
+    cfg = configload.from_dict({"model": {"n_layer": 3, "n_head": 4, "n_embd": 64, "block_size": 32,
                                       "vocab_size": 512}, "train": {"activation_checkpointing": ac}})
     t = Trainer(cfg, torch.device("cpu"))
     rows = 4
@@ -150,7 +150,7 @@ def test_the_estimate_counts_what_autograd_saves(ac):
 
 
 def test_the_estimate_shrinks_with_micro_batches_and_checkpointing():
-    cfg = config.load(preset="andrea-120m")
+    cfg = configload.load(preset="andrea-120m")
     n = n_params(layout_for(cfg.model))
     totals = [memory.estimate(cfg.model, n, b).total for b in (16, 8, 4)]
     assert totals[0] > totals[1] > totals[2] > 16 * n

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from andrea import checkpoint as ckpt
-from andrea import config
+from andrea import configload
 from andrea.model import token_cross_entropy
 from andrea.trainer import Trainer, lr_at
 
@@ -24,7 +24,7 @@ def documented_order(n_layer: int) -> list[str]:
 
 
 def tiny_trainer() -> Trainer:
-    return Trainer(config.load(preset="andrea-tiny"), torch.device("cpu"))
+    return Trainer(configload.load(preset="andrea-tiny"), torch.device("cpu"))
 
 
 def test_checkpoint_weights_region_is_the_parameters_in_documented_order(tmp_path):
@@ -58,12 +58,12 @@ def test_gradients_accumulate_into_the_flat_gradient_buffer():
 def test_initialisation_is_deterministic_and_seeded():
     a, b = tiny_trainer(), tiny_trainer()
     assert torch.equal(a.state.buffer, b.state.buffer)
-    other = Trainer(config.load(preset="andrea-tiny", overrides=["train.seed=7"]), torch.device("cpu"))
+    other = Trainer(configload.load(preset="andrea-tiny", overrides=["train.seed=7"]), torch.device("cpu"))
     assert not torch.equal(a.state.w, other.state.w)
 
 
 def test_schedule_warms_up_then_decays_to_min():
-    tc = config.load(preset="andrea-tiny").train
+    tc = configload.load(preset="andrea-tiny").train
     assert lr_at(0, tc) < lr_at(tc.warmup_steps - 1, tc) == tc.lr
     assert lr_at(tc.lr_decay_steps, tc) == tc.min_lr
     mid = (tc.warmup_steps + tc.lr_decay_steps) // 2
@@ -72,7 +72,7 @@ def test_schedule_warms_up_then_decays_to_min():
 
 def test_triton_kernels_replace_the_math_not_the_parameters():
     from andrea.kernels import attention, cross_entropy, layer_norm
-    cfg = config.load(preset="andrea-tiny")
+    cfg = configload.load(preset="andrea-tiny")
     plain, fused = Trainer(cfg, torch.device("cpu")), Trainer(cfg, torch.device("cpu"), kernels="triton")
     assert fused.model.h[0].attn.attention is attention and fused.model.ln_f.fn is layer_norm
     assert fused.model.token_loss.func is cross_entropy and fused.model.token_loss.keywords == {"reduction": "none"}

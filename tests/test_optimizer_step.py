@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from andrea import config
+from andrea import configload
 from andrea.trainer import Trainer, lr_at
 
 
@@ -56,7 +56,7 @@ def torch_adamw(trainer: Trainer, state: torch.Tensor, grad: torch.Tensor, steps
 
 @pytest.mark.parametrize("header_step", [0, 3, 40])
 def test_the_update_from_a_checkpoint_of_step_s_is_adamw_with_the_bias_correction_of_step_s_plus_1(header_step):
-    cfg = config.load(preset="andrea-tiny")
+    cfg = configload.load(preset="andrea-tiny")
     trainer = Trainer(cfg, torch.device("cpu"), kernels="torch")
     state = moments_after(trainer, header_step, seed=header_step)
     trainer.load(state)

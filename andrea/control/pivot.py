@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from andrea import config as config_mod
+from andrea import configload
 from andrea.config import ConfigError, RunConfig
 from andrea.control import sidecars
 from andrea.control.ledger import marker
@@ -26,10 +26,10 @@ NEXT_POLICY = "policy.next.toml"
 
 def read_policy(path: Path, cfg: RunConfig) -> RunConfig:
     """`cfg` with the policy of `path`, validated against the run's arms (one-line errors)."""
-    raw = config_mod.read_toml(path)
+    raw = configload.read_toml(path)
     if set(raw) != {"policy"}:
         raise ConfigError(f"{path}: a policy file holds exactly one [policy] table, found {sorted(raw)}")
-    return config_mod.from_dict({**cfg.to_dict(), "policy": raw["policy"]}, str(path))
+    return configload.from_dict({**cfg.to_dict(), "policy": raw["policy"]}, str(path))
 
 
 def apply_pivot(run_dir: Path, new_cfg: RunConfig, step: int, phase: int) -> dict:

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from andrea.config import RunConfig
-from andrea.control.bandit import Bandit, BanditStateError, Policy, is_old_format, validate_policy
+from andrea.control.bandit import Bandit, BanditStateError, is_old_format
+from andrea.control.policy import Policy, validate_policy
 from andrea.data.store import TRAIN_STREAM, ArmTokens, rng_for, rows
 
 log = logging.getLogger("andrea.proxy")

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import torch
 import triton
 
-from andrea.config import load, preset_names
+from andrea.configload import load, preset_names
 from andrea.model import layout_for, n_params
 
 # The kernel modules by import path: the package re-exports functions named like two of them (attention,

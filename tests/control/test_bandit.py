@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from andrea.control.bandit import (FIXED_SHARE, Bandit, BanditStateError, PolicyError, project_capped_simplex,
-                                   systematic_counts, validate_policy)
+from andrea.control.bandit import FIXED_SHARE, Bandit, BanditStateError, systematic_counts
+from andrea.control.policy import PolicyError, project_capped_simplex, validate_policy
 
 KNOBS = dict(eta=0.1, gamma=0.05, update_every=10)
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

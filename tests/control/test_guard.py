@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from andrea.checkpoint import retention_victims
-from andrea.config import ConfigError, GuardConfig, load
+from andrea.config import ConfigError, GuardConfig
+from andrea.configload import load
 from andrea.control.guard import (HEALTHY, INCIDENT, SUSPECT, Guard, GuardStateError, band, ledger_summary)
 from andrea.control.ledger import history
 

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from andrea.config import load
+from andrea.configload import load
 from andrea.control.proxy import DataProxy
 from andrea.data.store import ArmTokens
 

@@ -25,9 +25,9 @@ TINY_PRESET = "andrea-tiny"
 
 
 def tiny_n_params() -> int:
-    from andrea import config
+    from andrea import configload
     from andrea.model import layout_for, n_params
-    return n_params(layout_for(config.load(preset=TINY_PRESET).model))
+    return n_params(layout_for(configload.load(preset=TINY_PRESET).model))
 
 
 def digest_diff(before: dict[str, str], after: dict[str, str]) -> list[str]:

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from andrea.config import load, preset_names
+from andrea.configload import load, preset_names
 from andrea.kernels import compile_check
 from andrea.kernels.attention import attention_config
 from andrea.kernels.cross_entropy import cross_entropy_block
