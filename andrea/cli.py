@@ -43,7 +43,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from andrea.control.policy import PolicyError
     from andrea.control.ledger import LedgerError
     from andrea.control.runlock import RunLockedError
-    from andrea.control.runtime import RunFailed
+    from andrea.control.boundary import RunFailed
     from andrea.control.sidecars import SidecarError
     from andrea.data.sources import DataError
     return (ckpt.CheckpointError, DataError, RunLockedError, BanditStateError, PolicyError, SidecarError,

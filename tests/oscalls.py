@@ -21,7 +21,7 @@ Usage, in-process (the os module's functions are replaced for the `with` block, 
 
 Out of process, a real `python -m andrea ...` with the recorder installed (events as JSON lines, written at exit):
 
-    python -m tests.oscalls EVENTS.jsonl [--refuse-o-direct] [--nan-loss-at STEP] -- train --run-dir D ...
+    python -m tests.oscalls EVENTS.jsonl [--refuse-o-direct] -- train --run-dir D ...
     calls = OsCalls.load(EVENTS.jsonl)
 
 What is recorded (`Call`): os.open, os.write, os.pwrite, os.ftruncate, os.fsync, os.fdatasync, os.rename,
@@ -32,8 +32,8 @@ A rename records the source's inode and size just before it. Writes through a Py
 reach the kernel outside os.write and are not events; `durable_before` still catches bytes added after the
 fsync, because the file's size at the fsync must equal its size at the rename (or reach `min_size`, for a file
 relied on in place). `--refuse-o-direct` answers EINVAL to every open with O_DIRECT (a filesystem that refuses
-it: the buffered path); `--nan-loss-at STEP` makes the loss of the update producing header step STEP read NaN
-the first time it runs (a non-finite incident at a chosen step; the weights are untouched).
+it: the buffered path). A NaN at a chosen step comes from the trainer's own test hook, ANDREA_TEST_POISON_STEPS
+(control/runtime.py), set in the environment.
 
 For the data pipeline (pieces and a manifest), "every piece durable before the manifest that says it is done":
 
@@ -302,35 +302,14 @@ class OsCalls:
         return rename, self.dir_synced_after(Path(_abs(final)).parent, rename, before)
 
 
-def _nan_loss_at(step: int) -> None:
-    """The first time the update producing header step `step` runs, its reported loss is NaN (the weights are
-    untouched): a non-finite incident the guard must roll back from, at a step no trajectory decides."""
-    import torch
-
-    from andrea import trainer
-
-    real, fired = trainer.Trainer.train_step, []
-
-    def train_step(self, s, x, y):
-        out = real(self, s, x, y)
-        if out.step == step and not fired:
-            fired.append(s)
-            out.loss = torch.full_like(out.loss, float("nan"))
-        return out
-
-    trainer.Trainer.train_step = train_step
-
-
 def main(argv: list[str]) -> int:
-    """python -m tests.oscalls EVENTS [--refuse-o-direct] [--nan-loss-at STEP] -- ANDREA_ARGS..."""
+    """python -m tests.oscalls EVENTS [--refuse-o-direct] -- ANDREA_ARGS..."""
     if "--" not in argv or not argv:
-        sys.stderr.write("usage: python -m tests.oscalls EVENTS [--refuse-o-direct] [--nan-loss-at STEP] -- ARGS\n")
+        sys.stderr.write("usage: python -m tests.oscalls EVENTS [--refuse-o-direct] -- ARGS\n")
         return 2
     split = argv.index("--")
     opts, args = argv[:split], argv[split + 1:]
     events = opts[0]
-    if "--nan-loss-at" in opts:
-        _nan_loss_at(int(opts[opts.index("--nan-loss-at") + 1]))
     calls = OsCalls(refuse_o_direct="--refuse-o-direct" in opts)
     from andrea.cli import main as andrea_main
     calls.install()

@@ -256,11 +256,11 @@ REAL = ["--checkpoint-every", "10", "--set", "checkpoint.keep_last=1", "--set", 
         "--set", "guard.confirm_steps=5", *(a for k in QUIET for a in ("--set", k))]
 
 
-def recorded_run(run_dir: Path, events: Path, *args: str) -> OsCalls:
+def recorded_run(run_dir: Path, events: Path, *args: str, extra_env: dict | None = None) -> OsCalls:
     """`python -m tests.oscalls EVENTS <args before --> -- train <tiny> --run-dir RUN <args after -->`."""
     r = subprocess.run([sys.executable, "-m", "tests.oscalls", str(events), *args[:args.index("--")], "--", "train",
                         *TINY, "--run-dir", str(run_dir), *args[args.index("--") + 1:]],
-                       capture_output=True, text=True, timeout=300, env=env(), cwd=ROOT)
+                       capture_output=True, text=True, timeout=300, env={**env(), **(extra_env or {})}, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     return OsCalls.load(events)
 
@@ -327,7 +327,8 @@ def test_a_rollback_rewrites_the_guard_state_durably_before_it_deletes_the_aband
     tentative. The rollback's ledger markers are fsynced, step 30's guard companion is rewritten atomically, and
     only then is step_40.bin deleted, the directory fsynced after it."""
     run = seed_data(prepared, tmp_path / "run")
-    calls = recorded_run(run, tmp_path / "events.jsonl", "--nan-loss-at", "42", "--", "--steps", "50", *REAL)
+    calls = recorded_run(run, tmp_path / "events.jsonl", "--", "--steps", "50", *REAL,
+                         extra_env={"ANDREA_TEST_POISON_STEPS": "42"})
     entries = [json.loads(line) for line in (run / LEDGER_NAME).read_text().splitlines()]
     [rollback] = [e for e in entries if e.get("event") == "rollback"]
     assert rollback["step"] == 30 and rollback["from"] == 42, rollback

@@ -34,6 +34,7 @@ class Requests:
     checkpoint_asked: int = 0  # signals received for it, coalesced
     landing: int | None = None  # step of a requested checkpoint taken but not yet committed
     pivot: bool = False
+    policy: object = None  # the RunConfig a pending pivot switches to (read from policy.next.toml at SIGHUP)
     failed: str | None = None  # why the run ends with exit 1 at this boundary (a failed write, stop policy)
     received: list[str] = field(default_factory=list)
 

@@ -139,11 +139,11 @@ def test_a_checkpoint_whose_commit_failed_never_becomes_the_known_good_point(mak
     assert run.guard.good["step"] == 10 and 10 in run.guard.protected() and 20 not in run.guard.protected()
 
 
-def test_the_runtime_tells_the_guard_of_a_failed_commit():
+def test_the_boundary_tells_the_guard_of_a_failed_commit():
     from types import SimpleNamespace
 
-    from andrea.control.runtime import TrainingRun
-    run = TrainingRun.__new__(TrainingRun)  # only the commit callback: no loop, no trainer
+    from andrea.control.boundary import Boundary
+    run = Boundary.__new__(Boundary)  # only the commit callback: no loop, no trainer
     run.guard = Guard(GuardConfig(confirm_steps=5))
     run.guard.on_checkpoint(20, ckpt.checkpoint_name(20))
     loop = asyncio.new_event_loop()
