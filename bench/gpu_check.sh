@@ -17,7 +17,7 @@
 #                  give the same step_000060.bin (GPU determinism); a run stopped at 30 and resumed to 60
 #                  gives it too (bit-exact resume on GPU). Two more 60-step runs with --kernels torch (SDPA):
 #                  whether their bytes match is reported (SMOKE torch_kernels_bytes_equal), never a failure:
-#                  the README promises the curve, not the bytes, there.
+#                  docs/architecture.md (Determinism) promises the curve, not the bytes, there.
 #   dist_two_ranks torchrun --nproc_per_node=2 (ZeRO-1, NCCL) for 30 steps with a checkpoint every 10, then
 #                  verify: rank 1 on cuda:1 is where the thread-device bug (issue #27, item 1) showed (Triton
 #                  launching into GPU 0's context with cuda:1 pointers, step records fenced on GPU 0's stream).
@@ -218,8 +218,8 @@ cmp "$WORK/det_a/step_000060.bin" "$WORK/det_b/step_000060.bin" && note determin
     || note determinism_two_runs fail
 cmp "$WORK/det_a/step_000060.bin" "$WORK/det_c/step_000060.bin" && note resume_bit_exact ok \
     || note resume_bit_exact fail
-# --kernels torch (the SDPA backward): reported, never counted. Equal here: the README may say so for this stack;
-# different: its "curve, not the bytes" stands (cuda_paths says whether use_deterministic_algorithms would help).
+# --kernels torch (the SDPA backward): reported, never counted. Equal here: docs/architecture.md may say so for this
+# stack; different: its "curve, not the bytes" stands (cuda_paths says whether use_deterministic_algorithms would help).
 torch_det() { train --run-dir "$WORK/det_$1" --steps 60 --checkpoint-every 20 --kernels torch \
     >"$LOGS/smoke_det_torch_$1.log" 2>&1; }
 torch_det d & pd=$!; torch_det e & pe=$!

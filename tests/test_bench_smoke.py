@@ -109,3 +109,38 @@ def test_kernel_bench_runs_every_kernel_on_tiny_shapes():
 def test_kernel_bench_refuses_without_a_gpu():
     result = run_bench("bench/kernels.py", timeout=60)
     assert result.returncode == 2 and "no CUDA GPU" in result.stderr and result.stdout == ""
+
+
+def test_audit_bench_times_both_variants_and_the_in_process_audit(prepared, tmp_path):
+    """bench/audit.py on the tiny preset, from the session's prepared run: the end-to-end table (with and without
+    an audit per step) and the in-process comparison of the cached and uncached paths are printed."""
+    result = run_bench("bench/audit.py", "--preset", "andrea-tiny", "--steps", "2", "--repeats", "1",
+                       "--micro-repeats", "1", "--threads", "1", "--prepared", str(prepared),
+                       "--dir", str(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| median step interval, an audit at every step |" in result.stdout
+    assert re.search(r"audit cost = \*\*-?\d+\.\d{3}\*\* of a training step", result.stdout), result.stdout
+    assert re.search(r"speed-up \d+\.\dx", result.stdout), result.stdout
+    assert list(tmp_path.iterdir()) == []  # its temporary run directories are removed
+
+
+def test_zero_dist_bench_reports_the_share_of_a_step_in_collectives():
+    result = run_bench("bench/zero_dist.py", "--preset", "andrea-tiny", "--ranks", "2", "--steps", "2", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| 1 process |" in result.stdout
+    assert re.search(r"^\| 2 ranks \| \d+\.\d{4} \| \d+\.\d{4} \| \d+\.\d % \|$", result.stdout, re.M), result.stdout
+
+
+def test_mixture_bench_compares_each_policy_with_uniform(tmp_path):
+    """bench/mixture.py at a smoke size: each policy's final held-out target loss against uniform's, per arm set."""
+    out = tmp_path / "mixture.json"
+    result = run_bench("bench/mixture.py", "--steps", "20", "--eval-every", "10", "--seeds", "1",
+                       "--max-bytes", "40000", "--sets", "noise", "--policies", "default", "--json", str(out),
+                       timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = json.loads(out.read_text())["noise"]
+    assert set(runs) == {"default", "uniform"}  # uniform is always added: it is the reference
+    for kind, seeds in runs.items():
+        [evals] = seeds
+        assert [e["step"] for e in evals] == [10, 20] and all(e["target_loss"] > 0 for e in evals), (kind, evals)
+    assert "| default |" in result.stdout and "| uniform |" in result.stdout and "vs uniform" in result.stdout

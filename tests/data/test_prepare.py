@@ -268,9 +268,10 @@ def test_a_run_prepared_before_the_manifest_keeps_its_token_files_as_they_are(co
 
 
 def test_the_readme_corpus_example_is_a_valid_configuration(tmp_path):
-    from andrea import config
+    """The README's corpus example (its "Your own data"; tests/test_docs.py runs `prepare` with it)."""
+    from andrea import configload
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     example = readme.split("## Your own data", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
     (tmp_path / "corpus.toml").write_text(example)
-    cfg = config.load(preset="andrea-120m", config_file=tmp_path / "corpus.toml")
+    cfg = configload.load(preset="andrea-120m", config_file=tmp_path / "corpus.toml")
     assert [s.kind for s in cfg.data.sources] == ["text", "jsonl", "parquet"] and cfg.data.arms == ["pydoc-topics"]
