@@ -30,6 +30,7 @@ import torch
 from andrea import checkpoint as ckpt
 from andrea import cli, configload, memory
 from andrea.config import ConfigError
+from andrea.control.ledger import history
 from andrea.distributed import check_batch
 from andrea.model import layout_for, n_params
 from andrea.trainer import Trainer
@@ -83,6 +84,23 @@ def test_micro_batches_follow_the_plain_run(micro):
         assert norm == pytest.approx(ref_norm, rel=NORM_RTOL)  # one gradient of the whole batch, not k
     assert (t.state.buffer - plain.state.buffer).abs().max() <= WEIGHT_ATOL  # w, m and v
     assert not torch.equal(plain.state.w, Trainer(tiny_cfg(), torch.device("cpu")).state.w)  # it trained
+
+
+def test_with_dropout_micro_batches_are_deterministic_but_draw_their_own_masks():
+    """docs/operating.md: the step's seed is set once and the passes draw from it in turn, so a micro-batched run
+    repeats itself bit for bit, and its masks (hence its weights) differ from the plain run's by more than
+    float summation order would explain."""
+    def dropout_cfg(**train):
+        return configload.from_dict({"model": {**TINY_MODEL, "dropout": 0.2},
+                                     "train": {"batch_size": 8, "warmup_steps": 2, "lr": 1e-3, **train}})
+
+    data = batches(3)
+    a, b = (Trainer(dropout_cfg(micro_batch_size=2), torch.device("cpu")) for _ in range(2))
+    run_steps(a, data), run_steps(b, data)
+    assert torch.equal(a.state.buffer, b.state.buffer)
+    plain = Trainer(dropout_cfg(), torch.device("cpu"))
+    run_steps(plain, data)
+    assert (a.state.buffer - plain.state.buffer).abs().max() > 100 * WEIGHT_ATOL
 
 
 def test_a_micro_batch_as_large_as_the_batch_is_the_plain_run_bit_for_bit():
@@ -309,6 +327,22 @@ def test_auto_is_recorded_and_reused_on_resume(plain_run, prepared, tmp_path):
     assert "out of memory" not in again.stderr
     assert [e for e in ledger(run) if e.get("event") == "micro_batch"] == [mark]
     assert_ledger_follows(run, plain_run)
+
+
+def test_the_guard_rolls_a_micro_batched_run_back_and_it_heals(prepared, tmp_path):
+    """A non-finite step in a run of micro-batches (ANDREA_TEST_POISON_STEPS=25, the loss of the accumulated batch
+    reads NaN): the guard refuses it a checkpoint and rolls back to a committed checkpoint before it, the rollback's
+    replay reaches step 40, and every checkpoint is valid."""
+    run = seed_data(prepared, tmp_path / "run")
+    r = train(run, "--steps", "40", "--checkpoint-every", "10", "--set", "guard.confirm_steps=5", *MICRO,
+              extra_env={"ANDREA_TEST_POISON_STEPS": "25"})
+    assert r.returncode == 0, r.stderr[-4000:]
+    [rollback] = [e for e in ledger(run) if e.get("event") == "rollback"]
+    assert rollback["from"] == 25 and rollback["step"] in (10, 20), rollback
+    assert rollback["checkpoint"] == ckpt.checkpoint_name(rollback["step"])
+    assert [e["step"] for e in history(ledger(run)) if "event" not in e] == list(range(1, 41))
+    assert ckpt.list_checkpoints(run)[-1][0] == 40
+    assert cli.main(["verify", str(run)]) == 0
 
 
 def test_two_ranks_with_micro_batches_follow_one_process(plain_run, prepared, tmp_path):
