@@ -27,8 +27,9 @@ test: venv
 faults: venv
 	ANDREA_FAULT_KILLS=200 $(PY) -m pytest -q -s tests/faults $(ARGS)
 
-# Mutations of the durable paths, one at a time in a scratch copy, each followed by the tests that should catch it:
-# one table, exit 0 only if every one is caught (tests/mutants.py; ~6 min on 2 cores). Opt-in, like `make faults`.
+# Mutations of the durable paths and the step boundary's order, one at a time in a scratch copy, each followed by
+# the tests that should catch it: one table, exit 0 only if every one is caught (tests/mutants.py; ~7 min on 2
+# cores). Opt-in, like `make faults`.
 mutants: venv
 	$(PY) -m tests.mutants $(ARGS)
 

@@ -1,4 +1,5 @@
-"""`make mutants`: small, plausible bugs planted one at a time in the durable paths; each must fail a test.
+"""`make mutants`: plausible bugs planted one at a time in the durable paths and the step boundary's order;
+each must fail a test.
 
 Reads the working tree (the files `git ls-files --cached --others --exclude-standard` lists) and copies it into
 a scratch directory; never writes the checkout. For each mutation in MUTANTS (plain data: the file, the exact
@@ -47,6 +48,7 @@ REAL_RUN = ("tests/test_durability.py::"
 POWER = "tests/faults/test_power_loss.py"
 # The guard's deterministic tests (plain records, the real writer in a temporary directory): no trajectory.
 GUARD = ("tests/control/test_guard.py", "tests/control/test_guard_retention.py")
+BOUNDARY_FILE, BOUNDARY = "andrea/control/boundary.py", "tests/control/test_boundary.py"
 
 MUTANTS = [
     # --- issue #28's five survivors --------------------------------------------------------------------------
@@ -127,6 +129,29 @@ MUTANTS = [
            "    sidecars.write_json(companion_path(run_dir, step), state)\n",
            "    companion_path(run_dir, step).write_text(sidecars.json_bytes(state).decode())\n",
            (DURABILITY, "-k", "rollback")),
+    # --- the step boundary's order (issue #24): fake trainer and writer, no processes --------------------------
+    Mutant("boundary: a pivot before its checkpoint", BOUNDARY_FILE,
+           "            action = boundary_action(self.step, stop_at, ck.every, self.req)\n            taken = True\n",
+           "            action = boundary_action(self.step, stop_at, ck.every, self.req)\n            taken = True\n"
+           "            if action.pivot:\n                await self.pivot()\n",
+           (BOUNDARY,)),
+    Mutant("boundary: audits at the step a process starts from", BOUNDARY_FILE,
+           "            if self.step != self.start:\n                await self.audit()\n",
+           "            await self.audit()\n", (BOUNDARY,)),
+    Mutant("boundary: abandoned checkpoints deleted before the guard state", BOUNDARY_FILE,
+           "        if rollback.in_run_dir(g, self.run_dir):\n            self.feed.flush(force_sync=True)\n",
+           "        rollback.drop_after(self.run_dir, plan.to_step)\n"
+           "        if rollback.in_run_dir(g, self.run_dir):\n            self.feed.flush(force_sync=True)\n",
+           (BOUNDARY,)),
+    Mutant("boundary: no commit gate", BOUNDARY_FILE, "        if not guard.may_commit():", "        if False:",
+           (BOUNDARY,)),
+    Mutant("boundary: a stop before the stopping step's checkpoint", BOUNDARY_FILE,
+           "            taken = True\n", "            taken = True\n            if action.stop:\n                return True\n",
+           (BOUNDARY,)),
+    Mutant("boundary: a failed write never stops the run", BOUNDARY_FILE,
+           "                self.req.failed = self.writer.last_error  #", "                pass  #", (BOUNDARY,)),
+    Mutant("boundary: the rollback does not reload the known-good state", BOUNDARY_FILE,
+           "        await loop.run_in_executor(self.train, trainer.load, payload)\n", "", (BOUNDARY,)),
 ]
 
 
