@@ -20,8 +20,11 @@ venv: $(VENV)/.installed
 train: venv
 	$(PY) -m andrea train --preset $(PRESET) --run-dir $(RUN_DIR) $(ARGS)
 
+# Two workers, one test file each at a time (pytest-xdist, --dist loadfile: a module's fixtures are built once):
+# most tests wait on single-threaded trainer processes, so one worker leaves a core idle (2 cores: 18.6 min
+# against 26.8 serially, 2026-12-02). More cores take up to 4 workers.
 test: venv
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "not slow" $(ARGS)
 
 # The long fault campaign: >= 200 SIGKILLs and every bad input, printed as one table.
 faults: venv
