@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 
 from andrea import checkpoint as ckpt
-from andrea import cli, config, configdoc
+from andrea import cli, config, configdoc, plots
 from andrea.control import ledger as ledger_mod
 from tests.runs import ROOT, ledger, seed_data, train
 
@@ -558,16 +558,6 @@ def superseded_run(tiny_run, tmp_path_factory):
     return run
 
 
-def _effective_evals(entries: list[dict]) -> list[tuple[int, float]]:
-    kept = []
-    for e in entries:
-        if e.get("event") in ("start", "resume", "branch", "rollback"):
-            kept = [k for k in kept if k["step"] <= e["step"]]
-        else:
-            kept.append(e)
-    return [(e["step"], e["val_loss"]) for e in kept if e.get("event") == "eval"]
-
-
 def _snippet(lang: str, needle: str) -> Block:
     [block] = [b for b in blocks(ROOT / "docs" / "formats.md") if b.lang == lang and needle in b.text]
     return block
@@ -594,7 +584,7 @@ def test_the_ledger_snippets_give_the_effective_history(superseded_run, tmp_path
     assert [int(r[0]) for r in rows] == [e["step"] for e in expected] == list(range(1, FIXTURE_STEPS + 1))
     assert [float(r[1]) for r in rows] == pytest.approx([e["loss"] for e in expected], rel=1e-12)
     evals = [line.split("\t") for line in eval_tsv.splitlines()]
-    expected_evals = _effective_evals(entries)
+    expected_evals = [(e["step"], e["val_loss"]) for e in plots.live_evals(entries)]  # what `plot` draws
     assert [int(s) for s, _ in evals] == [s for s, _ in expected_evals] == list(range(10, FIXTURE_STEPS + 1, 10))
     assert [float(v) for _, v in evals] == pytest.approx([v for _, v in expected_evals], rel=1e-12)
     assert {"start", "resume"} <= {json.loads(line)["event"] for line in life.splitlines()}
