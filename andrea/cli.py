@@ -7,7 +7,7 @@
     sample   generate text from a checkpoint
     export   a checkpoint as a Hugging Face GPT-2 directory (model.safetensors, config, tokenizer) or npz
     ctl      talk to a running trainer: checkpoint | stop | status
-    status, pivot, branch, compare, plot: a run's life (andrea/ops.py)
+    status, pivot, branch, compare, plot: a run's life (andrea/commands/operate.py, with ctl)
 
 Every user error is one line on stderr, `andrea: error: …`, and a non-zero exit: 2 for a bad configuration
 or command line, 1 for anything else.
@@ -22,10 +22,10 @@ import os
 import sys
 from pathlib import Path
 
-from andrea import checkpoint as ckpt
 from andrea import configload
-from andrea import ops
+from andrea.commands import operate
 from andrea.config import ConfigError, RunConfig
+from andrea.rundir import checkpoint as ckpt, names
 
 DEFAULT_PRESET = "andrea-12m"
 log = logging.getLogger("andrea")
@@ -40,12 +40,12 @@ def error(message: str) -> None:
 
 def user_errors() -> tuple[type[Exception], ...]:
     from andrea.control.bandit import BanditStateError
-    from andrea.control.policy import PolicyError
-    from andrea.control.ledger import LedgerError
-    from andrea.control.runlock import RunLockedError
     from andrea.control.boundary import RunFailed
-    from andrea.control.sidecars import SidecarError
     from andrea.data.sources import DataError
+    from andrea.policy import PolicyError
+    from andrea.rundir.ledger import LedgerError
+    from andrea.rundir.runlock import RunLockedError
+    from andrea.rundir.sidecars import SidecarError
     return (ckpt.CheckpointError, DataError, RunLockedError, BanditStateError, PolicyError, SidecarError,
             LedgerError, RunFailed, OSError)
 
@@ -58,7 +58,7 @@ def resolve_config(args: argparse.Namespace, run_dir: Path | None) -> RunConfig:
         value = getattr(args, flag, None)
         if value is not None:
             overrides.append(f"{key}={json.dumps(value)}")
-    saved = run_dir / "run.toml" if run_dir is not None else None
+    saved = run_dir / names.CONFIG_NAME if run_dir is not None else None
     base = configload.read_toml(saved) if saved is not None and saved.exists() else None
     preset = args.preset or (None if args.config or base else DEFAULT_PRESET)
     return configload.load(preset=preset, config_file=args.config, base=base, overrides=overrides,
@@ -120,7 +120,7 @@ def run_async(coro) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from andrea.data.command import prepare_command
+    from andrea.commands.prepare import prepare_command
     run_dir = Path(args.run_dir)
     cfg = resolve_config(args, run_dir)
     try:
@@ -159,10 +159,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def expected_n_params(run_dir: Path) -> int | None:
-    if not (run_dir / "run.toml").exists():
+    if not (run_dir / names.CONFIG_NAME).exists():
         return None
     from andrea.model import layout_for, n_params
-    return n_params(layout_for(ops.run_config(run_dir).model))
+    return n_params(layout_for(configload.run_config(run_dir).model))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -194,7 +194,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from andrea.data.store import TextCodec
     from andrea.trainer import Trainer
     run_dir = Path(args.run_dir)
-    cfg = ops.run_config(run_dir)
+    cfg = configload.run_config(run_dir)
     trainer = Trainer(cfg, torch.device("cpu"))
     if args.step is None:
         info, _ = ckpt.newest_valid(run_dir, trainer.n)
@@ -202,10 +202,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
             raise ckpt.CheckpointError(f"{run_dir}: no valid checkpoint")
         path = info.path
     else:
-        path = run_dir / ckpt.checkpoint_name(args.step)
+        path = run_dir / names.checkpoint_name(args.step)
     step, payload = ckpt.read_payload(path, trainer.n)
     trainer.load(torch.from_numpy(payload))
-    codec = TextCodec.load(run_dir / "tokenizer.json")
+    codec = TextCodec.load(run_dir / names.TOKENIZER_NAME)
     ids = codec.encode(args.prompt) or [codec.eot]
     [new] = trainer.generate([ids], args.max_new_tokens, temperature=args.temperature, top_k=cfg.sample.top_k,
                              generators=[torch.Generator().manual_seed(args.seed)])
@@ -217,11 +217,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     from andrea.export import export_run
     print(export_run(Path(args.run_dir), Path(args.out), args.step, args.format))
     return 0
-
-
-def cmd_ctl(args: argparse.Namespace) -> int:
-    from andrea.control import ctl
-    return ctl.main(Path(args.run_dir), args.action, timeout=args.timeout)  # status: ops.run_status's report
 
 
 def add_config_flags(p: argparse.ArgumentParser) -> None:
@@ -283,13 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="safetensors: HF GPT2LMHeadModel names (default); npz: andrea's layout names")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("ctl", help="signal a running trainer or read its state")
-    p.add_argument("run_dir")
-    p.add_argument("action", choices=["checkpoint", "stop", "status"])
-    p.add_argument("--timeout", type=float, default=0.0, help="checkpoint/stop: wait up to this many seconds")
-    p.set_defaults(func=cmd_ctl)
-
-    ops.add_commands(sub, add_config_flags)
+    operate.add_commands(sub)
     return parser
 
 

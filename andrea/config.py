@@ -2,17 +2,20 @@
 
 The dataclasses are the schema: andrea/configload.py reads presets, `run.toml`, user files and `--set` overrides
 into them, and andrea/configdoc.py generates the configuration reference (docs/configuration.md) from this file's
-field docstrings. An out-of-range value raises `ConfigError` with one line naming the key. Reads and writes nothing.
+field docstrings. An out-of-range value raises `ConfigError` with one line naming the key; `build` checks a table's
+keys and types into a dataclass (an unknown key is named with the closest known one). Reads and writes nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-import tomli_w
+from andrea.policy import PolicyError, validate_policy
 
 
 class ConfigError(ValueError):
@@ -124,10 +127,10 @@ class TrainConfig:
 
 @dataclass
 class CheckpointConfig:
-    """When checkpoints are written and which are kept (SPEC §§1, 4)."""
+    """When checkpoints are written and which are kept (docs/formats.md and operating.md)."""
 
     every: int = 100
-    """Cadence in steps (SPEC §1: ~17 minutes of work at risk on ANDREA-120M); equal to sample.every by default."""
+    """Cadence in steps (docs/formats.md: ~17 minutes of work at risk on ANDREA-120M); equal to sample.every by default."""
     keep_last: int = 5
     """Newest checkpoints kept; older ones are deleted unless they are multiples of keep_every."""
     keep_every: int = 10_000
@@ -201,8 +204,8 @@ class DataConfig:
     """bpe: train a byte-level BPE at the first start; or a path to an existing HF tokenizer.json."""
 
     def __post_init__(self) -> None:
-        from andrea.configload import build  # a table given as a dict is checked like one read from TOML
-        self.sources = [s if isinstance(s, SourceConfig) else build(SourceConfig, s, "data.sources")
+        self.sources = [s if isinstance(s, SourceConfig) else build(  # a table as a dict: checked like TOML
+                        SourceConfig, s, "data.sources")
                         for s in self.sources]
         unknown = [a for a in self.arms if a not in BUILTIN_ARMS]
         if unknown:
@@ -223,7 +226,7 @@ class DataConfig:
 
 @dataclass
 class PolicyConfig:
-    """The operator's bounds on the data mixture (SPEC §7) and the bandit's knobs."""
+    """The operator's bounds on the data mixture (docs/formats.md) and the bandit's knobs."""
 
     caps: dict[str, float] = field(default_factory=dict)
     """Per-arm maximum share; arms not listed are uncapped (1.0)."""
@@ -245,7 +248,7 @@ class PolicyConfig:
             raise ConfigError("policy.update_every must be >= 1, policy.eta > 0 and policy.gamma in [0, 1]")
 
     def target_weights(self, arms: list[str]) -> list[float]:
-        """The normalised target weight of each arm in `arms` (validated by control/policy.py)."""
+        """The normalised target weight of each arm in `arms` (validated by andrea/policy.py)."""
         raw = [float(self.target.get(a, 1.0)) for a in arms]
         return [w / sum(raw) for w in raw]
 
@@ -255,7 +258,7 @@ class SampleConfig:
     """Sample audits written to .samples.json."""
 
     every: int = 0
-    """Sample-audit cadence; 0 means equal to checkpoint.every (SPEC §1)."""
+    """Sample-audit cadence; 0 means equal to checkpoint.every (docs/formats.md#why-a-checkpoint-every-100-steps)."""
     prompts: list[str] = field(default_factory=lambda: ["def ", "The "])
     """Prompts sampled at each sample audit."""
     max_new_tokens: int = 48
@@ -342,7 +345,6 @@ class RunConfig:
     guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
-        from andrea.control.policy import PolicyError, validate_policy  # pure numpy; no import cycle
         try:
             validate_policy(self.data.arm_names(), self.policy.caps, self.policy.floors, self.policy.target)
         except PolicyError as e:
@@ -352,12 +354,61 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     def to_toml(self) -> str:
+        import tomli_w  # only writers of run.toml need it
         return tomli_w.dumps(self.to_dict())
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(RunConfig)}
 
 
-def _section_types() -> dict[str, type]:
+def section_types() -> dict[str, type]:
     hints = typing.get_type_hints(RunConfig)
     return {name: hints[name] for name in SECTIONS}
+
+
+# --- type checks: a table read from TOML (or given as a dict) into the dataclasses above -----------------------
+def unknown_message(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown key {key!r}{hint}"
+
+
+def build(cls: type, raw: Any, where: str) -> Any:
+    """The dataclass `cls` from the table `raw` read at `where`: every key known, every value of its field's type."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a table, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in names:
+            raise ConfigError(unknown_message(f"{where}.{key}", [f"{where}.{n}" for n in names]))
+    kwargs = {k: _check_type(v, hints[k], f"{where}.{k}") for k, v in raw.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a required field is missing
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _check_type(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool):
+        if type(value) is not hint:
+            raise ConfigError(f"{where} must be {hint.__name__}, got {value!r}")
+        return value
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        if dataclasses.is_dataclass(item):
+            return [build(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_check_type(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, item = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a table, got {value!r}")
+        return {k: _check_type(v, item, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(hint, types.UnionType):
+        return value
+    raise ConfigError(f"{where}: unsupported type {hint}")

@@ -1,23 +1,22 @@
-"""Reading a run's configuration: presets, `run.toml`, user TOML files and `--set` overrides, layered and checked.
+"""Reading a run's configuration: presets, `run.toml`, user TOML files and `--set` overrides, layered.
 
 Reads preset TOML files shipped in `andrea/presets/`, user TOML files and the run directory's `run.toml`
 (the resolved configuration a run was started with; written by the trainer) into the dataclasses of
-andrea/config.py. Every key is checked: an unknown or mistyped key, a wrong type or an out-of-range value raises
-`ConfigError` with one line that names the file and the key.
+andrea/config.py, which checks them. Every key is checked: an unknown or mistyped key, a wrong type or an
+out-of-range value raises `ConfigError` with one line that names the file and the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import tomllib
-import types
-import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from andrea.config import SECTIONS, ConfigError, RunConfig, _section_types
+from andrea.config import SECTIONS, ConfigError, RunConfig, build, section_types, unknown_message
+from andrea.rundir.inspect import require_run_dir
+from andrea.rundir.names import CONFIG_NAME
 
 
 def preset_names() -> list[str]:
@@ -70,7 +69,7 @@ def from_dict(raw: dict[str, Any], source: str = "config") -> RunConfig:
     """Build and validate a RunConfig; every unknown key or bad value is one `ConfigError` line."""
     check_keys(raw, source)
     try:
-        return RunConfig(**{name: build(cls, raw.get(name, {}), name) for name, cls in _section_types().items()})
+        return RunConfig(**{name: build(cls, raw.get(name, {}), name) for name, cls in section_types().items()})
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
 
@@ -79,13 +78,13 @@ def check_keys(raw: dict[str, Any], source: str) -> None:
     """Refuse unknown section or key names, naming `source` (checked per file, before layers are merged)."""
     for section, body in raw.items():
         if section not in SECTIONS:
-            raise ConfigError(f"{source}: {_unknown_message(section, list(SECTIONS))}")
+            raise ConfigError(f"{source}: {unknown_message(section, list(SECTIONS))}")
         if isinstance(body, dict):
-            names = [f.name for f in dataclasses.fields(_section_types()[section])]
+            names = [f.name for f in dataclasses.fields(section_types()[section])]
             for key in body:
                 if key not in names:
                     known = [f"{section}.{n}" for n in names]
-                    raise ConfigError(f"{source}: {_unknown_message(f'{section}.{key}', known)}")
+                    raise ConfigError(f"{source}: {unknown_message(f'{section}.{key}', known)}")
 
 
 def load(preset: str | None = None, config_file: str | Path | None = None, base: dict[str, Any] | None = None,
@@ -118,48 +117,11 @@ def load(preset: str | None = None, config_file: str | Path | None = None, base:
     return from_dict(raw, " + ".join(source for source, _ in layers) or "defaults")
 
 
-def _unknown_message(key: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(key, known, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"unknown key {key!r}{hint}"
-
-
-def build(cls: type, raw: Any, where: str) -> Any:
-    """The dataclass `cls` from the table `raw` read at `where`: every key known, every value of its field's type."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be a table, got {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in raw:
-        if key not in names:
-            raise ConfigError(_unknown_message(f"{where}.{key}", [f"{where}.{n}" for n in names]))
-    kwargs = {k: _check_type(v, hints[k], f"{where}.{k}") for k, v in raw.items()}
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # a required field is missing
-        raise ConfigError(f"{where}: {e}") from None
-
-
-def _check_type(value: Any, hint: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if hint in (int, float, str, bool):
-        if type(value) is not hint:
-            raise ConfigError(f"{where} must be {hint.__name__}, got {value!r}")
-        return value
-    if origin is list:
-        (item,) = typing.get_args(hint)
-        if not isinstance(value, list):
-            raise ConfigError(f"{where} must be a list, got {value!r}")
-        if dataclasses.is_dataclass(item):
-            return [build(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
-        return [_check_type(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        _, item = typing.get_args(hint)
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where} must be a table, got {value!r}")
-        return {k: _check_type(v, item, f"{where}.{k}") for k, v in value.items()}
-    if isinstance(hint, types.UnionType):
-        return value
-    raise ConfigError(f"{where}: unsupported type {hint}")
+def run_config(run_dir: Path) -> RunConfig:
+    """The configuration a run trains with: its `run.toml`, checked (one line naming the run if it has none)."""
+    path = run_dir / CONFIG_NAME
+    if not run_dir.is_dir():
+        require_run_dir(run_dir)  # no such directory / not a directory
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir}: not a run directory (no {CONFIG_NAME})")
+    return load(base=read_toml(path), base_source=str(path))

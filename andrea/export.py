@@ -48,9 +48,9 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea import checkpoint as ckpt
 from andrea.config import ModelConfig, RunConfig
 from andrea.model import LayerNorm, ParamSpec, layout_for, n_params
+from andrea.rundir import atomic, checkpoint as ckpt, names
 
 log = logging.getLogger("andrea.export")
 
@@ -111,7 +111,7 @@ def tokenizer_source(cfg: RunConfig, run_dir: Path) -> Path | None:
     token_arms = {s.name for s in cfg.data.sources if s.kind == "tokens"}
     if all(a in token_arms for a in cfg.data.arm_names()):
         return None
-    return Path(cfg.data.tokenizer) if cfg.data.tokenizer != "bpe" else run_dir / "tokenizer.json"
+    return Path(cfg.data.tokenizer) if cfg.data.tokenizer != "bpe" else run_dir / names.TOKENIZER_NAME
 
 
 def tokenizer_files(path: Path, block_size: int) -> tuple[dict[str, bytes], int]:
@@ -131,7 +131,7 @@ def tokenizer_files(path: Path, block_size: int) -> tuple[dict[str, bytes], int]
 
 def pick_checkpoint(run_dir: Path, n: int, step: int | None) -> Path:
     if step is not None:
-        path = run_dir / ckpt.checkpoint_name(step)
+        path = run_dir / names.checkpoint_name(step)
         if not path.exists():
             have = [p.name for _, p in ckpt.list_checkpoints(run_dir)]
             listing = f"checkpoints: {', '.join(have[-5:])}" if have else "it holds no checkpoints"
@@ -148,7 +148,7 @@ def pick_checkpoint(run_dir: Path, n: int, step: int | None) -> Path:
 
 def export_run(run_dir: Path, out: Path, step: int | None = None, fmt: str = "safetensors") -> Path:
     """Write the export directory `out` from a run's checkpoint (the newest valid one unless `step`)."""
-    from andrea.ops import run_config
+    from andrea.configload import run_config
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt}: not one of {', '.join(FORMATS)}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -205,20 +205,20 @@ def _commit_dir(out: Path, files: dict[str, bytes | Callable[[Path], None]]) -> 
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
-        ckpt.fsync_dir(tmp)
+        atomic.fsync_dir(tmp)
         os.rename(tmp, out)  # replaces an empty directory, fails on anything else
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError):
             raise OSError(f"{out}: export not written: {e.strerror or e}") from None
         raise
-    ckpt.fsync_dir(out.parent)
+    atomic.fsync_dir(out.parent)
 
 
 # --- import ------------------------------------------------------------------------------------------------
 def is_weights(path: Path | None) -> bool:
     """True when `--init-from` names exported or published weights rather than a step_NNNNNN.bin checkpoint."""
-    if path is None or ckpt.step_of(path) is not None:
+    if path is None or names.step_of(path) is not None:
         return False
     return not path.is_file() or path.suffix in (".safetensors", ".npz") or path.name == TORCH_NAME
 
@@ -334,7 +334,7 @@ def init_payload(path: Path, layout: list[ParamSpec], run_dir: Path) -> np.ndarr
 
 def _warn_tokenizer(path: Path, run_dir: Path) -> None:
     theirs = (path if path.is_dir() else path.parent) / "tokenizer.json"
-    ours = run_dir / "tokenizer.json"
+    ours = run_dir / names.TOKENIZER_NAME
     if not (theirs.exists() and ours.exists()) or theirs.resolve() == ours.resolve():
         return
     try:

@@ -1,11 +1,11 @@
 """The GPT model, whose parameters are views into one flat fp32 buffer in checkpoint order.
 
 A GPT-2 style decoder: learned token and position embeddings, pre-LayerNorm blocks (causal self-attention,
-GELU MLP), a final LayerNorm and an output head. The head is NOT tied to the token embedding: SPEC §3 lists
+GELU MLP), a final LayerNorm and an output head. The head is NOT tied to the token embedding: docs/formats.md lists
 the output head as its own region of the flat weights, and an untied head keeps every parameter a plain view
 (export to HF GPT-2 sets `tie_word_embeddings = False`).
 
-Parameter-iteration order — part of the checkpoint format (SPEC §3), listed by `param_layout` and printed by
+Parameter-iteration order — part of the checkpoint format (docs/formats.md), listed by `param_layout` and printed by
 `python -m andrea info`:
     wte.weight (V, C), wpe.weight (T, C),
     for each layer i: h.i.ln_1.{weight,bias} (C), h.i.attn.c_attn.{weight (3C, C), bias (3C)},

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend chosen first: no display on servers)
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
-from andrea.control.ledger import ema, history  # noqa: E402
+from andrea.rundir.ledger import ema, history  # noqa: E402
 
 EMA_LABEL = "loss EMA (β=0.99, bias-corrected, at its mean step)"
 

@@ -30,7 +30,7 @@ I/O threads share the cores with training).
 Each repeat runs every method once, in turn, after an untimed warm-up round (first-touch page faults, DCP's
 staging set-up); files are deleted and the page cache flushed (os.sync) between methods, outside the timings.
 So every file here is a new one, like the floors': a run's first keep_last + 1 commits. The commits after them
-write into the spare (andrea/spare.py), measured against this case by `--writers 2` ("one writer, spare").
+write into the spare (andrea/rundir/spare.py), measured against this case by `--writers 2` ("one writer, spare").
 Targets, printed with PASS/MISS: stall <= 1.5x memcpy; andrea throughput >= 0.9x the O_DIRECT floor; andrea's
 commit CPU <= 0.1x the buffered writer's (each the median of the per-round ratios: methods of one round share the
 machine's state); cadence overhead <= 1%. Timings describe this machine; nothing here fails on them. The cost a
@@ -65,7 +65,7 @@ import torch.nn as nn
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from andrea import checkpoint as ckpt  # noqa: E402
+from andrea.rundir import checkpoint as ckpt  # noqa: E402
 from andrea import config as config_mod, configload  # noqa: E402
 from andrea.control.writer import CheckpointWriter, staging_image  # noqa: E402
 from andrea.trainer import FlatState, Trainer, resolve_device  # noqa: E402

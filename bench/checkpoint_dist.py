@@ -13,7 +13,7 @@ other round, so a drift of the disk within a round cancels), after an untimed wa
                    once every vote is in, renames and sends the verdict): rank 0's wall time from a barrier to its
                    return, which waits for every rank's vote (a trailing barrier would add a collective's latency
                    that the one writer does not pay); stall = the slowest rank's snapshot.
-    ..., spare     both again into the run directory's spare (andrea/spare.py): each commit's file is then
+    ..., spare     both again into the run directory's spare (andrea/rundir/spare.py): each commit's file is then
                    released the way retention releases one, and the next commit of that pair overwrites its
                    blocks. Every commit of a run after its first keep_last + 1 is this case.
     ..., buffered  both again with O_DIRECT off (a filesystem that refuses it), the like-for-like pair.
@@ -50,7 +50,7 @@ import torch.multiprocessing as mp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from andrea import checkpoint as ckpt, spare  # noqa: E402
+from andrea.rundir import checkpoint as ckpt, spare  # noqa: E402
 from andrea.control.shard_layout import ShardImage  # noqa: E402
 from andrea.control.shards import commit_shards  # noqa: E402
 from andrea.control.writer import staging_image  # noqa: E402

@@ -50,7 +50,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from andrea import checkpoint as ckpt  # noqa: E402
+from andrea.rundir import checkpoint as ckpt  # noqa: E402
 from andrea import configload  # noqa: E402
 from andrea.model import layout_for, n_params  # noqa: E402
 

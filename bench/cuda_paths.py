@@ -41,7 +41,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from andrea import checkpoint as ckpt  # noqa: E402
+from andrea.rundir import checkpoint as ckpt  # noqa: E402
 from andrea import configload  # noqa: E402
 from andrea.control import writer  # noqa: E402
 from andrea.distributed import World  # noqa: E402

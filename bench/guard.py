@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from andrea.config import GuardConfig  # noqa: E402
 from andrea.configload import load  # noqa: E402
 from andrea.control.guard import Detector, band  # noqa: E402
-from andrea.control.ledger import history, read_ledger  # noqa: E402
+from andrea.rundir.ledger import history, read_ledger  # noqa: E402
 
 
 def headroom(entries: list[dict], cfg: GuardConfig) -> dict:

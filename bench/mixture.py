@@ -1,4 +1,5 @@
-"""The data bandit against fixed mixtures, on the held-out target loss (SPEC §7, `policy.target`).
+"""The data bandit against fixed mixtures, on the held-out target loss (`policy.target`; the bandit:
+docs/formats.md#the-data-proxy-and-its-bandit).
 
 For every seed and arm set it trains the same model three ways, the data proxy (andrea/control/proxy.py) choosing
 each batch exactly as `andrea train` does (same lag, same allocation, same per-sequence losses fed back):

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from andrea import checkpoint as ckpt
+from andrea.rundir import checkpoint as ckpt, names
 
 
 def payload(n: int, seed: int = 0) -> np.ndarray:
@@ -27,11 +27,11 @@ def test_commit_writes_exact_spec_bytes(tmp_path):
 
 
 def test_names_grow_past_six_digits():
-    assert ckpt.checkpoint_name(7) == "step_000007.bin"
-    assert ckpt.checkpoint_name(1_234_567) == "step_1234567.bin"
-    assert ckpt.step_of("step_1234567.bin") == 1_234_567
-    assert ckpt.step_of("step_000100.bin.tmp") is None
-    assert ckpt.step_of("step_12.bin") is None
+    assert names.checkpoint_name(7) == "step_000007.bin"
+    assert names.checkpoint_name(1_234_567) == "step_1234567.bin"
+    assert names.step_of("step_1234567.bin") == 1_234_567
+    assert names.step_of("step_000100.bin.tmp") is None
+    assert names.step_of("step_12.bin") is None
 
 
 @pytest.mark.parametrize("damage, message", [

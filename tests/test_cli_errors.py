@@ -5,7 +5,7 @@ The subcommands come from the real parser (cli.build_parser()). CALLS says how t
 in each argument that must name an existing run, file or directory; a subcommand without a row fails
 test_every_subcommand_has_a_row_of_bad_path_calls until its row is added, so a new command cannot slip past.
 Calls run in-process through cli.main() (milliseconds); those that would start training on a regression run in a
-subprocess. Also here: the pure rules behind it (ctl.run_dir_problem, ctl.run_state) and `status` of a run that
+subprocess. Also here: the pure rules behind it (inspect.run_dir_problem, inspect.run_state) and `status` of a run that
 has not reached its first step, which answers with its state instead of refusing.
 """
 
@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from andrea import cli
-from andrea import configload
-from andrea.control import ctl
-from andrea.control.runlock import RunLock
+from andrea import cli, configload
+from andrea.rundir import inspect
+from andrea.rundir.runlock import RunLock
 from tests.runs import TINY, andrea
 
 BAD = "{bad}"  # the bad path: "missing" (nothing there) or "nonrun" (a directory holding one unrelated file)
@@ -144,26 +143,26 @@ def test_a_bad_path_is_one_error_line_naming_it_and_nothing_is_written(command, 
 
 # --- the rules, as plain functions ----------------------------------------------------------------------------
 def test_run_dir_problem_tells_missing_file_and_foreign_directory_from_a_run(tmp_path):
-    assert ctl.run_dir_problem(tmp_path / "nope") == "no such directory"
+    assert inspect.run_dir_problem(tmp_path / "nope") == "no such directory"
     (tmp_path / "f").write_text("x")
-    assert ctl.run_dir_problem(tmp_path / "f") == "not a directory"
-    assert ctl.run_dir_problem(tmp_path).startswith("not a run directory")
+    assert inspect.run_dir_problem(tmp_path / "f") == "not a directory"
+    assert inspect.run_dir_problem(tmp_path).startswith("not a run directory")
     for marker in ("run.toml", ".loss.json", "tokenizer.json", "step_000010.bin"):
         d = tmp_path / marker.replace(".", "_")
         d.mkdir()
         (d / marker).write_text("")
-        assert ctl.run_dir_problem(d) is None, marker
+        assert inspect.run_dir_problem(d) is None, marker
 
 
 def test_a_directory_whose_trainer_holds_the_lock_is_a_run_before_it_wrote_anything_else(tmp_path):
     lock = RunLock(tmp_path)
     lock.acquire()  # what a first start holds while it prepares the data
     try:
-        assert ctl.run_dir_problem(tmp_path) is None
-        assert ctl.status(tmp_path)["state"] == "starting"
+        assert inspect.run_dir_problem(tmp_path) is None
+        assert inspect.status(tmp_path)["state"] == "starting"
     finally:
         lock.release()
-    assert ctl.run_dir_problem(tmp_path) is not None  # a stale train.lock alone is no run
+    assert inspect.run_dir_problem(tmp_path) is not None  # a stale train.lock alone is no run
 
 
 @pytest.mark.parametrize("running,step,n_checkpoints,prepared,state", [
@@ -171,7 +170,7 @@ def test_a_directory_whose_trainer_holds_the_lock_is_a_run_before_it_wrote_anyth
     (False, None, 0, True, "prepared"), (False, None, 0, False, "empty"), (False, 5, 0, True, "stopped"),
     (False, None, 1, True, "stopped")])
 def test_run_state(running, step, n_checkpoints, prepared, state):
-    assert ctl.run_state(running, step, n_checkpoints, prepared) == state
+    assert inspect.run_state(running, step, n_checkpoints, prepared) == state
 
 
 # --- status before the first step answers ---------------------------------------------------------------------

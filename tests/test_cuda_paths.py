@@ -26,17 +26,16 @@ import numpy as np
 import pytest
 import torch
 
-from andrea import checkpoint as ckpt
 from andrea import configload
-from andrea.control import records as records_mod
-from andrea.control import writer as writer_mod
+from andrea.control import records as records_mod, writer as writer_mod
 from andrea.control.runtime import TrainingRun
 from andrea.control.shard_layout import ShardImage
 from andrea.distributed import World
+from andrea.rundir import checkpoint as ckpt, names
 from andrea.trainer import Trainer
 from tests.runs import ROOT, env
-from tests.test_direct_io import Disk
-from tests.test_distributed import commit_with_threads
+from tests.disks import Disk, refusal_lines
+from tests.sharding import commit_with_threads
 
 
 class FakeStream:
@@ -219,9 +218,9 @@ def test_the_sharded_writer_falls_back_to_buffered_when_the_first_o_direct_write
     (tmp_path / "many").mkdir()
     with caplog.at_level(logging.INFO, logger="andrea"):
         assert commit_with_threads(tmp_path / "many", n, size, payload) == {}
-    lines = [r.getMessage() for r in caplog.records if "refuses O_DIRECT" in r.getMessage()]
+    lines = refusal_lines(caplog)
     assert len(lines) == size and all("first write" in line for line in lines), lines
-    assert (tmp_path / "many" / ckpt.checkpoint_name(7)).read_bytes() == expected
+    assert (tmp_path / "many" / names.checkpoint_name(7)).read_bytes() == expected
 
 
 # --- item 5: pinned staging is page-locked at its exact size, and released with it ------------------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import fcntl
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -20,63 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from andrea import checkpoint as ckpt
 from andrea.control.writer import CheckpointWriter, staging_image
+from andrea.rundir import checkpoint as ckpt, names
+from tests.disks import Disk, payload, refusal_lines
 
 # 8 + 12n: 12,020 bytes (padded to 12,288 for the O_DIRECT write), and 8,192 bytes exactly (no padding at all)
 SIZES = [1001, 682]
-
-
-def payload(n: int, seed: int = 0) -> np.ndarray:
-    data = np.random.default_rng(seed).standard_normal(3 * n).astype(np.float32)
-    data[2 * n:] = np.abs(data[2 * n:])
-    return data
-
-
-def is_direct(fd: int) -> bool:
-    return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
-
-
-class Disk:
-    """Spies on (and optionally breaks) the O_DIRECT calls of a commit, through os.open / os.pwrite."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, refuse_open: bool = False, refuse_write: int | None = None,
-                 full_after: int | None = None, max_write: int | None = None):
-        self.real_open, self.real_pwrite = os.open, os.pwrite
-        self.refuse_open, self.refuse_write, self.full_after, self.max_write = (refuse_open, refuse_write,
-                                                                                full_after, max_write)
-        self.direct_opens: list[str] = []
-        self.direct_writes: list[tuple[int, int]] = []  # (offset, length) that reached the file with O_DIRECT
-        monkeypatch.setattr(os, "open", self.open)
-        monkeypatch.setattr(os, "pwrite", self.pwrite)
-
-    def open(self, path, flags, mode=0o777, *args, **kwargs):
-        if flags & os.O_DIRECT:
-            if self.refuse_open:
-                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(path))
-            self.direct_opens.append(str(path))
-        return self.real_open(path, flags, mode, *args, **kwargs)
-
-    def pwrite(self, fd, data, offset):
-        if not is_direct(fd):
-            return self.real_pwrite(fd, data, offset)
-        if self.refuse_write is not None:  # an errno: EINVAL (the filesystem) or EFAULT (unpinnable memory)
-            raise OSError(self.refuse_write, os.strerror(self.refuse_write))
-        data = memoryview(data)
-        if self.full_after is not None and offset + len(data) > self.full_after:
-            room = self.full_after - offset
-            if room <= 0:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            data = data[:room]  # a short write up to the last free block, then ENOSPC
-        if self.max_write is not None:
-            data = data[:self.max_write]
-        written = self.real_pwrite(fd, data, offset)
-        self.direct_writes.append((offset, written))
-        return written
-
-
-def refusal_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if "refuses O_DIRECT" in r.getMessage()]
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -89,7 +37,7 @@ def test_o_direct_writes_exactly_the_bytes_of_the_buffered_path_and_truncates_th
     direct = ckpt.DirectIO()
     path = ckpt.commit_checkpoint(tmp_path / "direct", 7, data, direct=direct)
     assert direct.enabled and direct.refusal is None
-    assert disk.direct_opens == [str(path) + ckpt.TMP_SUFFIX], "the .tmp was not opened with O_DIRECT"
+    assert disk.direct_opens == [str(path) + names.TMP_SUFFIX], "the .tmp was not opened with O_DIRECT"
     assert sum(length for _, length in disk.direct_writes) == ckpt.image_bytes(n)
     assert all(off % ckpt.DIRECT_ALIGN == 0 and length % ckpt.DIRECT_ALIGN == 0 for off, length in disk.direct_writes)
     assert path.stat().st_size == 8 + 12 * n, "the O_DIRECT padding was left in the file"
@@ -212,7 +160,7 @@ def test_write_regions_then_publish_commits_a_checkpoint_from_slices(tmp_path):
     n = 300
     data = payload(n)
     view = memoryview(data).cast("B")
-    tmp = tmp_path / ("step_000050.bin" + ckpt.TMP_SUFFIX)
+    tmp = tmp_path / ("step_000050.bin" + names.TMP_SUFFIX)
     cut = 4 * (n // 3)  # two slices per region, second halves first
     pieces = [(8 + r * 4 * n + cut, view[r * 4 * n + cut:(r + 1) * 4 * n]) for r in range(3)]
     pieces += [(8 + r * 4 * n, view[r * 4 * n:r * 4 * n + cut]) for r in range(3)] + [(0, ckpt.header(50, n))]
@@ -223,7 +171,7 @@ def test_write_regions_then_publish_commits_a_checkpoint_from_slices(tmp_path):
 
 
 def test_a_failed_publish_removes_the_tmp(tmp_path):
-    tmp = tmp_path / ("step_000060.bin" + ckpt.TMP_SUFFIX)
+    tmp = tmp_path / ("step_000060.bin" + names.TMP_SUFFIX)
     tmp.write_bytes(b"x")
     with pytest.raises(OSError):
         ckpt.publish_checkpoint(tmp, tmp_path / "missing-dir" / "step_000060.bin")

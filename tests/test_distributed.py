@@ -1,6 +1,6 @@
 """Data parallelism end to end: real `torchrun` launchers, 2 gloo ranks on CPU, the tiny preset, real signals.
 
-What one process promises (SPEC), with two ranks: the same checkpoint format and files, losses that follow one
+What one process promises (docs/formats.md and operating.md), with two ranks: the same checkpoint format and files, losses that follow one
 process, resume across world sizes (2 -> 1, 1 -> 2), bit-exact 2-rank resume, SIGTERM to the launcher ends in one
 checkpoint, `ctl` reaches rank 0 and rank 0 shares it, a SIGKILLed worker leaves every checkpoint valid, and two
 launchers as two nodes are the same run as one launcher with two ranks.
@@ -22,30 +22,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from andrea import checkpoint as ckpt, spare
 from andrea.control import shards
-from andrea.control.shard_layout import ShardImage
-from andrea.control.shards import ShardFailure, commit_shards
-from andrea.distributed import World, shard_bounds
+from andrea.rundir import checkpoint as ckpt, names
 from tests.runs import (ROOT, TINY, Trainer, andrea, env, header, launcher_argv, ledger, seed_data,
                         steps_in_ledger, train)
-from tests.test_direct_io import Disk
+from tests.disks import Disk, refusal_lines, refuse_o_direct_on_setfl
+from tests.sharding import LOSS_RTOL, NORM_AT_START, NORM_RTOL, commit_with_threads, released_spare
 
 TARGET, EVERY = 60, ["--checkpoint-every", "20"]
 FAR = ["--checkpoint-every", "100000"]  # no cadence checkpoints: every file on disk was asked for
 LIVE = ["--set", "train.log_every=1"]
 POLICY = "[policy]\nfloors = { pydoc-topics = 0.6 }\ncaps = { stdlib-code = 0.1 }\n"
-# Per-step agreement between 2 ranks and 1 process. Only the order of float32 reductions differs (the gradient
-# mean over ranks, the global norm summed from slices in fp64, the loss mean over gathered rows); fp32 carries
-# 2^-24 ~ 6e-8 relative. At step 1 (identical weights) that is all there is: the grad norms agree to ~1e-6
-# (NORM_AT_START). The last-bit differences then ride through the updates and grow with the trajectory (how fast
-# depends on the data and the CPU's vector kernels, so this bounds a property, not a course): over 60 steps at the
-# tiny preset's peak lr the loss has stayed within 3e-5 relative and the gradient norm, far more sensitive to the
-# weights, within 4e-3 (measured on two machines and two data layouts). The bounds leave 3-5x room; a wrong
-# shard, row split or missing average is off by O(1).
-LOSS_RTOL, NORM_RTOL, NORM_AT_START = 1e-4, 2e-2, 1e-5
 
 
 def free_port() -> int:
@@ -122,71 +110,6 @@ def assert_state_close(path, reference) -> None:
         assert np.abs(a[i] - b[i]).max() <= rtol * scale, (name, np.abs(a[i] - b[i]).max() / scale)
 
 
-class ThreadWorld(World):
-    """P ranks as threads of this process, so the sharded commit's protocol runs as written, without processes:
-    the all-gather is barrier-based, and a point-to-point message is a put into the receiver's queue (a sender
-    goes on, a receiver waits: as gloo's send and recv)."""
-
-    def __init__(self, rank: int, size: int, box: dict, barrier: threading.Barrier, mail: list[queue.Queue]):
-        super().__init__(rank, size, rank)
-        self.box, self.sync, self.mail = box, barrier, mail
-
-    def to_leader(self, value: int, group: str = "io") -> list[int] | None:
-        if not self.leader:
-            self.mail[0].put((self.rank, value))
-            return None
-        got = dict(self.mail[0].get(timeout=30) for _ in range(self.size - 1))
-        return [value] + [got[r] for r in range(1, self.size)]
-
-    def from_leader(self, value: int, group: str = "io") -> int:
-        if self.leader:
-            for r in range(1, self.size):
-                self.mail[r].put((0, value))
-            return value
-        return self.mail[self.rank].get(timeout=30)[1]
-
-    def all_gather_bytes(self, t: torch.Tensor, group: str = "io") -> list[torch.Tensor]:
-        self.box[self.rank] = t.clone()
-        self.sync.wait()
-        out = [self.box[r] for r in range(self.size)]
-        self.sync.wait()
-        return out
-
-
-def commit_with_threads(tmp_path, n: int, size: int, payload: np.ndarray, fail_rank: int | None = None,
-                        returned: dict | None = None, **hooks):
-    box, barrier, errors = {}, threading.Barrier(size, timeout=30), {}  # a rank that never arrives breaks it
-    mail = [queue.Queue() for _ in range(size)]
-    direct = [ckpt.DirectIO(True) for _ in range(size)]
-
-    def rank(r: int) -> None:
-        lo, hi = shard_bounds(n, size, r)
-        image = ShardImage(n, size, r, pinned=False)
-        for view, region in zip(image.views, range(3)):
-            view.copy_(torch.from_numpy(payload[region * n + lo:region * n + hi]))
-        for off, view in image.writes():  # what O_DIRECT needs: offset, length and host address on a block boundary
-            addr = np.frombuffer(view, dtype=np.uint8).ctypes.data
-            assert off % ckpt.DIRECT_ALIGN == len(view) % ckpt.DIRECT_ALIGN == addr % ckpt.DIRECT_ALIGN == 0
-        if r == fail_rank:
-            def broken():
-                raise OSError(errno.EIO, os.strerror(errno.EIO))
-            image.writes = broken  # this rank's write fails
-        try:
-            commit_shards(ThreadWorld(r, size, box, barrier, mail), tmp_path, 7, n, image, direct[r], **hooks)
-        except ShardFailure as e:
-            errors[r] = str(e)
-        if returned is not None:
-            returned[r].set()
-
-    threads = [threading.Thread(target=rank, args=(r,), name=f"rank-{r}") for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not [t.name for t in threads if t.is_alive()], "a rank thread still runs after 60 s (a lost message?)"
-    return errors
-
-
 @pytest.mark.parametrize("n,size", [(169_728, 2), (50_001, 3), (3_000, 4)])
 def test_sharded_commit_writes_the_one_process_bytes(tmp_path, n, size):
     payload = np.random.default_rng(n).standard_normal(3 * n, dtype=np.float32)
@@ -195,7 +118,7 @@ def test_sharded_commit_writes_the_one_process_bytes(tmp_path, n, size):
     (tmp_path / "many").mkdir()
     ckpt.commit_checkpoint(tmp_path / "one", 7, payload)
     assert commit_with_threads(tmp_path / "many", n, size, payload) == {}
-    name = ckpt.checkpoint_name(7)
+    name = names.checkpoint_name(7)
     assert (tmp_path / "many" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
     assert not list((tmp_path / "many").glob("*.tmp"))
 
@@ -209,20 +132,13 @@ def test_a_filesystem_refusing_o_direct_gets_the_same_sharded_bytes_buffered(tmp
     if where == "first write":
         Disk(monkeypatch, refuse_write=errno.EINVAL)
     else:
-        real = shards.fcntl.fcntl
-
-        def refuse(fd, cmd, *args):
-            if cmd == shards.fcntl.F_SETFL and args and args[0] & os.O_DIRECT:
-                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
-            return real(fd, cmd, *args)
-
-        monkeypatch.setattr(shards.fcntl, "fcntl", refuse)
+        refuse_o_direct_on_setfl(monkeypatch, shards)
     (tmp_path / "many").mkdir()
     with caplog.at_level(logging.INFO, logger="andrea"):
         assert commit_with_threads(tmp_path / "many", n, size, payload) == {}
-    lines = [r.getMessage() for r in caplog.records if "refuses O_DIRECT" in r.getMessage()]
+    lines = refusal_lines(caplog)
     assert len(lines) == size, lines  # said once by each rank's writer
-    assert (tmp_path / "many" / ckpt.checkpoint_name(7)).read_bytes() == expected
+    assert (tmp_path / "many" / names.checkpoint_name(7)).read_bytes() == expected
 
 
 def test_a_failed_slice_commits_nothing_and_every_rank_knows(tmp_path):
@@ -276,7 +192,7 @@ def test_after_a_failed_slice_no_rank_returns_before_the_tmp_is_gone(tmp_path, m
     unlink = Path.unlink
 
     def slow_unlink(self, *a, **k):
-        if self.name.endswith(ckpt.TMP_SUFFIX) and threading.current_thread().name == "rank-0":
+        if self.name.endswith(names.TMP_SUFFIX) and threading.current_thread().name == "rank-0":
             returned[1].wait(1.0)  # gives rank 1 every chance to leave first, were it allowed to
             rank_1_out_at_removal.append(returned[1].is_set())
         unlink(self, *a, **k)
@@ -288,15 +204,8 @@ def test_after_a_failed_slice_no_rank_returns_before_the_tmp_is_gone(tmp_path, m
     assert commit_with_threads(tmp_path, n, size, payload) == {}  # the retry of step 7 lands whole
     (tmp_path / "one").mkdir()
     ckpt.commit_checkpoint(tmp_path / "one", 7, payload)
-    name = ckpt.checkpoint_name(7)
+    name = names.checkpoint_name(7)
     assert (tmp_path / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
-
-
-def released_spare(tmp_path, n: int) -> int:
-    """A checkpoint of another step, committed and released by retention: the run directory's spare (inode)."""
-    old = ckpt.commit_checkpoint(tmp_path, 3, np.ones(3 * n, dtype=np.float32))
-    assert spare.retire(old)
-    return (tmp_path / spare.SPARE_NAME).stat().st_ino
 
 
 @pytest.mark.parametrize("n,size", [(169_728, 2), (3_000, 4)])
@@ -306,7 +215,7 @@ def test_a_sharded_commit_writes_into_the_spare(tmp_path, n, size):
     payload = np.abs(np.random.default_rng(3).standard_normal(3 * n, dtype=np.float32))
     ino = released_spare(tmp_path, n)
     assert commit_with_threads(tmp_path, n, size, payload) == {}
-    final = tmp_path / ckpt.checkpoint_name(7)
+    final = tmp_path / names.checkpoint_name(7)
     assert final.stat().st_ino == ino
     (tmp_path / "one").mkdir()
     assert final.read_bytes() == ckpt.commit_checkpoint(tmp_path / "one", 7, payload).read_bytes()
@@ -329,12 +238,12 @@ def test_two_ranks_follow_one_process_and_write_one_truth(straight):
     assert_follows(two, one, range(1, TARGET + 1))
     assert steps_in_ledger(two) == list(range(1, TARGET + 1))  # rank 0 alone writes the ledger: no duplicates
     assert checkpoints(two) == [20, 40, 60] and all_valid(two)
-    assert header(two / ckpt.checkpoint_name(TARGET)) == header(one / ckpt.checkpoint_name(TARGET))
+    assert header(two / names.checkpoint_name(TARGET)) == header(one / names.checkpoint_name(TARGET))
     companions = [sorted(p.name for p in d.glob("step_*.json")) for d in (one, two)]
     assert companions[0] == companions[1]  # the same sidecars, written once (by rank 0)
     assert (two / "run.toml").read_text() == (one / "run.toml").read_text()
     assert not (two / "train.pid").exists() and not list(two.glob("*.tmp"))
-    assert_state_close(two / ckpt.checkpoint_name(TARGET), one / ckpt.checkpoint_name(TARGET))
+    assert_state_close(two / names.checkpoint_name(TARGET), one / names.checkpoint_name(TARGET))
 
 
 def test_sigterm_to_the_launcher_then_resume_on_two_then_one_rank(straight, prepared, tmp_path):
@@ -362,11 +271,11 @@ def test_sigterm_to_the_launcher_then_resume_on_two_then_one_rank(straight, prep
     result = train(single, "--steps", str(TARGET), *FAR)
     assert result.returncode == 0, result.stderr
     assert_follows(single, one, range(stopped + 1, TARGET + 1))
-    assert_state_close(single / ckpt.checkpoint_name(TARGET), one / ckpt.checkpoint_name(TARGET))
+    assert_state_close(single / names.checkpoint_name(TARGET), one / names.checkpoint_name(TARGET))
 
     # 2 -> 2: bit-exact, the same bytes as the never-stopped two-rank run.
     torchrun(run, "--steps", str(TARGET), *FAR)
-    name = ckpt.checkpoint_name(TARGET)
+    name = names.checkpoint_name(TARGET)
     assert (run / name).read_bytes() == (two / name).read_bytes()
     assert [e["step"] for e in ledger(run) if e.get("event") == "resume"] == [stopped]
 
@@ -376,11 +285,11 @@ def test_one_process_checkpoint_resumes_on_two_ranks(straight, prepared, tmp_pat
     run = tmp_path / "run"
     shutil.copytree(one, run)
     for step in (40, 60):  # resume from step 20, written by one process
-        (run / ckpt.checkpoint_name(step)).unlink()
+        (run / names.checkpoint_name(step)).unlink()
     torchrun(run, "--steps", str(TARGET), *EVERY)
     assert [e["step"] for e in ledger(run) if e.get("event") == "resume"] == [20]
     assert_follows(run, one, range(21, TARGET + 1))
-    assert_state_close(run / ckpt.checkpoint_name(TARGET), one / ckpt.checkpoint_name(TARGET))
+    assert_state_close(run / names.checkpoint_name(TARGET), one / names.checkpoint_name(TARGET))
 
 
 def test_ctl_and_pivot_reach_rank_0_and_a_sigkilled_worker_leaves_valid_checkpoints(prepared, tmp_path):
@@ -395,7 +304,7 @@ def test_ctl_and_pivot_reach_rank_0_and_a_sigkilled_worker_leaves_valid_checkpoi
         t.wait_step(first + 5)  # training continues
         assert t.proc.poll() is None and checkpoints(run) == [first]
         for rank in (0, 1):
-            assert f"andrea.writer[{rank}]: checkpoint {ckpt.checkpoint_name(first)} committed" in t.output()
+            assert f"andrea.writer[{rank}]: checkpoint {names.checkpoint_name(first)} committed" in t.output()
         # The hot pivot: `andrea pivot` signals rank 0 (SIGHUP to the launcher would kill the job); rank 0 shares
         # it at the next boundary and every rank switches policy at the same checkpoint.
         (tmp_path / "p.toml").write_text(POLICY)
@@ -438,7 +347,7 @@ def test_two_launchers_as_two_nodes_are_the_same_run_and_a_signal_to_one_worker_
     finally:
         for node in nodes:
             node.kill()
-    name = ckpt.checkpoint_name(20)  # world size 2 across two nodes = the same run as two ranks on one
+    name = names.checkpoint_name(20)  # world size 2 across two nodes = the same run as two ranks on one
     assert (run / name).read_bytes() == (two / name).read_bytes()
     stopped = checkpoints(run)[-1]
     assert checkpoints(run) == list(range(20, stopped, 20)) + [stopped]  # the cadence's, then one for the stop

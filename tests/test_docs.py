@@ -38,9 +38,9 @@ from pathlib import Path
 
 import pytest
 
-from andrea import checkpoint as ckpt
 from andrea import cli, config, configdoc, plots
-from andrea.control import ledger as ledger_mod
+from andrea.rundir import ledger as ledger_mod
+from andrea.rundir import checkpoint as ckpt, names
 from tests.runs import ROOT, ledger, seed_data, train
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -349,7 +349,7 @@ def check_pivot(args, out, err, block):
 
 def check_branch(args, out, err, block):
     new = Path(flag(args, "--to"))
-    assert (new / ckpt.checkpoint_name(int(flag(args, "--step")))).exists()
+    assert (new / names.checkpoint_name(int(flag(args, "--step")))).exists()
     assert [e["event"] for e in ledger(new) if "event" in e][-1] == "branch"
 
 
@@ -383,7 +383,7 @@ def test_every_key_of_every_section_has_a_row_with_type_default_and_meaning():
             cells = [c.strip() for c in line.strip("|").split(" | ")]
             assert len(cells) == 4 and all(cells), line
             current.append(cells[0].strip("`"))
-    expected = {s: [f.name for f in dataclasses.fields(c)] for s, c in config._section_types().items()}
+    expected = {s: [f.name for f in dataclasses.fields(c)] for s, c in config.section_types().items()}
     expected["data.sources"] = [f.name for f in dataclasses.fields(config.SourceConfig)]
     assert tables == expected
     assert "| `lr` | float | `0.0006` | Peak learning rate" in configdoc.render()

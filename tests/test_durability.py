@@ -7,7 +7,7 @@ rename, the ledger lines a checkpoint vouches for durable before that checkpoint
 blocks durable before its vote and the rename after every vote.
 
 Paths: the one-process commit (O_DIRECT, buffered by choice, buffered after a refusal), the sidecars
-(write_many), the ledger's sync, the sharded commit on every rank (the fake world of tests/test_distributed.py),
+(write_many), the ledger's sync, the sharded commit on every rank (the fake world of tests/sharding.py),
 the spare's reuse, and a real `python -m andrea train` (companions and ledger before each `.bin`, the spare
 claimed and rewritten, and the rollback's rewrite of guard state before the abandoned checkpoints go).
 """
@@ -27,11 +27,12 @@ import numpy as np
 import pytest
 import torch
 
-from andrea import checkpoint as ckpt, spare
-from andrea.control import shards, sidecars
-from andrea.control.ledger import LEDGER_NAME, LossLedger
+from andrea.control import shards
 from andrea.control.writer import CheckpointWriter
-from tests import test_distributed
+from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars, spare
+from andrea.rundir.names import LEDGER_NAME
+from andrea.rundir.ledger import LossLedger
+from tests import sharding
 from tests.oscalls import OsCalls
 from tests.runs import ROOT, TINY, env, seed_data
 
@@ -62,7 +63,7 @@ def careless_write(path: Path, data: bytes, *, fsync: bool, flush: bool = True, 
             f.write(b"more")
     os.rename(tmp, path)
     if dir_sync:
-        ckpt.fsync_dir(path.parent)
+        atomic.fsync_dir(path.parent)
 
 
 @pytest.mark.parametrize("bug, match", [({"fsync": False}, "never fsynced"),
@@ -101,7 +102,7 @@ def test_a_commit_fsyncs_the_tmp_after_its_last_write_renames_it_then_fsyncs_the
     direct = ckpt.DirectIO(path != "buffered")
     with OsCalls(refuse_o_direct=path == "refused at open") as calls:
         final = ckpt.commit_checkpoint(run, 20, payload(N, 20), direct=direct)
-    tmp = str(final) + ckpt.TMP_SUFFIX
+    tmp = str(final) + names.TMP_SUFFIX
     rename, dir_sync = calls.published(final)
     assert calls.events[rename].path == tmp and calls.events[rename].size == ckpt.checkpoint_bytes(N)
     opens = calls.where("open", path=tmp)
@@ -121,7 +122,7 @@ def test_a_commit_into_the_spare_rewrites_the_claimed_blocks_and_makes_them_dura
     for direct in (True, False):  # the spare is claimed on both paths
         with OsCalls() as calls:
             final = ckpt.commit_checkpoint(tmp_path, 20 if direct else 30, payload(n, 3), direct=ckpt.DirectIO(direct))
-        claim = calls.where("rename", path=tmp_path / spare.SPARE_NAME, dst=str(final) + ckpt.TMP_SUFFIX)
+        claim = calls.where("rename", path=tmp_path / names.SPARE_NAME, dst=str(final) + names.TMP_SUFFIX)
         assert len(claim) == 1 and calls.events[claim[0]].ino == ino, calls.describe()
         rename, _ = calls.published(final)
         assert calls.events[rename].ino == ino, "the commit did not write into the spare"
@@ -136,7 +137,7 @@ def test_sidecars_write_many_makes_every_file_durable_then_renames_then_fsyncs_e
              tmp_path / "sub" / "c.json": b"{}\n"}
     (tmp_path / "a.json").write_bytes(b"old")
     with OsCalls() as calls:
-        sidecars.write_many(files)
+        atomic.write_many(files)
     renames = []
     for path, data in files.items():
         rename, _ = calls.published(path)
@@ -171,13 +172,13 @@ def test_every_rank_fsyncs_its_blocks_before_its_vote_and_rank_0_renames_after_e
                                                                                           path, n, size):
     data = payload(n, n)
     calls = OsCalls()
-    vote = test_distributed.ThreadWorld.to_leader
+    vote = sharding.ThreadWorld.to_leader
 
     def recorded_vote(self, value, group="io"):
         calls.mark("vote", rank=self.rank, value=value)
         return vote(self, value, group)
 
-    monkeypatch.setattr(test_distributed.ThreadWorld, "to_leader", recorded_vote)
+    monkeypatch.setattr(sharding.ThreadWorld, "to_leader", recorded_vote)
     if path == "refused":  # a filesystem that will not switch O_DIRECT on: the buffered blocks
         real = shards.fcntl.fcntl
 
@@ -187,16 +188,16 @@ def test_every_rank_fsyncs_its_blocks_before_its_vote_and_rank_0_renames_after_e
             return real(fd, cmd, *args)
 
         monkeypatch.setattr(shards.fcntl, "fcntl", refuse)
-    spare_ino = test_distributed.released_spare(tmp_path, n) if path == "into the spare" else None
+    spare_ino = sharding.released_spare(tmp_path, n) if path == "into the spare" else None
     with calls:
-        assert test_distributed.commit_with_threads(tmp_path, n, size, data) == {}
-    final = tmp_path / ckpt.checkpoint_name(7)
-    tmp = str(final) + ckpt.TMP_SUFFIX
+        assert sharding.commit_with_threads(tmp_path, n, size, data) == {}
+    final = tmp_path / names.checkpoint_name(7)
+    tmp = str(final) + names.TMP_SUFFIX
     rename, _ = calls.published(final)
     assert calls.events[rename].thread == "rank-0"
     ino = calls.events[rename].ino
     if spare_ino is not None:  # rank 0 claimed it before the exchange; every rank wrote into its blocks
-        [claim] = calls.where("rename", path=tmp_path / spare.SPARE_NAME, dst=tmp)
+        [claim] = calls.where("rename", path=tmp_path / names.SPARE_NAME, dst=tmp)
         assert ino == spare_ino and calls.events[claim].thread == "rank-0"
         assert claim < min(calls.where(("pwrite", "write"), ino=ino))
     votes = {}
@@ -228,7 +229,7 @@ def test_the_writer_runs_before_commit_to_completion_before_the_bin_is_renamed(t
     def before_commit() -> None:
         ledger.append([{"step": s, "loss": 1.0} for s in range(1, 41)])
         ledger.sync()
-        sidecars.write_many({companion: b'{"step": 40}\n'})
+        atomic.write_many({companion: b'{"step": 40}\n'})
 
     async def commit():
         writer.staging[0].copy_(torch.from_numpy(payload(N, 40)))
@@ -278,13 +279,13 @@ def ledger_offsets(run_dir: Path) -> dict[int, int]:
 
 def assert_checkpoint_published_after_what_it_vouches_for(calls: OsCalls, run_dir: Path, step: int,
                                                           occurrence: int = 0, ledger_bytes: int | None = None):
-    final = run_dir / ckpt.checkpoint_name(step)
+    final = run_dir / names.checkpoint_name(step)
     rename, _ = calls.published(final, occurrence=occurrence)
-    for companion in (sidecars.checkpoint_state_path(run_dir, step), sidecars.companion_path(run_dir, step, "guard")):
+    for companion in (sidecars.checkpoint_state_path(run_dir, step), names.companion_path(run_dir, step, "guard")):
         before = [i for i in calls.renames_onto(companion) if i < rename]
         calls.published(companion, occurrence=len(before) - 1, before=rename)
-    state = [i for i in calls.renames_onto(run_dir / sidecars.STATE_NAME) if i < rename]
-    calls.published(run_dir / sidecars.STATE_NAME, occurrence=len(state) - 1, before=rename)
+    state = [i for i in calls.renames_onto(run_dir / names.STATE_NAME) if i < rename]
+    calls.published(run_dir / names.STATE_NAME, occurrence=len(state) - 1, before=rename)
     calls.durable_before(run_dir / LEDGER_NAME, rename, min_size=ledger_bytes)
     return rename
 
@@ -298,23 +299,23 @@ def test_a_real_run_publishes_each_checkpoint_after_its_ledger_lines_and_compani
     offsets = ledger_offsets(run)
     renames = {s: assert_checkpoint_published_after_what_it_vouches_for(calls, run, s, ledger_bytes=offsets[s])
                for s in (10, 20, 30, 40)}
-    tmp_opens = [i for i in calls.where("open") if calls.events[i].path.endswith(".bin" + ckpt.TMP_SUFFIX)]
+    tmp_opens = [i for i in calls.where("open") if calls.events[i].path.endswith(".bin" + names.TMP_SUFFIX)]
     assert tmp_opens and all(o_direct(calls, i) == (path == "O_DIRECT") for i in tmp_opens)
     # The spare: a checkpoint released by retention after one commit (step_K.bin renamed onto spare.ckpt) is
     # claimed by the next commit (spare.ckpt renamed onto its .tmp), which rewrites those blocks, fsyncs them
     # (published above) and renames them onto its step_N.bin. Which checkpoints are released after which commit
     # is timing (see REAL; two at once replace each other, as unlinks would); that the next commit takes the
     # last one is not.
-    retired = calls.where("rename", dst=run / spare.SPARE_NAME)
-    claims = calls.where("rename", path=run / spare.SPARE_NAME)
+    retired = calls.where("rename", dst=run / names.SPARE_NAME)
+    claims = calls.where("rename", path=run / names.SPARE_NAME)
     reused = 0
     for step in (20, 30, 40):
         released = [r for r in retired if renames[step - 10] < r < renames[step]]
         if not released:
             continue
-        assert {Path(calls.events[r].path).name for r in released} <= {ckpt.checkpoint_name(s) for s in (10, 20)}
+        assert {Path(calls.events[r].path).name for r in released} <= {names.checkpoint_name(s) for s in (10, 20)}
         [claim] = [c for c in claims if released[-1] < c < renames[step]]
-        assert calls.events[claim].dst == str(run / (ckpt.checkpoint_name(step) + ckpt.TMP_SUFFIX))
+        assert calls.events[claim].dst == str(run / (names.checkpoint_name(step) + names.TMP_SUFFIX))
         assert calls.events[claim].ino == calls.events[released[-1]].ino == calls.events[renames[step]].ino, \
             f"step {step} was not written into the released checkpoint's blocks"
         reused += 1
@@ -332,20 +333,20 @@ def test_a_rollback_rewrites_the_guard_state_durably_before_it_deletes_the_aband
     entries = [json.loads(line) for line in (run / LEDGER_NAME).read_text().splitlines()]
     [rollback] = [e for e in entries if e.get("event") == "rollback"]
     assert rollback["step"] == 30 and rollback["from"] == 42, rollback
-    guard = sidecars.companion_path(run, 30, "guard")
-    first_40 = calls.renames_onto(run / ckpt.checkpoint_name(40))[0]
+    guard = names.companion_path(run, 30, "guard")
+    first_40 = calls.renames_onto(run / names.checkpoint_name(40))[0]
     rewrites = [i for i in calls.renames_onto(guard) if i > first_40]
     assert rewrites, "the known-good checkpoint's guard state was never rewritten"
     rewrite, rewrite_dir_sync = calls.published(guard, occurrence=calls.renames_onto(guard).index(rewrites[0]))
     upto_marker = sum(len(line) for line in (run / LEDGER_NAME).read_bytes().splitlines(keepends=True)
                       [:entries.index(rollback) + 1])
     calls.durable_before(run / LEDGER_NAME, rewrite, min_size=upto_marker)
-    dropped = [i for i in calls.where("unlink", path=run / ckpt.checkpoint_name(40)) if i > rewrite]
+    dropped = [i for i in calls.where("unlink", path=run / names.checkpoint_name(40)) if i > rewrite]
     assert dropped, f"step_000040.bin was not deleted after the rewrite:\n{calls.describe(first_40)}"
     assert rewrite_dir_sync < dropped[0]
     # ... and the deletions are durable before the run goes on: a directory fsync before the next rename in it
     # (else a power cut could bring the abandoned step_000040.bin back, and a restart would resume from it)
-    last_unlink = max(calls.where("unlink", path=run / ckpt.checkpoint_name(40)))
+    last_unlink = max(calls.where("unlink", path=run / names.checkpoint_name(40)))
     next_rename = min(i for i in calls.where(("rename", "replace")) if i > last_unlink)
     calls.dir_synced_after(run, last_unlink, before=next_rename)
     # training went on from step 30: the new step 40 and 50 land as every checkpoint does

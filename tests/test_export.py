@@ -14,12 +14,12 @@ import pytest
 import torch
 from safetensors.numpy import load_file, save_file
 
-from andrea import checkpoint as ckpt
 from andrea import export
 from andrea.cli import main as cli_main
+from andrea.configload import run_config
 from andrea.data.store import EOT, TextCodec
 from andrea.model import GPT, layout_for, n_params
-from andrea.ops import run_config
+from andrea.rundir import checkpoint as ckpt, names
 from tests.runs import andrea, ledger, seed_data, train
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test extra: pip install -e '.[test]'")
@@ -39,7 +39,7 @@ def run(prepared, tmp_path_factory):
     cfg = run_config(run_dir)
     layout = layout_for(cfg.model)
     n = n_params(layout)
-    step, payload = ckpt.read_payload(run_dir / ckpt.checkpoint_name(STEPS), n)
+    step, payload = ckpt.read_payload(run_dir / names.checkpoint_name(STEPS), n)
     tokens = np.fromfile(next((run_dir / "data").glob("*.val.u16")), dtype="<u2").astype(np.int64)
     T = cfg.model.block_size
     idx = torch.from_numpy(np.stack([tokens[:T], tokens[T:2 * T]]))  # (2, T) real text
@@ -208,7 +208,7 @@ def test_bad_export_is_one_line_and_writes_nothing(run, tmp_path, capsys, case):
     src = tmp_path / "run"
     shutil.copytree(run.dir, src, ignore=shutil.ignore_patterns("data", "train.lock"))
     out, extra = tmp_path / "out", []
-    checkpoint = src / ckpt.checkpoint_name(STEPS)
+    checkpoint = src / names.checkpoint_name(STEPS)
     if case == "no checkpoint":
         checkpoint.unlink()
         words = "no step_NNNNNN.bin checkpoint to export"

@@ -16,8 +16,7 @@ import json
 import pytest
 import torch
 
-from andrea import audit, configload
-from andrea import generate as generation
+from andrea import audit, configload, generate as generation
 from andrea.data.store import TextCodec
 from andrea.model import GPT
 from andrea.trainer import Trainer

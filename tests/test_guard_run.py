@@ -22,8 +22,8 @@ import sys
 import pytest
 
 from andrea.config import ConfigError
-from andrea.control.ledger import history
 from andrea.control.runtime import poison_steps
+from andrea.rundir.ledger import history
 from tests.runs import ROOT, Trainer, andrea, env, ledger, seed_data, train
 
 DIVERGE = ["--checkpoint-every", "20", "--set", "train.lr=1.0", "--set", "train.grad_clip=0"]

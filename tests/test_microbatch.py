@@ -27,12 +27,12 @@ import numpy as np
 import pytest
 import torch
 
-from andrea import checkpoint as ckpt
 from andrea import cli, configload, memory
 from andrea.config import ConfigError
-from andrea.control.ledger import history
 from andrea.distributed import check_batch
 from andrea.model import layout_for, n_params
+from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir.ledger import history
 from andrea.trainer import Trainer
 from tests.runs import ROOT, Trainer as Process, env, launcher_argv, ledger, seed_data, train
 
@@ -309,7 +309,7 @@ def test_sigterm_mid_run_and_resume_with_micro_batches_is_bit_exact(plain_run, p
     stopped_at = ckpt.list_checkpoints(run)[-1][0]
     assert 3 <= stopped_at < STEPS
     assert train(run, "--steps", str(STEPS), *FAR).returncode == 0  # run.toml keeps the micro-batch
-    name = ckpt.checkpoint_name(STEPS)
+    name = names.checkpoint_name(STEPS)
     assert (run / name).read_bytes() == (straight / name).read_bytes()
 
 
@@ -339,14 +339,14 @@ def test_the_guard_rolls_a_micro_batched_run_back_and_it_heals(prepared, tmp_pat
     assert r.returncode == 0, r.stderr[-4000:]
     [rollback] = [e for e in ledger(run) if e.get("event") == "rollback"]
     assert rollback["from"] == 25 and rollback["step"] in (10, 20), rollback
-    assert rollback["checkpoint"] == ckpt.checkpoint_name(rollback["step"])
+    assert rollback["checkpoint"] == names.checkpoint_name(rollback["step"])
     assert [e["step"] for e in history(ledger(run)) if "event" not in e] == list(range(1, 41))
     assert ckpt.list_checkpoints(run)[-1][0] == 40
     assert cli.main(["verify", str(run)]) == 0
 
 
 def test_two_ranks_with_micro_batches_follow_one_process(plain_run, prepared, tmp_path):
-    from tests.test_distributed import LOSS_RTOL as DIST_LOSS_RTOL, NORM_RTOL as DIST_NORM_RTOL
+    from tests.sharding import LOSS_RTOL as DIST_LOSS_RTOL, NORM_RTOL as DIST_NORM_RTOL
     run = seed_data(prepared, tmp_path / "run")
     # "auto" with an injected out-of-memory error above 2 rows: both ranks (4 rows each) halve to 2 together.
     result = subprocess.run(launcher_argv(run, "--steps", str(STEPS), *FAR, "--set", "train.micro_batch_size=auto"),
@@ -356,7 +356,7 @@ def test_two_ranks_with_micro_batches_follow_one_process(plain_run, prepared, tm
     [mark] = [e for e in ledger(run) if e.get("event") == "micro_batch"]
     assert (mark["micro_batch_size"], mark["rows"], mark["out_of_memory_at"]) == (2, 4, [4])
     assert_ledger_follows(run, plain_run, DIST_LOSS_RTOL, DIST_NORM_RTOL)
-    name = ckpt.checkpoint_name(STEPS)
+    name = names.checkpoint_name(STEPS)
     a, b = (np.fromfile(d / name, dtype="<f4", offset=8) for d in (run, plain_run))
     assert np.abs(a - b).max() <= 1e-3 * np.abs(b).max()
 

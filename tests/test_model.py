@@ -7,14 +7,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from andrea import checkpoint as ckpt
 from andrea import configload
 from andrea.model import token_cross_entropy
+from andrea.rundir import checkpoint as ckpt
 from andrea.trainer import Trainer, lr_at
 
 
 def documented_order(n_layer: int) -> list[str]:
-    """The order andrea/model.py's docstring promises (and SPEC §3 requires)."""
+    """The order andrea/model.py's docstring promises (and docs/formats.md#the-checkpoint-format requires)."""
     names = ["wte.weight", "wpe.weight"]
     for i in range(n_layer):
         names += [f"h.{i}.{p}" for p in ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",

@@ -1,11 +1,11 @@
-"""A run's life (SPEC §§2, 5, 6): pivots offline and by SIGHUP, audit branches, compare, zombie arms."""
+"""A run's life (docs/formats.md and operating.md): pivots offline and by SIGHUP, audit branches, compare, zombie arms."""
 
 import json
 import re
 import signal
 
-from andrea import checkpoint as ckpt
-from andrea.control.ledger import history, read_ledger
+from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir.ledger import history, read_ledger
 from tests.runs import Trainer, andrea, ledger, seed_data, train
 
 EVERY = ["--checkpoint-every", "20", "--set", "sample.every=20"]
@@ -72,7 +72,7 @@ def test_hot_pivot_by_sighup_continues_like_an_offline_pivot(prepared, tmp_path)
     assert train(offline, "--steps", str(pivot_step), *EVERY).returncode == 0
     assert andrea("pivot", str(offline), "--policy", str(tmp_path / "p.toml")).returncode == 0
     assert train(offline, "--steps", str(target), *EVERY).returncode == 0
-    name = ckpt.checkpoint_name(target)
+    name = names.checkpoint_name(target)
     assert (offline / name).read_bytes() == (hot / name).read_bytes()
 
 
@@ -89,7 +89,7 @@ def test_branch_reproduces_the_parent_or_diverges_and_compare_reports(prepared, 
     for branch in (same, other):
         result = andrea("train", "--run-dir", str(branch), "--steps", "60")
         assert result.returncode == 0, result.stderr
-    name = ckpt.checkpoint_name(60)
+    name = names.checkpoint_name(60)
     assert (same / name).read_bytes() == (parent / name).read_bytes()
     assert (other / name).read_bytes() != (parent / name).read_bytes()
     out = tmp_path / "compare.png"

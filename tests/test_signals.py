@@ -1,4 +1,4 @@
-"""SPEC §4 with real processes and real signals: SIGUSR1 writes and continues, SIGTERM writes and exits."""
+"""docs/operating.md with real processes and real signals: SIGUSR1 writes and continues, SIGTERM writes and exits."""
 
 import os
 import random
@@ -6,7 +6,7 @@ import re
 import signal
 import time
 
-from andrea import checkpoint as ckpt
+from andrea.rundir import checkpoint as ckpt, names
 from tests.runs import Trainer, andrea, header, ledger, seed_data, steps_in_ledger, train, wait_until
 
 FAR = ["--checkpoint-every", "100000"]  # no cadence checkpoints: every file on disk was asked for
@@ -63,7 +63,7 @@ def test_sigterm_at_a_random_step_resumes_bit_identically(prepared, tmp_path):
     stopped_at = checkpoints(run)[-1]
     assert stopped_at < target
     assert train(run, "--steps", str(target), *FAR).returncode == 0
-    name = ckpt.checkpoint_name(target)
+    name = names.checkpoint_name(target)
     assert (run / name).read_bytes() == (straight / name).read_bytes()
 
 
@@ -83,7 +83,7 @@ def test_sigkill_resumes_from_last_committed_checkpoint_bit_identically(prepared
     assert checkpoints(run)[-1] < target
     assert andrea("verify", str(run)).returncode == 0
     assert train(run, "--steps", str(target), "--checkpoint-every", "10").returncode == 0
-    name = ckpt.checkpoint_name(target)
+    name = names.checkpoint_name(target)
     assert (run / name).read_bytes() == (straight / name).read_bytes()
 
 

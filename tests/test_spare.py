@@ -1,4 +1,4 @@
-"""The spare (andrea/spare.py): a checkpoint retention releases is renamed to `spare.ckpt`, and the next commit
+"""The spare (andrea/rundir/spare.py): a checkpoint retention releases is renamed to `spare.ckpt`, and the next commit
 renames it onto its `.tmp` and overwrites its blocks; nothing of the old bytes survives, and a file a reader
 still has open (descriptor or mapping) is unlinked instead, so the reader keeps its bytes.
 """
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from andrea import checkpoint as ckpt, spare
 from andrea.control.writer import CheckpointWriter
-from tests.test_direct_io import Disk, payload
+from andrea.rundir import checkpoint as ckpt, names, spare
+from tests.disks import Disk, payload
 
 N = 1001  # 8 + 12n = 12,020 bytes: the O_DIRECT image is padded past the end, then truncated
 
@@ -57,7 +57,7 @@ def test_a_released_checkpoint_becomes_the_spare_and_the_next_commit_writes_into
     commits(run, [10])
     released = (run / "step_000010.bin").stat().st_ino
     commits(run, [20])
-    assert (run / spare.SPARE_NAME).stat().st_ino == released  # step 10, renamed, not unlinked
+    assert (run / names.SPARE_NAME).stat().st_ino == released  # step 10, renamed, not unlinked
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [20]  # the spare is no checkpoint
     disk = Disk(monkeypatch)
     commits(run, [30])
@@ -74,10 +74,10 @@ def test_nothing_of_the_spares_bytes_survives_the_commit(tmp_path, extra):
     0xFF: the committed file is byte-identical to one written into a fresh file."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / spare.SPARE_NAME).write_bytes(b"\xff" * (ckpt.checkpoint_bytes(N) + extra))
+    (run / names.SPARE_NAME).write_bytes(b"\xff" * (ckpt.checkpoint_bytes(N) + extra))
     ckpt.commit_checkpoint(run, 40, payload(N, 40))
     assert (run / "step_000040.bin").read_bytes() == reference(tmp_path, 40)
-    assert not (run / spare.SPARE_NAME).exists()
+    assert not (run / names.SPARE_NAME).exists()
 
 
 @pytest.mark.parametrize("kind", ["symlink", "directory"])
@@ -87,13 +87,13 @@ def test_a_spare_ckpt_that_is_not_a_regular_file_is_never_written_through(tmp_pa
     run.mkdir()
     other.write_bytes(b"someone else's bytes" * 1000)
     if kind == "symlink":
-        (run / spare.SPARE_NAME).symlink_to(other)
+        (run / names.SPARE_NAME).symlink_to(other)
     else:
-        (run / spare.SPARE_NAME).mkdir()
+        (run / names.SPARE_NAME).mkdir()
     ckpt.commit_checkpoint(run, 40, payload(N, 40))
     assert (run / "step_000040.bin").read_bytes() == reference(tmp_path, 40)
     assert other.read_bytes() == b"someone else's bytes" * 1000
-    assert (run / spare.SPARE_NAME).is_symlink() if kind == "symlink" else (run / spare.SPARE_NAME).is_dir()
+    assert (run / names.SPARE_NAME).is_symlink() if kind == "symlink" else (run / names.SPARE_NAME).is_dir()
 
 
 @pytest.mark.parametrize("reader", ["descriptor", "mapping"])
@@ -128,7 +128,7 @@ def test_a_checkpoint_with_another_name_is_unlinked_and_the_other_name_keeps_its
     os.link(run / "step_000010.bin", branch / "step_000010.bin")
     before = (branch / "step_000010.bin").read_bytes()
     commits(run, [20, 30])
-    assert not (run / spare.SPARE_NAME).exists() or (run / spare.SPARE_NAME).stat().st_ino != (
+    assert not (run / names.SPARE_NAME).exists() or (run / names.SPARE_NAME).stat().st_ino != (
         branch / "step_000010.bin").stat().st_ino
     assert (branch / "step_000010.bin").read_bytes() == before
     assert (branch / "step_000010.bin").stat().st_nlink == 1  # only the trunk's name went
@@ -143,7 +143,7 @@ def test_a_released_symlink_is_unlinked_and_its_target_never_reused(tmp_path):
     (run / "step_000010.bin").symlink_to(archive / "step_000010.bin")  # an operator's archive, linked back
     before = (archive / "step_000010.bin").read_bytes()
     commits(run, [20])  # releases the link: it goes, and never becomes the spare
-    assert not (run / spare.SPARE_NAME).is_symlink() and not (run / spare.SPARE_NAME).exists()
+    assert not (run / names.SPARE_NAME).is_symlink() and not (run / names.SPARE_NAME).exists()
     commits(run, [30])
     assert (archive / "step_000010.bin").read_bytes() == before
 
@@ -184,6 +184,6 @@ def test_keep_last_counts_checkpoints_not_the_spare(tmp_path):
     run.mkdir()
     commits(run, [10, 20, 30, 40], keep_last=2)
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [30, 40]
-    assert sorted(p.name for p in run.iterdir()) == [spare.SPARE_NAME, "step_000030.bin", "step_000040.bin"]
+    assert sorted(p.name for p in run.iterdir()) == [names.SPARE_NAME, "step_000030.bin", "step_000040.bin"]
     for step in (30, 40):
-        assert (run / ckpt.checkpoint_name(step)).read_bytes() == reference(tmp_path, step)
+        assert (run / names.checkpoint_name(step)).read_bytes() == reference(tmp_path, step)

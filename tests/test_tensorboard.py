@@ -3,7 +3,7 @@
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from andrea.control.ledger import history, read_ledger
+from andrea.rundir.ledger import history, read_ledger
 from tests.runs import seed_data, train
 
 # The guard off: the rerun's lower lr moves the gradient norm, and whether the guard then gates step 40 depends on
@@ -63,8 +63,8 @@ def test_tensorboard_scalars_equal_the_ledger_across_a_resume(prepared, tmp_path
 
 
 def test_a_rollback_marker_hides_the_steps_it_supersedes(tmp_path):
-    from andrea.control.ledger import marker
     from andrea.control.tensorboard import TensorBoardLog
+    from andrea.rundir.ledger import marker
 
     def entry(step, loss):
         return {"step": step, "loss": loss, "lr": 1e-3, "grad_norm": 1.0, "tokens": 512 * step, "time": step / 10}

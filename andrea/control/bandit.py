@@ -1,4 +1,4 @@
-"""The data-mixture bandit (SPEC §7): pure logic over plain data; its only I/O is a JSON-able dict.
+"""The data-mixture bandit (docs/formats.md): pure logic over plain data; its only I/O is a JSON-able dict.
 
 Reads per-sequence training losses (`observe`), writes a sampling distribution over the arms
 (`probabilities`, `allocate`) and its own state (`to_state` / `from_state`, the `.state.json` payload that the
@@ -29,7 +29,7 @@ percentiles of the history of unscaled rewards. Choices, and why:
 - Batches, not single pulls. Every arm sampled in a window gets its own reward at once, so there is no 1/π
   importance weight beyond the share in the reward; an arm not sampled in a window gets no update.
 - Caps and floors. The operator's bounds are applied by Euclidean projection of the policy onto the capped
-  simplex {x : Σx = 1, lo ≤ x ≤ hi} (control/policy.py); the weights learn unconstrained, what is sampled always
+  simplex {x : Σx = 1, lo ≤ x ≤ hi} (andrea/policy.py); the weights learn unconstrained, what is sampled always
   obeys the bounds.
 - Reward history. A bounded FIFO of the most recent unscaled rewards rather than the whole history
   (deterministic, needs no sampling RNG, and follows the shrinking loss scale of a long run).
@@ -43,7 +43,7 @@ import math
 
 import numpy as np
 
-from andrea.control.policy import Policy, PolicyError, project_capped_simplex
+from andrea.policy import Policy, PolicyError, project_capped_simplex
 
 STATE_FORMAT = 2
 """2: rewards serve `policy.target` (gain per share; the weights start at the target); 1 (self-progress rewards)
@@ -237,8 +237,8 @@ class Bandit:
     def from_state(cls, d: object, arms: list[str], policy: Policy, **knobs) -> tuple[Bandit, list[str]]:
         """Resume from `to_state()` output, validated against the current arms and policy; returns (bandit, warnings).
 
-        Zombie arms (in the state, not configured; SPEC §6) are dropped, new arms start fresh at the mean weight,
-        and a state learned under another policy fingerprint gives a fresh bandit (a pivot is a new policy).
+        Zombie arms (in the state, not configured: docs/formats.md) are dropped, new arms start fresh at the mean
+        weight, and a state learned under another policy fingerprint gives a fresh bandit (a pivot is a new policy).
         A state of an older format (1: self-progress rewards) is reset the same way, with one warning.
         Raises BanditStateError for anything that is not a well-formed state.
         """

@@ -20,7 +20,7 @@ them out through its collaborators: the trainer (its thread: snapshots, loads, a
 (control/writer.py, shards.py), the ledger feed (control/ledger.py) and the I/O thread. control/runtime.py builds
 it once the run has started and wires it to the event loop.
 Writes (through the I/O thread): `.loss.json` lines, the checkpoint companions and `.state.json`
-(control/sidecars.py), `.samples.json`, `run.toml` after `micro_batch_size = "auto"` decided, and at a pivot or
+(rundir/sidecars.py), `.samples.json`, `run.toml` after `micro_batch_size = "auto"` decided, and at a pivot or
 rollback what control/pivot.py and control/rollback.py document.
 """
 
@@ -36,16 +36,17 @@ from pathlib import Path
 import numpy as np
 
 from andrea import audit
-from andrea import checkpoint as ckpt
 from andrea.config import RunConfig
-from andrea.control import pivot, ranks, resume, rollback, sidecars
+from andrea.control import pivot, ranks, resume, rollback
 from andrea.control.guard import INCIDENT, SUSPECT, Guard
-from andrea.control.ledger import LedgerFeed, marker
+from andrea.control.ledger import LedgerFeed
 from andrea.control.proxy import Batch, DataProxy
 from andrea.control.records import StepRecord, StepRecords
 from andrea.control.signals import Requests, boundary_action
 from andrea.distributed import World
 from andrea.progress import Progress
+from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars
+from andrea.rundir.ledger import marker
 
 log = logging.getLogger("andrea.run")
 
@@ -85,7 +86,7 @@ class Boundary:
             if self.writer.last_error and ck.on_write_error == "stop" and self.req.failed is None:
                 self.req.failed = self.writer.last_error  # every rank exits at the boundary that shares it
             if ranks.share(self.world, self.req):  # a hot pivot asked on rank 0: the same policy file
-                self.req.policy = pivot.read_policy(self.run_dir / pivot.NEXT_POLICY, self.cfg)
+                self.req.policy = pivot.read_policy(self.run_dir / names.NEXT_POLICY_NAME, self.cfg)
             action = boundary_action(self.step, stop_at, ck.every, self.req)
             taken = True
             if action.checkpoint and self.writer.last_committed != self.step:
@@ -172,7 +173,7 @@ class Boundary:
         log.info("train.micro_batch_size=auto: %d rows per pass (of %d per step%s), recorded in run.toml",
                  choice["micro_batch_size"], choice["rows"], " per rank" if self.world.distributed else "")
         if self.world.leader:
-            self.io.submit(sidecars.write_atomic, self.run_dir / sidecars.CONFIG_NAME, self.cfg.to_toml().encode())
+            self.io.submit(atomic.write_atomic, self.run_dir / names.CONFIG_NAME, self.cfg.to_toml().encode())
 
     # --- checkpoints ---------------------------------------------------------------------------------------
     async def checkpoint(self) -> bool:
@@ -191,7 +192,7 @@ class Boundary:
                 log.warning("not checkpointing step %d: %s; the last good state is %s", step, why, good)
             return False
         state = self.proxy.state(step)
-        guard_state = guard.on_checkpoint(step, ckpt.checkpoint_name(step))
+        guard_state = guard.on_checkpoint(step, names.checkpoint_name(step))
         slot = await writer.free_slot()
         t0 = time.perf_counter()
         fence = await asyncio.get_running_loop().run_in_executor(self.train, self.trainer.snapshot,
@@ -203,9 +204,9 @@ class Boundary:
         def before_commit() -> None:  # on the I/O thread: what the `.bin` vouches for is durable before it
             self.feed.ledger.sync()
             state_json = sidecars.json_bytes(state)
-            sidecars.write_many({sidecars.checkpoint_state_path(self.run_dir, step): state_json,
-                                 self.run_dir / sidecars.STATE_NAME: state_json,
-                                 rollback.companion_path(self.run_dir, step): sidecars.json_bytes(guard_state)})
+            atomic.write_many({sidecars.checkpoint_state_path(self.run_dir, step): state_json,
+                               self.run_dir / names.STATE_NAME: state_json,
+                               rollback.companion_path(self.run_dir, step): sidecars.json_bytes(guard_state)})
 
         commit = writer.start_commit(slot, step, fence, before_commit)
         commit.add_done_callback(lambda fut: self._landed(fut, step))
@@ -221,7 +222,7 @@ class Boundary:
         if fut.cancelled() or fut.exception() is not None or fut.result().error is not None:
             self.guard.on_commit_failed(step)
 
-    # --- pivots (SPEC §5) ----------------------------------------------------------------------------------
+    # --- pivots (docs/operating.md) ----------------------------------------------------------------------------------
     async def pivot(self) -> None:
         """At the pivot checkpoint: the archive, queued after that checkpoint's commit on the FIFO I/O thread and
         awaited, then a new phase under the new policy, drawn from the same step."""
@@ -234,14 +235,14 @@ class Boundary:
                 return
             self.feed.ledger.append([pivot.apply_pivot(self.run_dir, new_cfg, step, phase)])
             self.feed.ledger.sync()
-            (self.run_dir / pivot.NEXT_POLICY).unlink(missing_ok=True)
+            (self.run_dir / names.NEXT_POLICY_NAME).unlink(missing_ok=True)
 
         await asyncio.get_running_loop().run_in_executor(self.io, archive)
         self.cfg = new_cfg
         log.warning("pivot at step %d: phase %d under caps %s floors %s", step, phase, new_cfg.policy.caps,
                     new_cfg.policy.floors)
         self.proxy = DataProxy(new_cfg, self.proxy.arms, phase=phase, phase_start=step)
-        self.guard.pivot(step, ckpt.checkpoint_name(step))
+        self.guard.pivot(step, names.checkpoint_name(step))
         self.proxy.data_offset = self.guard.remedy["data_offset"]
         self.batch = self.proxy.batch(step)
 
@@ -266,7 +267,7 @@ class Boundary:
         try:
             sidecars.append_audit(self.run_dir, audits, self.cfg.sample.keep)
         except OSError as e:  # an audit is worth a warning, never the run
-            log.error("%s: sample audit of step %d not written: %s", sidecars.SAMPLES_NAME, audits[0]["step"], e)
+            log.error("%s: sample audit of step %d not written: %s", names.SAMPLES_NAME, audits[0]["step"], e)
 
     # --- the guard's rollback (decisions: control/guard.py; files: control/rollback.py) -------------------------
     async def rollback(self) -> None:
@@ -299,7 +300,7 @@ class Boundary:
         await loop.run_in_executor(self.train, trainer.load, payload)
         g.apply(plan)
         self.step, trainer.lr_scale = plan.to_step, plan.lr_scale
-        info = ckpt.CheckpointInfo(self.run_dir / ckpt.checkpoint_name(plan.to_step), plan.to_step, trainer.n)
+        info = ckpt.CheckpointInfo(self.run_dir / names.checkpoint_name(plan.to_step), plan.to_step, trainer.n)
         self.proxy = resume.restore_proxy(self.cfg, self.run_dir, self.proxy.arms, info)
         self.proxy.data_offset = plan.data_offset
         self.feed.lines.append(marker("rollback", plan.to_step, checkpoint=plan.to_path or "initial state",
@@ -313,7 +314,7 @@ class Boundary:
             if self.world.leader:  # one writer per file (every rank took the same decision)
                 self.io.submit(rollback.write_companion, self.run_dir, plan.to_step, g.to_state(plan.to_step))
         else:  # the initial state, or an --init-from checkpoint elsewhere: write it here
-            g.settle(ckpt.checkpoint_name(plan.to_step))
+            g.settle(names.checkpoint_name(plan.to_step))
             await self.checkpoint()
         dropped = (await loop.run_in_executor(self.io, rollback.drop_after, self.run_dir, plan.to_step)
                    if self.world.leader else [])

@@ -1,4 +1,4 @@
-"""The policy pivot (SPEC §5): new caps and floors, same weights, m, v and loss history.
+"""The policy pivot (docs/operating.md#pivots): new caps and floors, same weights, m, v and loss history.
 
 Reads a policy file (a TOML file with a `[policy]` table: caps, floors and optionally the bandit's knobs) and
 the run's `run.toml`; writes `run.toml` with the new policy, moves `.state.json` and `.samples.json` into
@@ -18,10 +18,8 @@ from pathlib import Path
 
 from andrea import configload
 from andrea.config import ConfigError, RunConfig
-from andrea.control import sidecars
-from andrea.control.ledger import marker
-
-NEXT_POLICY = "policy.next.toml"
+from andrea.rundir import atomic, names, sidecars
+from andrea.rundir.ledger import marker
 
 
 def read_policy(path: Path, cfg: RunConfig) -> RunConfig:
@@ -35,7 +33,7 @@ def read_policy(path: Path, cfg: RunConfig) -> RunConfig:
 def apply_pivot(run_dir: Path, new_cfg: RunConfig, step: int, phase: int) -> dict:
     """Archive the phase's sidecars and switch run.toml to the new policy; return the ledger marker."""
     archived = sidecars.archive_phase(run_dir)
-    sidecars.write_atomic(run_dir / sidecars.CONFIG_NAME, new_cfg.to_toml().encode())
+    atomic.write_atomic(run_dir / names.CONFIG_NAME, new_cfg.to_toml().encode())
     policy = dataclasses.asdict(new_cfg.policy)
     return marker("pivot", step, phase=phase, archived=str(archived.relative_to(run_dir)),
                   caps=policy["caps"], floors=policy["floors"])

@@ -1,7 +1,7 @@
 """The data proxy: turns the bandit's mixture into the batch of each step, and keeps the bandit fed.
 
 Reads the prepared token arrays (andrea/data/store.py) and per-sequence losses from the step records; its state
-is the `.state.json` sidecar (andrea/control/sidecars.py). The batch at step t is a pure function of
+is the `.state.json` sidecar (andrea/rundir/sidecars.py). The batch at step t is a pure function of
 (seed, t, bandit state), and the bandit state a pure function of the losses — so resume is bit-identical:
 
 - The mixture changes at window boundaries (every `policy.update_every` = K steps) and lags one window:
@@ -22,8 +22,8 @@ import torch
 
 from andrea.config import RunConfig
 from andrea.control.bandit import Bandit, BanditStateError, is_old_format
-from andrea.control.policy import Policy, validate_policy
 from andrea.data.store import TRAIN_STREAM, ArmTokens, rng_for, rows
+from andrea.policy import Policy, validate_policy
 
 log = logging.getLogger("andrea.proxy")
 
@@ -127,7 +127,7 @@ class DataProxy:
                                                  gamma=cfg.policy.gamma, update_every=cfg.policy.update_every)
             if is_old_format(d["bandit"]) or d["bandit"].get("policy_fingerprint") != proxy.policy.fingerprint():
                 # Learned under another policy (a pivot happened since) or another objective (an older format):
-                # a new phase with a fresh bandit (SPEC §6); the old phase's observations belong to the old one.
+                # a new phase with a fresh bandit (docs/formats.md); the old phase's observations belong to the old one.
                 return cls(cfg, arms, phase=d["phase"] + 1, phase_start=step, bandit=bandit), warnings
             proxy.bandit = bandit
             proxy.applied_upto = d["applied_upto"]

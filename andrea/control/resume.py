@@ -1,7 +1,7 @@
 """Where a run starts again: the checkpoint it resumes from, and the data proxy as of that checkpoint.
 
-Reads checkpoints (andrea/checkpoint.py: names, sizes, headers, values), `step_NNNNNN.state.json` and
-`.state.json` (control/sidecars.py); writes nothing. Used at the start of a process and by the divergence
+Reads checkpoints (andrea/rundir/checkpoint.py: names, sizes, headers, values), `step_NNNNNN.state.json` and
+`.state.json` (rundir/sidecars.py); writes nothing. Used at the start of a process and by the divergence
 guard's rollback (control/runtime.py), which resumes in-process from its known-good checkpoint.
 """
 
@@ -10,10 +10,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from andrea import checkpoint as ckpt
 from andrea.config import RunConfig
-from andrea.control import sidecars
 from andrea.control.proxy import DataProxy
+from andrea.rundir import checkpoint as ckpt, names, sidecars
 
 log = logging.getLogger("andrea.run")
 
@@ -41,9 +40,9 @@ def resume_point(run_dir: Path, init_from: Path | None, n: int) -> ckpt.Checkpoi
 def restore_proxy(cfg: RunConfig, run_dir: Path, arms, info: ckpt.CheckpointInfo) -> DataProxy:
     """The data proxy as of the checkpoint: its step_S.state.json, else .state.json if at S, else fresh."""
     step = info.step
-    for path in (sidecars.checkpoint_state_path(info.path.parent, step), run_dir / sidecars.STATE_NAME):
+    for path in (sidecars.checkpoint_state_path(info.path.parent, step), run_dir / names.STATE_NAME):
         d = sidecars.read_json(path)
-        if d is None or (isinstance(d, dict) and d.get("step") != step and path.name == sidecars.STATE_NAME):
+        if d is None or (isinstance(d, dict) and d.get("step") != step and path.name == names.STATE_NAME):
             continue
         proxy, warnings = DataProxy.from_state(cfg, arms, d, step, str(path))
         for w in warnings:

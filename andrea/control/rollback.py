@@ -17,14 +17,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from andrea import checkpoint as ckpt
 from andrea.config import RunConfig
-from andrea.control import sidecars
 from andrea.control.guard import Guard, GuardStateError
+from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars
 
 
 def companion_path(run_dir: Path, step: int) -> Path:
-    return sidecars.companion_path(run_dir, step, "guard")
+    return names.companion_path(run_dir, step, "guard")
 
 
 def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
@@ -73,11 +72,11 @@ def drop_after(run_dir: Path, step: int) -> list[str]:
     for s, path in ckpt.list_checkpoints(run_dir):
         if s > step:
             path.unlink(missing_ok=True)
-            for companion in sidecars.companions(run_dir, s):
+            for companion in names.companions(run_dir, s):
                 companion.unlink(missing_ok=True)
             dropped.append(path.name)
     if dropped:
-        ckpt.fsync_dir(run_dir)
+        atomic.fsync_dir(run_dir)
     return dropped
 
 

@@ -35,18 +35,20 @@ from pathlib import Path
 import torch
 
 from andrea import export
-from andrea import checkpoint as ckpt
 from andrea.config import ConfigError, RunConfig
-from andrea.control import pivot, ranks, resume, rollback, shards, sidecars, tensorboard
+from andrea.control import pivot, ranks, resume, rollback, shards, tensorboard
 from andrea.control.boundary import Boundary, RunFailed
-from andrea.control.ledger import LEDGER_NAME, LedgerFeed, LossLedger, marker
+from andrea.control.ledger import LedgerFeed
 from andrea.control.proxy import Batch, DataProxy
 from andrea.control.records import StepRecords
-from andrea.control.runlock import RunLock
 from andrea.control.signals import EarlySignals, Requests, abort_now, install_handlers, remove_handlers
 from andrea.data.prepare import Interrupted
-from andrea.progress import Progress
 from andrea.distributed import World
+from andrea.progress import Progress
+from andrea.rundir import atomic, checkpoint as ckpt, names
+from andrea.rundir.names import LEDGER_NAME
+from andrea.rundir.ledger import LossLedger, marker
+from andrea.rundir.runlock import RunLock
 from andrea.trainer import Trainer
 from andrea.zero import trainer_for
 
@@ -119,7 +121,7 @@ class TrainingRun:
 
     def on_sighup(self) -> None:
         """Hot pivot: take the policy in RUN_DIR/policy.next.toml at the next (aligned) checkpoint."""
-        path = self.run_dir / pivot.NEXT_POLICY
+        path = self.run_dir / names.NEXT_POLICY_NAME
         if not path.exists():
             log.warning("SIGHUP received: no %s, nothing to pivot to; training continues", path)
             return
@@ -170,7 +172,7 @@ class TrainingRun:
         if warning:
             log.warning("%s", warning)
         if info is not None and proxy.phase > 0 and proxy.phase_start == self.step:  # resumed at a pivot: as
-            self.guard.pivot(self.step, ckpt.checkpoint_name(self.step))  # the hot pivot did (idempotent)
+            self.guard.pivot(self.step, names.checkpoint_name(self.step))  # the hot pivot did (idempotent)
         self.writer.protected = self.guard.protected  # retention never deletes the known-good checkpoint
         trainer.lr_scale, proxy.data_offset = self.guard.remedy["lr_scale"], self.guard.remedy["data_offset"]
         return trainer, proxy
@@ -197,7 +199,7 @@ class TrainingRun:
             if self.world.leader:
                 self.tb = tensorboard.open_log(self.cfg.log, self.run_dir, self.step, self.cfg.train.log_every)
                 self.feed.on_flush = self.tb.add_records if self.tb is not None else None
-                sidecars.write_atomic(self.run_dir / sidecars.CONFIG_NAME, self.cfg.to_toml().encode())
+                atomic.write_atomic(self.run_dir / names.CONFIG_NAME, self.cfg.to_toml().encode())
             self.feed.flush(force_sync=True)
             print(f"ready pid={os.getpid()} run_dir={self.run_dir} step={self.step} "
                   f"stop_at={stop_at} device={self.device} kernels={self.kernels}"
@@ -236,7 +238,7 @@ class TrainingRun:
         if failed:
             raise RunFailed(failed[0].error)
         log.info("stopped at step %d (%s); newest checkpoint %s", self.step,
-                 self.req.stop or "step target reached", ckpt.checkpoint_name(self.writer.last_committed or 0))
+                 self.req.stop or "step target reached", names.checkpoint_name(self.writer.last_committed or 0))
         return 0
 
     def _step(self, trainer: Trainer, records: StepRecords, batch: Batch) -> int:

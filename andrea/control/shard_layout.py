@@ -1,12 +1,12 @@
 """Which rank writes which block of a sharded checkpoint, and the staging buffer that lets it (ShardImage).
 
-Pure layout over plain numbers, plus one host buffer; no I/O. The file (format: andrea/checkpoint.py) is, in
+Pure layout over plain numbers, plus one host buffer; no I/O. The file (format: andrea/rundir/checkpoint.py) is, in
 file order, the header [0, 8) and then, for each region w, m, v, every rank's slice [lo, hi) of it (ZeRO-1,
 andrea/distributed.shard_bounds): these *pieces* tile [0, S), S = 8 + 12·n. The writes go out with O_DIRECT,
 which moves whole ALIGN-byte blocks only, and a block where two pieces meet cannot be written whole by either
 owner of a piece. Partial blocks written through the page cache cost more than their size: each takes the
 inode exclusively, so it waits for the other ranks' O_DIRECT writes in flight (measured on ext4: 7-10 ms on a
-45 ms commit of ANDREA-12M), and over an allocated file (the spare, andrea/spare.py) it first reads the block.
+45 ms commit of ANDREA-12M), and over an allocated file (the spare, andrea/rundir/spare.py) it first reads the block.
 
 So every block has one writer, the owner of its last byte in the file (the last block is padded to ALIGN with
 zeros, then the file is cut to S). A piece that ends inside a block it does not own sends that *tail*, under
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from andrea import checkpoint as ckpt
 from andrea.control.writer import aligned_host_buffer
 from andrea.distributed import shard_bounds
+from andrea.rundir import checkpoint as ckpt
 
 ALIGN = ckpt.DIRECT_ALIGN
 HEADER = -1  # the rank of the header piece: every rank has it

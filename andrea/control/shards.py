@@ -1,12 +1,12 @@
 """The sharded checkpoint commit: P ranks write ONE `step_NNNNNN.bin` that knows nothing of world size.
 
-Writes `step_NNNNNN.bin` (format: andrea/checkpoint.py) and, through `before_commit`, what rank 0 owes beside it
+Writes `step_NNNNNN.bin` (format: andrea/rundir/checkpoint.py) and, through `before_commit`, what rank 0 owes beside it
 (ledger fsync, `step_NNNNNN.state.json`, `.state.json`). Each ZeRO-1 rank holds the slice [lo, hi) of w, m and
 v (andrea/zero.py); a rank's staging buffer (ShardImage) holds its w[lo:hi], m[lo:hi] and v[lo:hi].
 
 The commit, on every rank's I/O thread, over the `io` group (andrea/distributed.py): one tiny collective, then
 one message from each rank to rank 0 and one back.
-    rank 0     claim the run directory's spare: rename it onto `step_N.bin.tmp` (andrea/spare.py)
+    rank 0     claim the run directory's spare: rename it onto `step_N.bin.tmp` (andrea/rundir/spare.py)
     exchange   all-gather every rank's tails, the bytes of its slices that fall in a block another rank writes
                (under 4 KiB per slice; andrea/control/shard_layout.py). Also the order: no rank opens the `.tmp`
                before rank 0's claim.
@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from andrea import checkpoint as ckpt, spare
 from andrea.control.shard_layout import ShardImage
 from andrea.control.writer import CheckpointWriter, CommitResult
 from andrea.distributed import World
+from andrea.rundir import checkpoint as ckpt, names, spare
 
 if TYPE_CHECKING:
     from andrea.trainer import Fence  # a CUDA event or a HostCopy
@@ -105,8 +105,8 @@ def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardI
                   before_rename: Callable[[], None] | None = None) -> Path:
     """Every rank calls this with its staged slices; returns the committed path or raises ShardFailure on
     every rank alike. `before_commit` and `before_rename` run on rank 0 only."""
-    final = run_dir / ckpt.checkpoint_name(step)
-    tmp = final.with_name(final.name + ckpt.TMP_SUFFIX)
+    final = run_dir / names.checkpoint_name(step)
+    tmp = final.with_name(final.name + names.TMP_SUFFIX)
     error: list[str] = []
 
     def attempt(fn: Callable[[], object]) -> None:
@@ -180,7 +180,7 @@ class ShardedCheckpointWriter(CheckpointWriter):
             return CommitResult(step, path, time.perf_counter() - t0, cpu_seconds=time.thread_time() - cpu0,
                                 direct=self.direct.enabled)
         except ShardFailure as e:
-            if self.world.leader and not (self.run_dir / ckpt.checkpoint_name(step)).exists():
+            if self.world.leader and not (self.run_dir / names.checkpoint_name(step)).exists():
                 self._remove_companions(step)
             return CommitResult(step, None, time.perf_counter() - t0, str(e), time.thread_time() - cpu0)
 

@@ -1,11 +1,11 @@
-"""What operators ask of a running trainer (SPEC §4), and the decision of what to do at each step boundary.
+"""What operators ask of a running trainer (docs/operating.md), and the decision of what to do at each step boundary.
 
 Signals only record a request here; the runtime acts at step boundaries:
     SIGTERM, SIGINT   finish the step in flight, checkpoint it, flush ledger and sidecars, exit 0.
                       A second SIGINT aborts at once (the last committed checkpoint stays valid).
     SIGUSR1           finish the step in flight, checkpoint it, keep training. Requests that arrive before
                       that checkpoint is taken coalesce into one. With checkpoint.usr1 = "cadence" the
-                      checkpoint is taken at the next multiple of checkpoint.every instead (SPEC §5).
+                      checkpoint is taken at the next multiple of checkpoint.every instead (docs/operating.md).
     SIGHUP            hot policy pivot: checkpoint (same alignment as SIGUSR1), then switch the data policy.
 
 `Requests` and `boundary_action` are plain state and a plain function: tested without signals or sleeping.

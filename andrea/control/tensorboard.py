@@ -35,10 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from andrea.config import LogConfig
+from andrea.rundir.names import TB_DIR
 
 log = logging.getLogger("andrea.tensorboard")
-
-TB_DIR = "tb"
 
 
 class TensorBoardLog:

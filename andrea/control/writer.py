@@ -1,8 +1,8 @@
 """Asynchronous checkpoints: snapshot `[w | m | v]` into a staging buffer, commit it on the I/O thread.
 
-Writes `step_NNNNNN.bin` (format and commit protocol: andrea/checkpoint.py) and removes what retention
+Writes `step_NNNNNN.bin` (format and commit protocol: andrea/rundir/checkpoint.py) and removes what retention
 releases, with each checkpoint's companion files (`step_NNNNNN.*.json`, written by `before_commit`): a released
-`.bin` becomes `spare.ckpt`, whose blocks the next commit overwrites (andrea/spare.py).
+`.bin` becomes `spare.ckpt`, whose blocks the next commit overwrites (andrea/rundir/spare.py).
 
 Cost to the training loop: only the snapshot, a copy into a preallocated staging buffer hidden behind the
 next forward and backward (Trainer.snapshot): on CUDA a non-blocking device-to-host copy into pinned memory on
@@ -39,8 +39,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from andrea import checkpoint as ckpt, spare
-from andrea.control import sidecars
+from andrea.rundir import checkpoint as ckpt, names, spare
 
 if TYPE_CHECKING:
     from andrea.trainer import Fence  # a CUDA event or a HostCopy
@@ -167,7 +166,7 @@ class CheckpointWriter:
             return CommitResult(step, path, time.perf_counter() - t0, cpu_seconds=time.thread_time() - cpu0,
                                 direct=self.direct.enabled)
         except OSError as e:
-            final = self.run_dir / ckpt.checkpoint_name(step)
+            final = self.run_dir / names.checkpoint_name(step)
             if not final.exists():  # companions of a checkpoint that never landed would only take space
                 self._remove_companions(step)
             reason = f"{final}: checkpoint write failed: {e.strerror or e}"
@@ -198,12 +197,12 @@ class CheckpointWriter:
     def _apply_retention(self) -> None:
         steps = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
         for step in ckpt.retention_victims(steps, self.keep_last, self.keep_every, self.protected()):
-            spare.retire(self.run_dir / ckpt.checkpoint_name(step))  # each replaces the one before
+            spare.retire(self.run_dir / names.checkpoint_name(step))  # each replaces the one before
             self._remove_companions(step)
 
     def _remove_companions(self, step: int) -> None:
         """Delete `step_NNNNNN.*.json`, the files that belong to one checkpoint."""
-        for companion in sidecars.companions(self.run_dir, step):
+        for companion in names.companions(self.run_dir, step):
             companion.unlink(missing_ok=True)
 
     async def drain(self) -> list[CommitResult]:

@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea.config import SourceConfig
-from andrea.data import manifest as mf
-from andrea.data import read, splits
+from andrea.data import manifest as mf, read, splits
 from andrea.data.codec import TextCodec
 from andrea.data.sources import DataError, builtin_documents
 from andrea.progress import ByteProgress

@@ -17,18 +17,19 @@ their record names the file, its size, mtime, hash and token count.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
-import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from andrea.control.sidecars import write_atomic
 from andrea.data.sources import DataError
+from andrea.rundir.atomic import write_atomic
+from andrea.rundir.names import ARCHIVE_DIR, CONFIG_NAME, DATA_DIR, MANIFEST_NAME, STATE_NAME
 
 FORMAT = 1
-MANIFEST = "manifest.json"
+MANIFEST = MANIFEST_NAME
 
 
 @dataclass
@@ -165,16 +166,16 @@ def data_status(run_dir: Path) -> dict | None:
 
     Epochs = rows drawn × block_size / train tokens, rows from the bandit's pulls in `.state.json` and in every
     archived phase's (a pivot resets the bandit, not what the run has read); they lag by a window or two."""
-    manifest = Manifest.load(run_dir / "data")
+    manifest = Manifest.load(run_dir / DATA_DIR)
     if manifest is None:
         return None
     try:
         import tomllib
-        block = tomllib.loads((run_dir / "run.toml").read_text())["model"]["block_size"]
+        block = tomllib.loads((run_dir / CONFIG_NAME).read_text())["model"]["block_size"]
     except (OSError, ValueError, KeyError):
         block = None
     pulls: dict[str, int] = {}
-    for state in [run_dir / ".state.json", *sorted((run_dir / "archive").glob("phase-*/.state.json"))]:
+    for state in [run_dir / STATE_NAME, *sorted((run_dir / ARCHIVE_DIR).glob(f"phase-*/{STATE_NAME}"))]:
         try:
             arms = json.loads(state.read_text())["bandit"]["arms"]
         except (OSError, ValueError, KeyError, TypeError):

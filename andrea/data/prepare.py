@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from andrea.config import DataConfig, SourceConfig
-from andrea.control.sidecars import write_atomic
-from andrea.data import manifest as mf
-from andrea.data import splits
+from andrea.data import manifest as mf, splits
 from andrea.data.codec import EOT, TextCodec
 from andrea.data.encode import ArmJob, Interrupted, TextArm
 from andrea.data.sources import DataError, builtin_source_bytes, source_files
 from andrea.progress import ByteProgress
+from andrea.rundir.atomic import write_atomic
+from andrea.rundir.names import DATA_DIR, TOKENIZER_NAME
 
 log = logging.getLogger("andrea.data")
 
@@ -54,7 +54,7 @@ def plan_for(arm: TextArm, data_dir: Path) -> list[dict]:
 def tokenizer_for(cfg: DataConfig, run_dir: Path, vocab_size: int, arms: list[TextArm],
                   plans: dict[str, list[dict]], should_stop: Callable[[], bool]) -> tuple[TextCodec, dict]:
     """The run's tokenizer: the configured file, the run's own, or one trained now on a sample of the arms."""
-    path = run_dir / "tokenizer.json"
+    path = run_dir / TOKENIZER_NAME
     sample_bytes = None
     if cfg.tokenizer != "bpe":
         path = Path(cfg.tokenizer).expanduser()
@@ -77,7 +77,7 @@ def tokenizer_for(cfg: DataConfig, run_dir: Path, vocab_size: int, arms: list[Te
         raise DataError(f"{path}: tokenizer has no {EOT} token")
     if codec.vocab_size > vocab_size:
         raise DataError(f"{path}: tokenizer has {codec.vocab_size} tokens, more than model.vocab_size={vocab_size}")
-    return codec, {"file": str(path) if cfg.tokenizer != "bpe" else "tokenizer.json", "sha256": mf.sha256(path),
+    return codec, {"file": str(path) if cfg.tokenizer != "bpe" else TOKENIZER_NAME, "sha256": mf.sha256(path),
                    "vocab_size": codec.vocab_size, "sample_bytes": sample_bytes}
 
 
@@ -124,7 +124,7 @@ def prepare_run(cfg: DataConfig, run_dir: Path, vocab_size: int, *, should_stop:
                 legacy: set[str] = frozenset()) -> tuple[TextCodec | None, mf.Manifest, bool]:
     """Prepare every configured arm not prepared yet (`legacy`: arms in a pre-manifest run's layout, kept as they
     are). Returns (codec, manifest, whether anything was done); raises Interrupted when asked to stop."""
-    data_dir = run_dir / "data"
+    data_dir = run_dir / DATA_DIR
     data_dir.mkdir(parents=True, exist_ok=True)
     manifest = mf.Manifest.load(data_dir) or mf.Manifest(data_dir / mf.MANIFEST, val_fraction=cfg.val_fraction,
                                                          dtype=str(np.dtype(splits.token_dtype(vocab_size)).name))
@@ -139,7 +139,7 @@ def prepare_run(cfg: DataConfig, run_dir: Path, vocab_size: int, *, should_stop:
             did = True
     # Plans are read (or fixed) only where they are used: by the arms to prepare, and by every arm when the
     # tokenizer is trained now (a prepared run's start reads none of them).
-    training = cfg.tokenizer == "bpe" and not (run_dir / "tokenizer.json").exists()
+    training = cfg.tokenizer == "bpe" and not (run_dir / TOKENIZER_NAME).exists()
     sampled = [a for a in arms if a.name not in legacy] if training else []
     plans = {a.name: plan_for(a, data_dir) for a in [*sampled, *todo]}
     codec = None

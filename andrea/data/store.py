@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from andrea.config import DataConfig
-from andrea.data import manifest as mf
-from andrea.data import splits
+from andrea.data import manifest as mf, splits
 from andrea.data.codec import EOT, TextCodec  # noqa: F401  (EOT: re-exported for callers of store)
 from andrea.data.prepare import prepare_run
 from andrea.data.sources import DataError
+from andrea.rundir.names import DATA_DIR
 
 log = logging.getLogger("andrea.data")
 TRAIN_STREAM, EVAL_STREAM, SAMPLE_STREAM, DROPOUT_STREAM = 0, 1, 2, 3  # independent RNG streams per purpose
@@ -53,7 +53,7 @@ def legacy_arms(cfg: DataConfig, data_dir: Path, manifest: mf.Manifest | None) -
 def prepare(cfg: DataConfig, run_dir: Path, vocab_size: int, block_size: int,
             should_stop: Callable[[], bool] = lambda: False) -> tuple[TextCodec | None, list[ArmTokens]]:
     """Prepare what is not prepared yet, then map the run's arms in `cfg.arm_names()` order."""
-    data_dir = run_dir / "data"
+    data_dir = run_dir / DATA_DIR
     legacy = legacy_arms(cfg, data_dir, mf.Manifest.load(data_dir))
     codec, manifest, did = prepare_run(cfg, run_dir, vocab_size, should_stop=should_stop, legacy=legacy)
     return codec, load_arms(cfg, data_dir, manifest, legacy, block_size, check_sources=not did)

@@ -11,11 +11,10 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from andrea.control.bandit import FIXED_SHARE, Bandit, BanditStateError, systematic_counts
-from andrea.control.policy import PolicyError, project_capped_simplex, validate_policy
+from andrea.policy import PolicyError, project_capped_simplex, validate_policy
 
 KNOBS = dict(eta=0.1, gamma=0.05, update_every=10)
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

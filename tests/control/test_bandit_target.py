@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from andrea.control.bandit import STATE_FORMAT, Bandit
-from andrea.control.policy import PolicyError, validate_policy
+from andrea.policy import PolicyError, validate_policy
 
 KNOBS = dict(eta=0.1, gamma=0.05, update_every=10)
 BATCH = 16

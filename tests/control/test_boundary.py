@@ -20,9 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from andrea import checkpoint as ckpt
 from andrea import config, configload
-from andrea.control import rollback, sidecars
+from andrea.control import rollback
 from andrea.control.boundary import Boundary, RunFailed
 from andrea.control.guard import Guard
 from andrea.control.ledger import LedgerFeed
@@ -31,6 +30,7 @@ from andrea.control.records import StepRecords
 from andrea.control.signals import Requests
 from andrea.data.store import ArmTokens
 from andrea.progress import Progress
+from andrea.rundir import checkpoint as ckpt, names, sidecars
 from andrea.trainer import StepOutput
 
 N = 6  # parameters of the fake model
@@ -164,7 +164,7 @@ async def drive(b: Boundary, stop_at: int, on_step=None, run_step=None) -> None:
 
 
 def weights_of(run_dir: Path, step: int) -> float:
-    _, payload = ckpt.read_payload(run_dir / ckpt.checkpoint_name(step), N)
+    _, payload = ckpt.read_payload(run_dir / names.checkpoint_name(step), N)
     return float(payload[0])
 
 
@@ -180,7 +180,7 @@ def test_a_checkpoint_lands_after_its_ledger_lines_are_fsynced_and_its_companion
         assert line < at and ("sync",) in b.events[line:at]  # the line it vouches for, durable first
         assert weights_of(tmp_path, step) == step  # the snapshot of step S, not a later state
     assert b.step == 12 and b.writer.last_committed == 12
-    assert sidecars.read_json(tmp_path / sidecars.STATE_NAME)["step"] == 12
+    assert sidecars.read_json(tmp_path / names.STATE_NAME)["step"] == 12
 
 
 def test_a_stop_request_checkpoints_the_step_it_arrives_in_and_stops_there(tmp_path):
@@ -216,7 +216,7 @@ def test_a_non_finite_step_shuts_the_gate_and_the_rollback_reloads_the_known_goo
     companion = b.events.index(("write_companion", to_step, None))
     drop = b.events.index(next(e for e in b.events if e[0] == "drop_after"))
     assert at < companion < drop and ("sync",) in b.events[at:companion]  # markers durable, then the files
-    abandoned = [ckpt.checkpoint_name(e[1]) for e in b.events[:incident] if e[0] == "commit" and e[1] > to_step]
+    abandoned = [names.checkpoint_name(e[1]) for e in b.events[:incident] if e[0] == "commit" and e[1] > to_step]
     assert b.events[drop] == ("drop_after", to_step, abandoned) and abandoned  # the timeline that led there
     # training went on from the good state: step 20's weights count exactly 20 updates since the start
     assert b.step == 20 and weights_of(tmp_path, 20) == 20
@@ -267,4 +267,4 @@ def test_a_failed_write_under_on_write_error_stop_fails_the_run_at_a_boundary(tm
     with pytest.raises(RunFailed, match="step_000004.bin: checkpoint write failed"):
         asyncio.run(drive(b, 1_000))
     assert b.req.failed is not None and 4 < b.step < 1_000
-    assert not (tmp_path / ckpt.checkpoint_name(4)).exists()
+    assert not (tmp_path / names.checkpoint_name(4)).exists()

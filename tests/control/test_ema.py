@@ -10,8 +10,8 @@ and only the evals that no later marker superseded.
 import numpy as np
 import pytest
 
-from andrea.control.ledger import EMA_BETA, ema, history, marker
-from andrea.ops import loss_ema
+from andrea.commands.operate import loss_ema
+from andrea.rundir.ledger import EMA_BETA, ema, history, marker
 
 B = EMA_BETA
 

@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from andrea.checkpoint import retention_victims
 from andrea.config import ConfigError, GuardConfig
 from andrea.configload import load
-from andrea.control.guard import (HEALTHY, INCIDENT, SUSPECT, Guard, GuardStateError, band, ledger_summary)
-from andrea.control.ledger import history
+from andrea.control.guard import HEALTHY, INCIDENT, SUSPECT, Guard, GuardStateError, band, ledger_summary
+from andrea.rundir.checkpoint import retention_victims
+from andrea.rundir.ledger import history
 
 
 def healthy_curve(n: int, seed: int = 0) -> list[tuple[float, float]]:

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from andrea import checkpoint as ckpt
 from andrea.config import GuardConfig
 from andrea.control.guard import INCIDENT, Guard
 from andrea.control.writer import CheckpointWriter
+from andrea.rundir import checkpoint as ckpt, names
 
 N = 64  # parameters per checkpoint: 8 + 12·64 bytes, enough to tell the files apart
 HEALTHY = (5.0, 1.0)  # (loss, grad norm): a flat healthy record, never anomalous
@@ -47,7 +47,7 @@ class Run:
 
     def commit(self, step: int) -> None:
         assert self.guard.may_commit(), f"the gate refused step {step}"
-        self.guard.on_checkpoint(step, ckpt.checkpoint_name(step))
+        self.guard.on_checkpoint(step, names.checkpoint_name(step))
 
         async def go():
             self.writer.staging[0].copy_(torch.from_numpy(payload(step)))
@@ -133,7 +133,7 @@ def test_a_checkpoint_whose_commit_failed_never_becomes_the_known_good_point(mak
     run.commit(10)
     run.records(11, 20)
     assert run.guard.good["step"] == 10
-    run.guard.on_checkpoint(20, ckpt.checkpoint_name(20))  # the gate opened, the write then failed
+    run.guard.on_checkpoint(20, names.checkpoint_name(20))  # the gate opened, the write then failed
     run.guard.on_commit_failed(20)
     run.records(21, 30)
     assert run.guard.good["step"] == 10 and 10 in run.guard.protected() and 20 not in run.guard.protected()
@@ -145,7 +145,7 @@ def test_the_boundary_tells_the_guard_of_a_failed_commit():
     from andrea.control.boundary import Boundary
     run = Boundary.__new__(Boundary)  # only the commit callback: no loop, no trainer
     run.guard = Guard(GuardConfig(confirm_steps=5))
-    run.guard.on_checkpoint(20, ckpt.checkpoint_name(20))
+    run.guard.on_checkpoint(20, names.checkpoint_name(20))
     loop = asyncio.new_event_loop()
     try:
         landed, failed = loop.create_future(), loop.create_future()

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from andrea.control import ledger as L
+from andrea.control.ledger import LedgerFeed
+from andrea.rundir import ledger as L
 
 
 def entry(step, loss=1.0):
@@ -108,18 +109,18 @@ class SpyLedger:
 
 def test_the_feed_hands_lines_over_at_its_cadence_and_fsyncs_at_its_own():
     clock, led, seen = Clock(), SpyLedger(), []
-    feed = L.LedgerFeed(led, Inline(), clock=clock)
+    feed = LedgerFeed(led, Inline(), clock=clock)
     feed.on_flush = lambda lines: seen.append(len(lines))
     feed.lines.append(entry(1))
     feed.flush()
     assert led.appended == [] and feed.lines  # not due: the lines wait on the event loop
-    clock.now = L.LedgerFeed.FLUSH_S
+    clock.now = LedgerFeed.FLUSH_S
     feed.flush()
     assert led.appended == [[1]] and led.syncs == 0 and seen == [1] and not feed.lines
-    feed.lines += [entry(s) for s in range(2, 2 + L.LedgerFeed.MAX_LINES)]
+    feed.lines += [entry(s) for s in range(2, 2 + LedgerFeed.MAX_LINES)]
     feed.flush()  # not due by time, due by count
     assert len(led.appended) == 2 and led.syncs == 0
-    clock.now = L.LedgerFeed.FSYNC_S
+    clock.now = LedgerFeed.FSYNC_S
     feed.lines.append(entry(600))
     feed.flush()
     assert led.appended[-1] == [600] and led.syncs == 1
@@ -130,7 +131,7 @@ def test_the_feed_hands_lines_over_at_its_cadence_and_fsyncs_at_its_own():
 def test_a_failed_append_through_the_feed_is_logged_and_its_lines_stay_in_the_backlog(tmp_path, monkeypatch,
                                                                                       caplog):
     led = L.LossLedger(tmp_path / ".loss.json")
-    feed = L.LedgerFeed(led, Inline(), clock=Clock())
+    feed = LedgerFeed(led, Inline(), clock=Clock())
     real_write = os.write
 
     def full(fd, data):

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from andrea.control.runlock import RunLock, RunLockedError
+from andrea.rundir.runlock import RunLock, RunLockedError
 
 
 def test_a_refusal_in_the_holders_first_instant_still_names_its_pid(tmp_path):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from andrea import checkpoint as ckpt
 from andrea.control.shard_layout import ALIGN, HEADER, ShardImage, file_pieces
 from andrea.distributed import shard_bounds
+from andrea.rundir import checkpoint as ckpt
 
 # Odd sizes: slices far larger than a block, slices under one block (a block spans several ranks), a world
 # larger than the parameter count (empty slices), region boundaries on and off block boundaries.

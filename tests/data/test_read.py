@@ -6,8 +6,7 @@ import gzip
 import json
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from andrea.data import read
 from andrea.data.codec import TextCodec

@@ -1,7 +1,7 @@
 """Shared machinery of the fault suite: the invariants checked after every fault, and the one report table.
 
 Invariants (what a fault may never do to a run directory):
-    every file named `step_NNNNNN.bin` passes deep validation (andrea/checkpoint.py), whatever was interrupted;
+    every file named `step_NNNNNN.bin` passes deep validation (andrea/rundir/checkpoint.py), whatever was interrupted;
     `.loss.json` parses, with at most a torn LAST line (a crash mid-append);
     no step entry at or before the newest committed checkpoint is missing from `history()`, and none is doubled.
 `REPORT` collects what every test saw; tests/faults/conftest.py prints it as one table at the end of the session.
@@ -18,8 +18,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from andrea import checkpoint as ckpt
-from andrea.control.ledger import LEDGER_NAME, LedgerError, history, read_ledger
+from andrea.rundir import checkpoint as ckpt
+from andrea.rundir.names import LEDGER_NAME
+from andrea.rundir.ledger import LedgerError, history, read_ledger
 
 TINY_PRESET = "andrea-tiny"
 

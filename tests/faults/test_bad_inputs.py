@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from andrea import checkpoint as ckpt
-from andrea.control.ledger import read_ledger
+from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir.ledger import read_ledger
 from tests.faults.harness import REPORT, digest_diff, first_line_with, last_error_line
 from tests.runs import ROOT, andrea, seed_data, train, tree_digest
 
-STEP20, STEP70 = ckpt.checkpoint_name(20), ckpt.checkpoint_name(70)
+STEP20, STEP70 = names.checkpoint_name(20), names.checkpoint_name(70)
 
 
 # --- corruptions of one checkpoint file ------------------------------------------------------------------------
@@ -89,7 +89,7 @@ FALLBACK_STEPS = {kind: 70 - 10 * i for i, kind in enumerate(CORRUPTIONS)}
 
 def _corrupt_newest_six(run: Path, scratch: Path) -> list[str]:
     for kind, step in FALLBACK_STEPS.items():
-        CORRUPTIONS[kind][0](run / ckpt.checkpoint_name(step))
+        CORRUPTIONS[kind][0](run / names.checkpoint_name(step))
     return []
 
 
@@ -183,7 +183,7 @@ CASES = [
          [".state.json", "object"]),
     Case(".state.json garbage beside a good step_N.state.json", _write(".state.json", b"\xff\xfe garbage"), 0,
          [], steps=75, fallback="ignored: step_N.state.json is the state of the checkpoint; rewritten at step 75"),
-    Case("zombie arm in step_N.state.json (SPEC §6)", _edit_state(S70, _zombie_arm), 0,
+    Case("zombie arm in step_N.state.json (docs/formats.md)", _edit_state(S70, _zombie_arm), 0,
          ["zombie arm 'repo-docstrings'"], steps=75, fallback="drops the zombie arm with a warning, trains on"),
     Case("torn .loss.json tail", _torn_ledger, 0, [".loss.json", "torn"],
          fallback="cuts the torn last line, appends a torn_tail marker, resumes from step 70"),
@@ -208,7 +208,7 @@ BY_NAME = {c.name: c for c in CASES}
 def _run_case(case: Case, trained: Path, scratch: Path) -> None:
     run = scratch / "run"
     shutil.copytree(trained, run)
-    redo = ckpt.checkpoint_name(case.steps)
+    redo = names.checkpoint_name(case.steps)
     original = (trained / redo).read_bytes() if (trained / redo).exists() else None
     ledger_before = (run / ".loss.json").read_bytes()
     args = case.prepare(run, scratch)
@@ -220,8 +220,8 @@ def _run_case(case: Case, trained: Path, scratch: Path) -> None:
                    "redone": original is not None and (run / redo).exists() and (run / redo).read_bytes() == original}
     if case.prepare is _corrupt_newest_six:
         for kind, step in FALLBACK_STEPS.items():
-            line = first_line_with(result.stderr, f"{ckpt.checkpoint_name(step)}:")
-            REPORT.bad_input(f"{ckpt.checkpoint_name(step)} {kind}", f"fallback ({case.fallback})",
+            line = first_line_with(result.stderr, f"{names.checkpoint_name(step)}:")
+            REPORT.bad_input(f"{names.checkpoint_name(step)} {kind}", f"fallback ({case.fallback})",
                              result.returncode, line.split("older one: ", 1)[-1])
         return
     if case.rc == 0:
@@ -264,7 +264,7 @@ def _assert_refused(case: Case) -> None:
 @pytest.mark.parametrize("kind", list(CORRUPTIONS))
 def test_a_corrupt_checkpoint_is_skipped_with_a_warning_naming_file_and_field(outcomes, kind):
     r = outcomes["six newest .bin corrupt, one kind each"].result
-    name = ckpt.checkpoint_name(FALLBACK_STEPS[kind])
+    name = names.checkpoint_name(FALLBACK_STEPS[kind])
     warning = first_line_with(r["stderr"], f"{name}:")
     assert "skipping invalid checkpoint" in warning, f"no warning about {name}:\n{r['stderr'][-3000:]}"
     for word in CORRUPTIONS[kind][1]:
@@ -300,7 +300,7 @@ def test_garbage_live_state_beside_a_good_checkpoint_state_is_ignored_and_rewrit
 
 
 def test_a_zombie_arm_in_bandit_state_is_dropped_with_a_warning_naming_it(outcomes):
-    case = outcomes["zombie arm in step_N.state.json (SPEC §6)"]
+    case = outcomes["zombie arm in step_N.state.json (docs/formats.md#the-sidecars-two-lifetimes-in-one-directory)"]
     r = case.result
     assert r["rc"] == 0, r["stderr"][-2000:]
     assert first_line_with(r["stderr"], "zombie arm 'repo-docstrings'"), r["stderr"][-2000:]

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 import andrea
-from andrea import checkpoint as ckpt
 from andrea.control.writer import CheckpointWriter
+from andrea.rundir import checkpoint as ckpt, names
 from tests.faults.conftest import remount_size
 from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, first_line_with, last_error_line,
                                   newest_committed, stale_tmp)
@@ -171,10 +171,10 @@ def disk_filled_mid_run(prepared, tmp_path_factory, n_params):
         t.wait_for(lambda l: "step_000010.bin committed" in l, 60)
         filler = _fill(disk)
         failed = t.wait_for(lambda l: "checkpoint write failed" in l, 60)
-        failed_step = ckpt.step_of(failed.split(": checkpoint")[0].rsplit("/", 1)[-1])
+        failed_step = names.step_of(failed.split(": checkpoint")[0].rsplit("/", 1)[-1])
         t.wait_for(lambda l: f"step {failed_step + 20}/" in l or f"step_{failed_step + 10:06d}.bin" in l, 60)
         filler.unlink()
-        t.wait_for(lambda l: "committed" in l and ckpt.checkpoint_name(failed_step) < l.split("checkpoint ")[-1], 60)
+        t.wait_for(lambda l: "committed" in l and names.checkpoint_name(failed_step) < l.split("checkpoint ")[-1], 60)
         t.proc.send_signal(signal.SIGTERM)
         rc = t.wait_exit(60)
         REPORT.note("full disk", f"disk filled to the last byte mid-run (ledger too), then freed: exit {rc}; "

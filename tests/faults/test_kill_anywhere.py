@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from andrea import checkpoint as ckpt
-from andrea.control.ledger import history, read_ledger
+from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir.ledger import history, read_ledger
 from tests.faults.conftest import FAULT_KILLS
 from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, newest_committed, pause, sigkill,
                                   stale_tmp, step_entries, wait_for_path, has_name)
@@ -195,8 +195,8 @@ def campaign(prepared, tmp_path_factory, n_params) -> list[Chain]:
     with ThreadPoolExecutor(len(chains)) as pool:
         chains = list(pool.map(lambda c: finish_chain(c, prepared, root), chains))
     for c in chains:
-        ours = c.run_dir / ckpt.checkpoint_name(c.final_step)
-        theirs = c.reference / ckpt.checkpoint_name(c.final_step)
+        ours = c.run_dir / names.checkpoint_name(c.final_step)
+        theirs = c.reference / names.checkpoint_name(c.final_step)
         same = ours.exists() and theirs.exists() and ours.read_bytes() == theirs.read_bytes()
         with REPORT.lock:
             REPORT.bit_identical.append(f"chain {c.name} step {c.final_step}: {'yes' if same else 'NO'}")
@@ -233,7 +233,7 @@ def test_every_killed_run_restarts_and_resumes_from_its_newest_checkpoint(campai
 
 def test_resumed_after_every_kill_the_final_checkpoint_is_byte_identical_to_a_never_killed_run(campaign):
     for c in campaign:
-        name = ckpt.checkpoint_name(c.final_step)
+        name = names.checkpoint_name(c.final_step)
         ours, theirs = c.run_dir / name, c.reference / name
         assert ours.exists(), f"chain {c.name}: {name} missing after the final resume:\n{c.final_stderr}"
         assert ours.read_bytes() == theirs.read_bytes(), f"chain {c.name}: {name} differs from the never-killed run"

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from andrea import checkpoint as ckpt
+from andrea.rundir import checkpoint as ckpt, names
 from tests.faults.harness import REPORT, checkpoint_problems, first_line_with, newest_committed, sigkill
 from tests.runs import train, wait_until
 
@@ -77,7 +77,7 @@ class Journal:
         self.unsynced.setdefault(os.fstat(fd).st_ino, []).append((offset, length))
 
     def open(self, path, flags, mode=0o777, *args, **kwargs):
-        tmp = str(path).endswith(ckpt.TMP_SUFFIX)
+        tmp = str(path).endswith(names.TMP_SUFFIX)
         if tmp and self.stage == "before-open":
             self.cut()
         fd = self.real["open"](path, flags, mode, *args, **kwargs)
@@ -100,7 +100,7 @@ class Journal:
 
     def fsync(self, fd):
         path = self.paths.get(fd)
-        if self.stage == "after-write" and path and path.endswith(ckpt.TMP_SUFFIX):
+        if self.stage == "after-write" and path and path.endswith(names.TMP_SUFFIX):
             self.cut()
         self.real["fsync"](fd)
         self.unsynced.pop(os.fstat(fd).st_ino, None)  # on the disk now, whatever happens next

@@ -14,8 +14,7 @@ import signal
 import time
 from pathlib import Path
 
-
-from andrea import checkpoint as ckpt
+from andrea.rundir import checkpoint as ckpt, names
 from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, has_name, last_error_line,
                                   newest_committed, pause, stale_tmp)
 from tests.runs import andrea, seed_data, train, wait_until
@@ -39,7 +38,7 @@ def committed_steps(lines: list[str]) -> list[int]:
 
 
 def ledger_step(run_dir: Path) -> int:
-    from andrea.control.ctl import last_ledger_step
+    from andrea.rundir.inspect import last_ledger_step
     return last_ledger_step(run_dir) or 0
 
 
@@ -80,12 +79,12 @@ def test_sigterm_during_a_sigusr1_commit_lands_both_checkpoints_and_exits_0(prep
     wait_until(lambda: ledger_step(run) >= 3, 30, "the first steps")
     os.kill(t.proc.pid, signal.SIGUSR1)
     tmp = wait_until(lambda: next(iter(run.glob("step_*.bin.tmp")), None), 30, "the SIGUSR1 checkpoint's .tmp")
-    usr1_step = ckpt.step_of(tmp.name[: -len(".tmp")])
+    usr1_step = names.step_of(tmp.name[: -len(".tmp")])
     os.kill(t.proc.pid, signal.SIGTERM)
     assert t.wait_exit(60) == 0, t.output()
     final = newest_committed(run)
     REPORT.note("signals", f"SIGTERM during the SIGUSR1 commit of step {usr1_step}: exit 0, final checkpoint {final}")
-    assert (run / ckpt.checkpoint_name(usr1_step)).exists(), t.output()
+    assert (run / names.checkpoint_name(usr1_step)).exists(), t.output()
     assert final >= usr1_step
     assert committed_steps(t.lines)[-1] == final
     assert not stale_tmp(run), stale_tmp(run)
@@ -167,7 +166,7 @@ def test_sighup_during_a_checkpoint_neither_kills_nor_damages_the_run(prepared, 
     REPORT.note("signals", f"SIGHUP after ready and during the commit of {final.name}: alive, exit 0 on SIGTERM; "
                            f"log: {hup[0].split(': ', 1)[-1][:120] if hup else 'nothing logged'}")
     assert len(hup) >= 2, "every delivered SIGHUP must be logged"
-    assert audit(run, n_params) > ckpt.step_of(final.name)
+    assert audit(run, n_params) > names.step_of(final.name)
 
 
 def test_a_second_sigint_aborts_with_130_and_keeps_every_checkpoint_valid(trained_copy, launch, n_params):

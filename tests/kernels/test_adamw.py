@@ -13,8 +13,7 @@ import math
 import pytest
 import torch
 
-from andrea.kernels import adamw as adamw_module
-from andrea.kernels import adamw_reference, adamw_step
+from andrea.kernels import adamw as adamw_module, adamw_reference, adamw_step
 from tests.kernels.conftest import DEVICES, ON_CPU, ON_CUDA
 
 HYPER = dict(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)

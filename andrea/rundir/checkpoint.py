@@ -1,6 +1,6 @@
 """The checkpoint file `step_NNNNNN.bin`: its format, its atomic commit, its validation and its retention.
 
-Format (SPEC §3, fixed: other tools read it). Five contiguous regions, little-endian, no padding, no metadata:
+Format (docs/formats.md, fixed: other tools read it). Five contiguous regions, little-endian, no padding, no metadata:
 
     offset        type                      content
     0             int32                     step: optimizer updates completed (the header step)
@@ -30,7 +30,7 @@ Commit protocol (a checkpoint is trusted only when its commit completed), the sa
 A crash at any point leaves either the old set of checkpoints or the old set plus the complete new one; a
 `.tmp` is never read as a checkpoint and is removed at the next start. A failed write removes its `.tmp`.
 The `.tmp` may start out as the run directory's spare, a checkpoint retention released, renamed onto it so the
-write overwrites allocated blocks instead of allocating new ones (andrea/spare.py); the O_DIRECT write covers
+write overwrites allocated blocks instead of allocating new ones (rundir/spare.py); the O_DIRECT write covers
 every byte of the file and the ftruncate sets its length, so nothing of the released checkpoint survives.
 
 Validation, cheapest first: the name parses; the size is 8 + 12·n; the header step equals the name's step;
@@ -42,7 +42,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -50,11 +49,11 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea import spare
+from andrea.rundir import spare
+from andrea.rundir.atomic import fsync_dir
+from andrea.rundir.names import TMP_SUFFIX, checkpoint_name, step_of
 
 HEADER = struct.Struct("<ii")
-NAME_RE = re.compile(r"^step_(\d{6,})\.bin$")
-TMP_SUFFIX = ".tmp"
 WRITE_CHUNK = 64 << 20  # bytes per write() call: bounded syscalls, lets a slow disk report progress
 # O_DIRECT alignment of buffer address, file offset and write length: logical block sizes are 512 or 4096 on
 # current disks, so 4096 serves both; a device needing more refuses the first write (EINVAL) -> buffered.
@@ -69,15 +68,6 @@ log = logging.getLogger("andrea.checkpoint")
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message is one line naming the file and the problem."""
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step_{step:06d}.bin"
-
-
-def step_of(path: str | Path) -> int | None:
-    match = NAME_RE.match(Path(path).name)
-    return int(match.group(1)) if match else None
 
 
 def checkpoint_bytes(n_params: int) -> int:
@@ -161,14 +151,6 @@ def newest_valid(run_dir: str | Path, n_params: int) -> tuple[CheckpointInfo | N
         except CheckpointError as e:
             skipped.append(str(e))
     return None, skipped
-
-
-def fsync_dir(directory: str | Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_regions(path: str | Path, regions: Iterable[tuple[int, memoryview | bytes]], size: int) -> None:

@@ -1,58 +1,28 @@
-"""The run directory's JSON sidecars and small files, each written atomically.
+"""The run directory's JSON sidecars, each written atomically (rundir/atomic.py).
 
 Writes:
     .state.json               the data proxy's live state (bandit, phase, policy fingerprint, step) — reset at a
-                              pivot (SPEC §6); rewritten at every checkpoint and at exit
+                              pivot (docs/formats.md#the-sidecars); rewritten at every checkpoint and at exit
     step_NNNNNN.state.json    the same state as of that checkpoint, so resuming from any retained checkpoint
                               is exact (deleted with its checkpoint by retention)
     .samples.json             the last `sample.keep` sample audits: {"audits": [{"step", "prompt", "text"}]}
-    run.toml                  the resolved configuration the run trains with
     archive/phase-K/          `.state.json` and `.samples.json` of a finished policy phase
-Atomic = temporary file, fsync, rename, fsync the directory: a reader sees the old or the new file, never half.
+A reader sees the old or the new file, never half.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
-from andrea.checkpoint import checkpoint_name, fsync_dir
-
-STATE_NAME, SAMPLES_NAME, CONFIG_NAME, ARCHIVE_DIR = ".state.json", ".samples.json", "run.toml", "archive"
+from andrea.rundir.atomic import fsync_dir, write_atomic
+from andrea.rundir.names import ARCHIVE_DIR, SAMPLES_NAME, STATE_NAME, companion_path
 
 
 class SidecarError(ValueError):
     """A sidecar that cannot be used; one line naming the file and the problem."""
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """One file: temporary, fsync, rename, directory fsync (write_many of one)."""
-    write_many({path: data})
-
-
-def write_many(files: dict[Path, bytes]) -> None:
-    """Atomic writes of several files with one fsync per directory: each temporary file written and fsynced,
-    then each renamed, then each directory fsynced once. Every file is still old-or-new, never half;
-    on return all are durable (what a checkpoint's companions need before its `.bin` is renamed)."""
-    tmps = {path: path.with_name(path.name + ".tmp") for path in files}
-    try:
-        for path, data in files.items():
-            with open(tmps[path], "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-        for path, tmp in tmps.items():
-            os.rename(tmp, path)
-    except BaseException:
-        for tmp in tmps.values():
-            tmp.unlink(missing_ok=True)  # a full disk must not also keep half files
-        raise
-    for directory in {path.parent for path in files}:
-        fsync_dir(directory)
 
 
 def json_bytes(obj: Any) -> bytes:
@@ -79,16 +49,6 @@ def read_json(path: Path) -> Any | None:
         return json.loads(text, parse_constant=no_constants)
     except ValueError as e:
         raise SidecarError(f"{path}: not valid JSON: {e}") from None
-
-
-def companion_path(run_dir: Path, step: int, kind: str) -> Path:
-    """`step_NNNNNN.<kind>.json`: a file that belongs to one checkpoint (kind: state, guard)."""
-    return run_dir / f"{Path(checkpoint_name(step)).stem}.{kind}.json"
-
-
-def companions(run_dir: Path, step: int) -> list[Path]:
-    """Every companion of one checkpoint on disk: copied with it by a branch, deleted with it by retention."""
-    return sorted(run_dir.glob(f"{Path(checkpoint_name(step)).stem}.*.json"))
 
 
 def checkpoint_state_path(run_dir: Path, step: int) -> Path:
@@ -124,7 +84,3 @@ def archive_phase(run_dir: Path) -> Path:
     fsync_dir(dest)
     fsync_dir(run_dir)
     return dest
-
-
-def finite(x: float) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)

@@ -1,11 +1,11 @@
-"""sidecars.write_many: a checkpoint's companions, each atomic, all durable with one directory fsync."""
+"""rundir/atomic.py: write_many makes each file atomic and all of them durable with one directory fsync."""
 
 import json
 import os
 
 import pytest
 
-from andrea.control import sidecars
+from andrea.rundir import atomic, sidecars
 
 
 def test_write_many_replaces_every_file_and_fsyncs_the_directory_once(tmp_path, monkeypatch):
@@ -13,9 +13,9 @@ def test_write_many_replaces_every_file_and_fsyncs_the_directory_once(tmp_path, 
     for path, data in old.items():
         path.write_bytes(data)
     synced = []
-    monkeypatch.setattr(sidecars, "fsync_dir", lambda d: synced.append(d))
-    sidecars.write_many({tmp_path / "a.json": sidecars.json_bytes({"x": 1}), tmp_path / "b.json": b"new b",
-                         tmp_path / "c.json": b"new c"})
+    monkeypatch.setattr(atomic, "fsync_dir", lambda d: synced.append(d))
+    atomic.write_many({tmp_path / "a.json": sidecars.json_bytes({"x": 1}), tmp_path / "b.json": b"new b",
+                       tmp_path / "c.json": b"new c"})
     assert json.loads((tmp_path / "a.json").read_text()) == {"x": 1}
     assert (tmp_path / "b.json").read_bytes() == b"new b" and (tmp_path / "c.json").read_bytes() == b"new c"
     assert synced == [tmp_path]
@@ -32,9 +32,9 @@ def test_write_many_that_fails_writing_leaves_every_old_file_and_no_temporary(tm
             raise OSError(28, "No space left on device")
         real_fsync(fd)
 
-    monkeypatch.setattr(sidecars.os, "fsync", full_disk_on_second)
+    monkeypatch.setattr(atomic.os, "fsync", full_disk_on_second)
     with pytest.raises(OSError, match="No space"):
-        sidecars.write_many({tmp_path / "a.json": b"new a", tmp_path / "b.json": b"new b"})
+        atomic.write_many({tmp_path / "a.json": b"new a", tmp_path / "b.json": b"new b"})
     assert (tmp_path / "a.json").read_bytes() == b"old a"  # nothing renamed before every file was durable
     assert not (tmp_path / "b.json").exists()
     assert not list(tmp_path.glob("*.tmp"))

@@ -11,6 +11,8 @@ import os
 import time
 from pathlib import Path
 
+from andrea.rundir.names import LOCK_NAME, PID_NAME, tmp_path
+
 
 class RunLockedError(RuntimeError):
     pass
@@ -19,11 +21,11 @@ class RunLockedError(RuntimeError):
 class RunLock:
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
-        self.pid_path = run_dir / "train.pid"
+        self.pid_path = run_dir / PID_NAME
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.run_dir / "train.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -37,7 +39,7 @@ class RunLock:
             raise RunLockedError(f"{self.run_dir}: another trainer (pid {other}) is running on this run "
                                  "directory") from None
         self._fd = fd
-        tmp = self.pid_path.with_name("train.pid.tmp")
+        tmp = tmp_path(self.pid_path)
         tmp.write_text(f"{os.getpid()}\n")
         os.rename(tmp, self.pid_path)
 
@@ -49,7 +51,7 @@ class RunLock:
 
 
 def is_locked(run_dir: Path) -> bool:
-    path = run_dir / "train.lock"
+    path = run_dir / LOCK_NAME
     if not path.exists():
         return False
     fd = os.open(path, os.O_RDONLY)
@@ -64,6 +66,6 @@ def is_locked(run_dir: Path) -> bool:
 
 def read_pid(run_dir: Path) -> int | None:
     try:
-        return int((run_dir / "train.pid").read_text().strip())
+        return int((run_dir / PID_NAME).read_text().strip())
     except (OSError, ValueError):
         return None

@@ -1,30 +1,25 @@
-"""`python -m andrea ctl RUN_DIR checkpoint|stop|status`: operators' and scripts' handle on a running trainer.
+"""What a run directory holds, read without a trainer's help: whether a path is a run, its life stage, the
+newest step in the ledger's tail, its checkpoints. `status` (commands/operate.py) and `ctl` build on it.
 
-Reads `train.pid` and the `train.lock` flock (control/runlock.py) to find the live trainer, the tail of
-`.loss.json` and the checkpoints to report state; sends SIGUSR1 (checkpoint) or SIGTERM (stop).
-`status` prints the same report as `andrea status` (ops.run_status). A path that is not a run directory (see
-`run_dir_problem`) is refused in one line before anything is read or sent.
-With --timeout, `checkpoint` waits for a checkpoint newer than the one present when it was sent and `stop`
-waits for the process to exit.
+Reads `train.pid` and the `train.lock` flock (rundir/runlock.py), the tail of `.loss.json`, the checkpoints'
+names and `data/manifest.json`; writes nothing. A path that is not a run directory (`run_dir_problem`) is refused
+in one line before anything is read.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import time
 from pathlib import Path
 
-from andrea import checkpoint as ckpt
-from andrea.control.ledger import LEDGER_NAME
-from andrea.control.runlock import is_locked, read_pid
+from andrea.rundir.checkpoint import list_checkpoints
+from andrea.rundir.names import CONFIG_NAME, DATA_DIR, LEDGER_NAME, MANIFEST_NAME, TOKENIZER_NAME
+from andrea.rundir.runlock import is_locked, read_pid
 
 # What makes a directory a run: any of these files (run.toml from the first start on; tokenizer.json once the
 # data is prepared; the ledger from the first start on), a checkpoint, or a trainer holding train.lock (a start
 # still preparing its data has written nothing else yet).
-RUN_FILES = ("run.toml", LEDGER_NAME, "tokenizer.json")
-PREPARED_FILES = ("tokenizer.json", "data")  # what a first start (or data preparation) leaves before step 1
+RUN_FILES = (CONFIG_NAME, LEDGER_NAME, TOKENIZER_NAME)
+PREPARED_FILES = (TOKENIZER_NAME, DATA_DIR)  # what a first start (or data preparation) leaves before step 1
 
 
 class NotARunError(FileNotFoundError):
@@ -37,7 +32,7 @@ def run_dir_problem(run_dir: Path) -> str | None:
         return "no such directory"
     if not run_dir.is_dir():
         return "not a directory"
-    if any((run_dir / name).exists() for name in RUN_FILES) or ckpt.list_checkpoints(run_dir) \
+    if any((run_dir / name).exists() for name in RUN_FILES) or list_checkpoints(run_dir) \
             or is_locked(run_dir):
         return None
     return f"not a run directory (no {', '.join(RUN_FILES)}, step_NNNNNN.bin or running trainer)"
@@ -86,16 +81,16 @@ def last_ledger_step(run_dir: Path) -> int | None:
 def unfinished_arms(run_dir: Path) -> bool:
     """Whether data/manifest.json names an arm whose preparation has not finished (andrea/data/manifest.py)."""
     try:
-        arms = json.loads((run_dir / "data" / "manifest.json").read_text())["arms"]
+        arms = json.loads((run_dir / DATA_DIR / MANIFEST_NAME).read_text())["arms"]
         return any(not a.get("complete") for a in arms.values())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
 
 def status(run_dir: Path) -> dict:
-    """The live part of a run's report (cheap: the ledger's tail only; polled by `main`'s --timeout wait)."""
+    """The live part of a run's report (cheap: the ledger's tail only; polled by `ctl`'s --timeout wait)."""
     running = is_locked(run_dir)
-    found = ckpt.list_checkpoints(run_dir)
+    found = list_checkpoints(run_dir)
     step = last_ledger_step(run_dir)
     prepared = all((run_dir / name).exists() for name in PREPARED_FILES)
     partly = unfinished_arms(run_dir)
@@ -103,27 +98,3 @@ def status(run_dir: Path) -> dict:
             "running": running,
             "pid": read_pid(run_dir) if running else None, "step": step,
             "newest_checkpoint": found[-1][1].name if found else None, "checkpoints": [p.name for _, p in found]}
-
-
-def main(run_dir: Path, action: str, timeout: float = 0.0) -> int:
-    require_run_dir(run_dir)
-    if action == "status":  # the one report `andrea status` prints (ops imports this module: import here)
-        from andrea.ops import print_status
-        return print_status(run_dir)
-    st = status(run_dir)
-    if not st["running"] or st["pid"] is None:
-        raise ProcessLookupError(f"{run_dir}: no trainer is running on this run directory")
-    before = st["newest_checkpoint"]
-    os.kill(st["pid"], signal.SIGUSR1 if action == "checkpoint" else signal.SIGTERM)
-    print(f"sent {'SIGUSR1' if action == 'checkpoint' else 'SIGTERM'} to pid {st['pid']}")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        now = status(run_dir)
-        if action == "stop" and not now["running"]:
-            print(f"stopped; newest checkpoint {now['newest_checkpoint']}")
-            return 0
-        if action == "checkpoint" and now["newest_checkpoint"] != before:
-            print(f"checkpoint {now['newest_checkpoint']}")
-            return 0
-        time.sleep(0.2)
-    return 0 if timeout == 0 else 1

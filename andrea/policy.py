@@ -41,7 +41,7 @@ class Policy:
         """16 hex digits over the arms that carry a cap or floor and their bounds, independent of arm order.
 
         Unbounded arms (floor 0, cap 1) are left out on purpose: adding a source or losing one (the zombie arm of
-        SPEC §6) does not change what the operator asked for, so the other arms keep what they learned; any
+        docs/formats.md) does not change what the operator asked for, so the other arms keep what they learned; any
         change to a cap or floor, or to which arm carries one, is a pivot.
         The target's non-default weights count too (a new objective is a new policy); an all-default target
         leaves the fingerprint as it was before targets existed.

@@ -1,6 +1,6 @@
 """`python -m andrea prepare`: a run's data prepared without training (on a CPU box, before the GPU is free).
 
-Writes what prepare.py writes (`tokenizer.json`, `data/`) and the resolved `run.toml`, so that a later
+Writes what data/prepare.py writes (`tokenizer.json`, `data/`) and the resolved `run.toml`, so that a later
 `andrea train --run-dir DIR` trains on exactly this preparation. Holds the run's lock (a trainer and a
 preparation never write one run at once). SIGTERM or Ctrl-C stops at the next chunk with everything done kept,
 exit 0; running it again continues, and on a prepared run it does nothing and says so.
@@ -13,11 +13,10 @@ import sys
 from pathlib import Path
 
 from andrea.config import RunConfig
-from andrea.control import sidecars
-from andrea.control.runlock import RunLock
-from andrea.data import manifest as mf
-from andrea.data import store
+from andrea.data import manifest as mf, store
 from andrea.data.prepare import Interrupted, prepare_run
+from andrea.rundir import atomic, names
+from andrea.rundir.runlock import RunLock
 
 
 class StopFlag:
@@ -46,8 +45,8 @@ def prepare_command(cfg: RunConfig, run_dir: Path, out=sys.stdout) -> int:
     lock = RunLock(run_dir)
     lock.acquire()
     try:
-        sidecars.write_atomic(run_dir / sidecars.CONFIG_NAME, cfg.to_toml().encode())
-        data_dir = run_dir / "data"
+        atomic.write_atomic(run_dir / names.CONFIG_NAME, cfg.to_toml().encode())
+        data_dir = run_dir / names.DATA_DIR
         legacy = store.legacy_arms(cfg.data, data_dir, mf.Manifest.load(data_dir))
         try:
             _, manifest, did = prepare_run(cfg.data, run_dir, cfg.model.vocab_size, should_stop=stop, legacy=legacy)

@@ -1,7 +1,7 @@
 """The spare: the checkpoint retention releases, kept under `spare.ckpt` so the next commit overwrites its blocks.
 
 Reads nothing; renames and unlinks files in a run directory. `spare.ckpt` is not a checkpoint: its name is not
-`step_NNNNNN.bin`, so nothing lists, validates or loads it (andrea/checkpoint.py), and its bytes are whatever the
+`step_NNNNNN.bin`, so nothing lists, validates or loads it (rundir/checkpoint.py), and its bytes are whatever the
 last commit into it left (a released checkpoint, or a commit that was interrupted).
 
 Why. A checkpoint written into a fresh file makes the filesystem allocate every block as the O_DIRECT writes
@@ -44,7 +44,7 @@ import signal
 import stat
 from pathlib import Path
 
-SPARE_NAME = "spare.ckpt"
+from andrea.rundir.names import SPARE_NAME
 
 
 def spare_path(run_dir: Path) -> Path:

@@ -1,14 +1,16 @@
-"""Operations on a run's life (SPEC §§2, 5): status, offline pivot, audit branches, compare, plot.
+"""A run's life from the command line: status, ctl, pivot, branch, compare, plot.
 
     status   RUN_DIR                       step, newest checkpoint, loss EMA, arms' shares, phase, trainer pid
+    ctl      RUN_DIR checkpoint|stop|status [--timeout S]   a running trainer: SIGUSR1, SIGTERM, or the status
     pivot    RUN_DIR --policy NEW.toml     new caps/floors; a running trainer gets it by SIGHUP (hot pivot)
     branch   RUN_DIR --step S --to NEW_DIR [--config F] [--set k=v]   an audit branch from step_S.bin
     compare  DIR_A DIR_B [--out PNG]       both loss curves from the branch point; which is lower at the end
     plot     RUN_DIR --out PNG             the loss curve with resumes, pivots and branches marked
-Reads and writes run directories as laid out in control/sidecars.py; appends markers to `.loss.json`.
-A path that is not a run directory (control/ctl.py, `run_dir_problem`) is one `andrea: error:` line naming it,
-before anything is read or written; `status` of a run that has not reached its first step still answers
-(its "state": starting, prepared, empty).
+Reads and writes run directories as laid out in rundir/names.py (docs/operating.md); appends markers to
+`.loss.json`. A path that is not a run directory (rundir/inspect.py, `run_dir_problem`) is one `andrea: error:`
+line naming it, before anything is read or written; `status` of a run that has not reached its first step still
+answers (its "state": starting, prepared, empty). With --timeout, `ctl checkpoint` waits for a checkpoint newer
+than the one present when it was sent and `ctl stop` waits for the process to exit.
 """
 
 from __future__ import annotations
@@ -18,39 +20,33 @@ import json
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
-from andrea import checkpoint as ckpt
-from andrea import config as config_mod
-from andrea import configload
-from andrea.control import ctl, pivot, sidecars
+from andrea import config as config_mod, configload
+from andrea.control import pivot
 from andrea.control.guard import ledger_summary
-from andrea.control.ledger import LEDGER_NAME, LossLedger, ema, history, marker, read_ledger
-from andrea.control.runlock import RunLock, is_locked, read_pid
 from andrea.data.manifest import data_status
+from andrea.rundir import checkpoint as ckpt, inspect, sidecars
+from andrea.rundir.atomic import write_atomic
+from andrea.rundir.names import (CONFIG_NAME, DATA_DIR, LEDGER_NAME, NEXT_POLICY_NAME, STATE_NAME, TOKENIZER_NAME,
+                                 companions)
+from andrea.rundir.ledger import LossLedger, ema, history, marker, read_ledger
+from andrea.rundir.runlock import RunLock, is_locked, read_pid
 
 
 def loss_ema(entries: list[dict]) -> list[tuple[int, float]]:
     return list(zip((e["step"] for e in entries), ema([e["loss"] for e in entries])))
 
 
-def run_config(run_dir: Path) -> config_mod.RunConfig:
-    path = run_dir / sidecars.CONFIG_NAME
-    if not run_dir.is_dir():
-        ctl.require_run_dir(run_dir)  # no such directory / not a directory
-    if not path.exists():
-        raise FileNotFoundError(f"{run_dir}: not a run directory (no {sidecars.CONFIG_NAME})")
-    return configload.load(base=configload.read_toml(path), base_source=str(path))
-
-
 def run_status(run_dir: Path) -> dict:
     """The report of `andrea status` and `andrea ctl RUN_DIR status`, built here only: the live part
-    (ctl.status: state, trainer pid, step, checkpoints), then the loss EMA, the bandit's phase and shares, and
+    (inspect.status: state, trainer pid, step, checkpoints), then the loss EMA, the bandit's phase and shares, and
     the guard's summary. Before the first step (state starting, prepared or empty) the later fields are null."""
-    st = ctl.status(ctl.require_run_dir(run_dir))
+    st = inspect.status(inspect.require_run_dir(run_dir))
     entries = read_ledger(run_dir / LEDGER_NAME).entries
     steps = history(entries)
-    state = sidecars.read_json(run_dir / sidecars.STATE_NAME) or {}
+    state = sidecars.read_json(run_dir / STATE_NAME) or {}
     ema = loss_ema(steps)
     st.update({"loss_ema": ema[-1][1] if ema else None, "phase": state.get("phase"),
                "shares": state.get("shares"), "state_step": state.get("step"),
@@ -69,13 +65,42 @@ def cmd_status(args: argparse.Namespace) -> int:
     return print_status(Path(args.run_dir))
 
 
+def ctl(run_dir: Path, action: str, timeout: float = 0.0) -> int:
+    """`andrea ctl`: signal the trainer running on `run_dir` (checkpoint: SIGUSR1, stop: SIGTERM), or print
+    the status report."""
+    inspect.require_run_dir(run_dir)
+    if action == "status":
+        return print_status(run_dir)
+    st = inspect.status(run_dir)
+    if not st["running"] or st["pid"] is None:
+        raise ProcessLookupError(f"{run_dir}: no trainer is running on this run directory")
+    before = st["newest_checkpoint"]
+    os.kill(st["pid"], signal.SIGUSR1 if action == "checkpoint" else signal.SIGTERM)
+    print(f"sent {'SIGUSR1' if action == 'checkpoint' else 'SIGTERM'} to pid {st['pid']}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = inspect.status(run_dir)
+        if action == "stop" and not now["running"]:
+            print(f"stopped; newest checkpoint {now['newest_checkpoint']}")
+            return 0
+        if action == "checkpoint" and now["newest_checkpoint"] != before:
+            print(f"checkpoint {now['newest_checkpoint']}")
+            return 0
+        time.sleep(0.2)
+    return 0 if timeout == 0 else 1
+
+
+def cmd_ctl(args: argparse.Namespace) -> int:
+    return ctl(Path(args.run_dir), args.action, timeout=args.timeout)
+
+
 def cmd_pivot(args: argparse.Namespace) -> int:
     run_dir, policy_file = Path(args.run_dir), Path(args.policy)
-    cfg = run_config(run_dir)
+    cfg = configload.run_config(run_dir)
     new_cfg = pivot.read_policy(policy_file, cfg)
     if is_locked(run_dir):
         pid = read_pid(run_dir)
-        sidecars.write_atomic(run_dir / pivot.NEXT_POLICY, policy_file.read_bytes())
+        write_atomic(run_dir / NEXT_POLICY_NAME, policy_file.read_bytes())
         os.kill(pid, signal.SIGHUP)
         print(f"trainer pid {pid} is running: sent SIGHUP for a hot pivot to {policy_file}")
         return 0
@@ -85,7 +110,7 @@ def cmd_pivot(args: argparse.Namespace) -> int:
         info, _ = ckpt.newest_valid(run_dir, _n_params(cfg))
         if info is None:
             raise ckpt.CheckpointError(f"{run_dir}: no valid checkpoint to pivot from")
-        state = sidecars.read_json(run_dir / sidecars.STATE_NAME) or {}
+        state = sidecars.read_json(run_dir / STATE_NAME) or {}
         phase = state.get("phase", 0) + 1 if isinstance(state, dict) else 1
         ledger = LossLedger(run_dir / LEDGER_NAME)
         try:
@@ -105,10 +130,10 @@ def _n_params(cfg: config_mod.RunConfig) -> int:
 
 def cmd_branch(args: argparse.Namespace) -> int:
     parent, dest, step = Path(args.run_dir), Path(args.to), args.step
-    parent_cfg = run_config(parent)
+    parent_cfg = configload.run_config(parent)
     overrides = list(args.set or [])
     cfg = configload.load(base=parent_cfg.to_dict(), config_file=args.config, overrides=overrides,
-                          base_source=str(parent / sidecars.CONFIG_NAME))
+                          base_source=str(parent / CONFIG_NAME))
     n = _n_params(parent_cfg)
     if _n_params(cfg) != n:
         raise config_mod.ConfigError(f"branch: the new configuration has {_n_params(cfg)} parameters, "
@@ -119,13 +144,13 @@ def cmd_branch(args: argparse.Namespace) -> int:
     ckpt.validate(source, n, deep=True)
     dest.mkdir(parents=True, exist_ok=True)
     _link_or_copy(source, dest / source.name)
-    for companion in sidecars.companions(parent, step):  # the bandit and the guard as of that checkpoint
+    for companion in companions(parent, step):  # the bandit and the guard as of that checkpoint
         shutil.copy(companion, dest / companion.name)
-    shutil.copy(parent / "tokenizer.json", dest / "tokenizer.json")
-    (dest / "data").mkdir()
-    for f in sorted((parent / "data").iterdir()):  # token files never change: share them
-        _link_or_copy(f, dest / "data" / f.name)
-    sidecars.write_atomic(dest / sidecars.CONFIG_NAME, cfg.to_toml().encode())
+    shutil.copy(parent / TOKENIZER_NAME, dest / TOKENIZER_NAME)
+    (dest / DATA_DIR).mkdir()
+    for f in sorted((parent / DATA_DIR).iterdir()):  # token files never change: share them
+        _link_or_copy(f, dest / DATA_DIR / f.name)
+    write_atomic(dest / CONFIG_NAME, cfg.to_toml().encode())
     entries = [e for e in read_ledger(parent / LEDGER_NAME).entries if e["step"] <= step]
     ledger = LossLedger(dest / LEDGER_NAME)
     try:
@@ -164,7 +189,7 @@ class NoTrainingSteps(FileNotFoundError):
 
 def trained_entries(run_dir: Path, what: str) -> list[dict]:
     """The ledger of a run that has recorded at least one step; else one line saying there is nothing to `what`."""
-    entries = read_ledger(ctl.require_run_dir(run_dir) / LEDGER_NAME).entries
+    entries = read_ledger(inspect.require_run_dir(run_dir) / LEDGER_NAME).entries
     if not history(entries):
         raise NoTrainingSteps(f"{run_dir}: no training step in {LEDGER_NAME} yet: nothing to {what}")
     return entries
@@ -174,7 +199,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     dirs = [Path(args.dir_a), Path(args.dir_b)]
     out = check_figure_path(args.out) if args.out else None
     for d in dirs:  # both paths checked before either ledger is read: the line names the one at fault
-        ctl.require_run_dir(d)
+        inspect.require_run_dir(d)
     raw = [trained_entries(d, "compare") for d in dirs]
     start = branch_point(*raw)
     curves = [[e for e in history(r) if e["step"] >= start] for r in raw]
@@ -219,10 +244,16 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub, add_config_flags) -> None:
+def add_commands(sub) -> None:
     p = sub.add_parser("status", help="a run's step, newest checkpoint, loss EMA, arms' shares, phase")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("ctl", help="signal a running trainer or read its state")
+    p.add_argument("run_dir")
+    p.add_argument("action", choices=["checkpoint", "stop", "status"])
+    p.add_argument("--timeout", type=float, default=0.0, help="checkpoint/stop: wait up to this many seconds")
+    p.set_defaults(func=cmd_ctl)
 
     p = sub.add_parser("pivot", help="switch a run to new caps and floors (SIGHUP if it is running)")
     p.add_argument("run_dir")

@@ -1,0 +1,1 @@
+"""The command line's commands beyond `train`: a run's life (operate) and data preparation (prepare)."""

@@ -1,0 +1,48 @@
+"""Atomic, durable writes of whole files: temporary file, fsync, rename, directory fsync.
+
+A reader sees the old file or the new one, never half of either; on return the new one survives a power cut.
+Used for every small file of a run (sidecars, run.toml, the data manifest, token files' commits); the
+checkpoint's own commit (rundir/checkpoint.py) follows the same protocol with O_DIRECT.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from andrea.rundir.names import tmp_path
+
+
+def fsync_dir(directory: str | Path) -> None:
+    """Make a directory's entries (a rename, a new or removed name) durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """One file: temporary, fsync, rename, directory fsync (write_many of one)."""
+    write_many({path: data})
+
+
+def write_many(files: dict[Path, bytes]) -> None:
+    """Atomic writes of several files with one fsync per directory: each temporary file written and fsynced,
+    then each renamed, then each directory fsynced once. Every file is still old-or-new, never half;
+    on return all are durable (what a checkpoint's companions need before its `.bin` is renamed)."""
+    tmps = {path: tmp_path(path) for path in files}
+    try:
+        for path, data in files.items():
+            with open(tmps[path], "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        for path, tmp in tmps.items():
+            os.rename(tmp, path)
+    except BaseException:
+        for tmp in tmps.values():
+            tmp.unlink(missing_ok=True)  # a full disk must not also keep half files
+        raise
+    for directory in {path.parent for path in files}:
+        fsync_dir(directory)

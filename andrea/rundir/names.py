@@ -1,0 +1,69 @@
+"""Every name in a run directory, and which module writes each file (docs/formats.md#the-run-directory).
+
+Reads and writes nothing: the one place that knows a run's files, so that a command, the trainer, the
+integrity checks and a replica agree on them.
+
+    RUN_DIR/
+      step_NNNNNN.bin          a checkpoint (rundir/checkpoint.py)
+      step_NNNNNN.<kind>.json  its companions: state (the bandit), guard (rundir/sidecars.py, control/guard.py)
+      spare.ckpt               a released checkpoint whose blocks the next commit overwrites (rundir/spare.py)
+      .loss.json               the loss ledger, append-only (rundir/ledger.py)
+      .state.json              the data proxy's live state, reset at a pivot (rundir/sidecars.py)
+      .samples.json            recent sample audits, reset at a pivot (rundir/sidecars.py)
+      run.toml                 the resolved configuration (rundir/sidecars.py writes it atomically)
+      policy.next.toml         a hot pivot's policy, waiting for the trainer (control/pivot.py)
+      tokenizer.json           the run's BPE tokenizer (data/prepare.py)
+      data/                    token files and manifest.json (data/splits.py, data/manifest.py)
+      archive/phase-K/         the sidecars of a finished policy phase (rundir/sidecars.py)
+      tb/                      TensorBoard event files when enabled (control/tensorboard.py)
+      train.lock, train.pid    one trainer per directory (rundir/runlock.py)
+Any file written atomically passes through `<name>.tmp` (rundir/atomic.py, rundir/checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+LEDGER_NAME = ".loss.json"
+STATE_NAME = ".state.json"
+SAMPLES_NAME = ".samples.json"
+CONFIG_NAME = "run.toml"
+NEXT_POLICY_NAME = "policy.next.toml"
+TOKENIZER_NAME = "tokenizer.json"
+DATA_DIR = "data"
+MANIFEST_NAME = "manifest.json"
+ARCHIVE_DIR = "archive"
+TB_DIR = "tb"
+SPARE_NAME = "spare.ckpt"
+LOCK_NAME = "train.lock"
+PID_NAME = "train.pid"
+TMP_SUFFIX = ".tmp"
+
+CHECKPOINT_RE = re.compile(r"^step_(\d{6,})\.bin$")
+
+
+def checkpoint_name(step: int) -> str:
+    """`step_` + the step zero-padded to 6 digits (more digits past 999,999) + `.bin`."""
+    return f"step_{step:06d}.bin"
+
+
+def step_of(path: str | Path) -> int | None:
+    """The step a checkpoint's name carries; None for any other name."""
+    match = CHECKPOINT_RE.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def companion_path(run_dir: Path, step: int, kind: str) -> Path:
+    """`step_NNNNNN.<kind>.json`: a file that belongs to one checkpoint (kind: state, guard)."""
+    return run_dir / f"{Path(checkpoint_name(step)).stem}.{kind}.json"
+
+
+def companions(run_dir: Path, step: int) -> list[Path]:
+    """Every companion of one checkpoint on disk: copied with it by a branch, deleted with it by retention."""
+    return sorted(run_dir.glob(f"{Path(checkpoint_name(step)).stem}.*.json"))
+
+
+def tmp_path(path: Path) -> Path:
+    """The temporary name an atomic write of `path` goes through."""
+    return path.with_name(path.name + TMP_SUFFIX)
