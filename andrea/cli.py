@@ -166,6 +166,9 @@ def expected_n_params(run_dir: Path) -> int | None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    """Deep validation of each checkpoint, its content checksum included: `ok` (verified), `unverifiable` (valid,
+    written before checksums existed), `bad` (one line naming the file and the problem; exit 1). A checkpoint
+    retention removes while this runs was never broken: it is reported as `gone`, not as a failure."""
     path = Path(args.path)
     if path.is_dir():
         files, n = [p for _, p in ckpt.list_checkpoints(path)], expected_n_params(path)
@@ -181,10 +184,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for f in files:
         try:
             info = ckpt.validate(f, n, deep=True)
-            print(f"ok {f} step={info.step} n_params={info.n_params}")
         except ckpt.CheckpointError as e:
+            if path.is_dir() and not f.exists():
+                print(f"gone {f} (removed by retention while verify ran)")
+                continue
             print(f"bad {e}", file=sys.stderr)
             bad += 1
+            continue
+        if info.checksum == ckpt.VERIFIED:
+            print(f"ok {f} step={info.step} n_params={info.n_params} checksum=verified")
+        else:
+            print(f"unverifiable {f} step={info.step} n_params={info.n_params}: valid, but written before "
+                  "checksums (no step_NNNNNN.sum.json)")
     return 1 if bad else 0
 
 

@@ -87,7 +87,7 @@ def test_failed_commit_leaves_previous_checkpoint_and_no_tmp(tmp_path, monkeypat
     with pytest.raises(OSError):
         ckpt.commit_checkpoint(tmp_path, 200, payload(n, 1))
     assert good.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000100.bin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000100.bin", "step_000100.sum.json"]
 
 
 @pytest.mark.parametrize("steps, keep_last, keep_every, victims", [

@@ -144,7 +144,7 @@ def test_enospc_on_the_o_direct_path_removes_the_tmp_keeps_older_checkpoints_and
         assert failed.error and "step_000020.bin" in failed.error and os.strerror(errno.ENOSPC) in failed.error
         assert disk.direct_writes == [(0, 2 * ckpt.DIRECT_ALIGN)], "the failure was not on the O_DIRECT path"
         assert writer.direct.enabled, "ENOSPC is not a refusal of O_DIRECT: the next commit must try it again"
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000010.bin"], "a half file was left behind"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000010.bin", "step_000010.sum.json"], "a half file was left behind"
         assert old.read_bytes() == old_bytes and writer.last_committed is None
         disk.full_after = None  # space freed: the next cadence
         landed = asyncio.run(commit(30))

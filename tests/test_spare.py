@@ -160,7 +160,7 @@ def test_a_filesystem_that_cannot_tell_keeps_no_spare(tmp_path, monkeypatch):
     run = tmp_path / "run"
     run.mkdir()
     commits(run, [10, 20])
-    assert sorted(p.name for p in run.iterdir()) == ["step_000020.bin"]  # step 10 unlinked, as without a spare
+    assert sorted(p.name for p in run.iterdir()) == ["step_000020.bin", "step_000020.sum.json"]  # step 10 unlinked, as without a spare
 
 
 def test_a_failing_retention_is_logged_and_never_fails_the_commit(tmp_path, monkeypatch, caplog):
@@ -184,6 +184,7 @@ def test_keep_last_counts_checkpoints_not_the_spare(tmp_path):
     run.mkdir()
     commits(run, [10, 20, 30, 40], keep_last=2)
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [30, 40]
-    assert sorted(p.name for p in run.iterdir()) == [names.SPARE_NAME, "step_000030.bin", "step_000040.bin"]
+    assert sorted(p.name for p in run.iterdir()) == [names.SPARE_NAME, "step_000030.bin", "step_000030.sum.json",
+                                                       "step_000040.bin", "step_000040.sum.json"]
     for step in (30, 40):
         assert (run / names.checkpoint_name(step)).read_bytes() == reference(tmp_path, step)

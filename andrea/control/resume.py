@@ -1,18 +1,21 @@
 """Where a run starts again: the checkpoint it resumes from, and the data proxy as of that checkpoint.
 
 Reads checkpoints (andrea/rundir/checkpoint.py: names, sizes, headers, values), `step_NNNNNN.state.json` and
-`.state.json` (rundir/sidecars.py); writes nothing. Used at the start of a process and by the divergence
-guard's rollback (control/runtime.py), which resumes in-process from its known-good checkpoint.
+`.state.json` (rundir/sidecars.py); moves checkpoints that failed validation, newer than the one it resumes
+from, into `quarantine/` (the run would commit those steps again over the evidence). Used at the start of a
+process and by the divergence guard's rollback (control/runtime.py), which resumes in-process from its known-good
+checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from andrea.config import RunConfig
 from andrea.control.proxy import DataProxy
-from andrea.rundir import checkpoint as ckpt, names, sidecars
+from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars
 
 log = logging.getLogger("andrea.run")
 
@@ -34,7 +37,27 @@ def resume_point(run_dir: Path, init_from: Path | None, n: int) -> ckpt.Checkpoi
                                    "refusing to start over in a run directory that holds checkpoints)")
     for line in skipped:
         log.warning("skipping invalid checkpoint, resuming from an older one: %s", line)
+    newer = [p for s, p in ckpt.list_checkpoints(run_dir) if info is None or s > info.step]
+    for path in newer:  # the run will commit these steps again: keep the evidence out of its way
+        log.warning("%s: moved to %s/ with its companions (kept as evidence, never deleted)", path.name,
+                    quarantine(run_dir, path))
     return info
+
+
+def quarantine(run_dir: Path, path: Path) -> Path:
+    """Move a checkpoint that failed validation, and its companions, into RUN_DIR/quarantine/ (a name taken
+    there gets a numbered suffix); returns the directory."""
+    step = names.step_of(path)
+    dest = run_dir / names.QUARANTINE_DIR
+    dest.mkdir(exist_ok=True)
+    for f in [path, *names.companions(run_dir, step)]:
+        target, k = dest / f.name, 1
+        while target.exists():
+            target, k = dest / f"{f.name}.{k}", k + 1
+        os.rename(f, target)
+    atomic.fsync_dir(dest)
+    atomic.fsync_dir(run_dir)
+    return dest
 
 
 def restore_proxy(cfg: RunConfig, run_dir: Path, arms, info: ckpt.CheckpointInfo) -> DataProxy:

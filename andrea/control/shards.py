@@ -46,7 +46,7 @@ import torch
 from andrea.control.shard_layout import ShardImage
 from andrea.control.writer import CheckpointWriter, CommitResult
 from andrea.distributed import World
-from andrea.rundir import checkpoint as ckpt, names, spare
+from andrea.rundir import checkpoint as ckpt, checksum, names, spare
 
 if TYPE_CHECKING:
     from andrea.trainer import Fence  # a CUDA event or a HostCopy
@@ -124,6 +124,9 @@ def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardI
         write_blocks(tmp, staged.writes(), direct, ckpt.checkpoint_bytes(n) if staged.writes_last_block else None)
 
     def publish() -> None:
+        # Rank 0 holds only its slices: the checksum is of the complete `.tmp`, read back once every vote says
+        # its blocks are durable (on rank 0's I/O thread, off the training step; rundir/checksum.py).
+        checksum.write(final, step, n, checksum.file_digests(tmp, n))
         if before_rename is not None:
             before_rename()
         ckpt.publish_checkpoint(tmp, final)
@@ -141,6 +144,8 @@ def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardI
         if failed:  # before the verdict, so no rank still writes into it when a later commit opens the name
             try:
                 tmp.unlink(missing_ok=True)
+                if not final.exists():
+                    checksum.sum_path(final).unlink(missing_ok=True)
             except OSError as e:  # the verdict must go out: the next start removes a `.tmp`
                 log.error("%s: could not remove the failed commit's file: %s", tmp, e.strerror or e)
         world.from_leader(failed)

@@ -121,6 +121,7 @@ class CheckpointWriter:
         self.direct = ckpt.DirectIO(direct)  # direct=False: today's buffered writes (the bench's baseline)
         self._busy: list[asyncio.Future | None] = [None, None]
         self.last_committed: int | None = None
+        self._reported: set[str] = set()  # retention's warnings already logged
         self.last_error: str | None = None
         self.stall_seconds: list[float] = []
         self.delay = float(os.environ.get("ANDREA_TEST_COMMIT_DELAY", "0") or 0)
@@ -195,6 +196,12 @@ class CheckpointWriter:
             log.error("%s: retention after %s failed: %s", self.run_dir, committed.name, e)
 
     def _apply_retention(self) -> None:
+        problems = [f"{p} is not a regular file: not a checkpoint, left alone"
+                    for p in ckpt.foreign_entries(self.run_dir)] + [spare.blocked(self.run_dir)]
+        for problem in problems:
+            if problem is not None and problem not in self._reported:  # once per process, not once per commit
+                self._reported.add(problem)
+                log.warning("%s", problem)
         steps = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
         for step in ckpt.retention_victims(steps, self.keep_last, self.keep_every, self.protected()):
             spare.retire(self.run_dir / names.checkpoint_name(step))  # each replaces the one before

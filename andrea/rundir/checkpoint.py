@@ -33,8 +33,11 @@ The `.tmp` may start out as the run directory's spare, a checkpoint retention re
 write overwrites allocated blocks instead of allocating new ones (rundir/spare.py); the O_DIRECT write covers
 every byte of the file and the ftruncate sets its length, so nothing of the released checkpoint survives.
 
-Validation, cheapest first: the name parses; the size is 8 + 12·n; the header step equals the name's step;
-n_params equals the model's; (deep) every float is finite and v ≥ 0.
+Integrity: the image's content checksum (rundir/checksum.py, `step_NNNNNN.sum.json`) is computed on a side
+thread while the image is written, and made durable after the `.tmp` and before the rename, so every committed
+checkpoint has one. Validation, cheapest first: the name parses; the size is 8 + 12·n; the header step equals the
+name's step; n_params equals the model's; (deep) the bytes are the ones the checksum recorded (a checkpoint from
+before checksums is unverifiable, not broken), every float is finite and v ≥ 0.
 """
 
 from __future__ import annotations
@@ -42,14 +45,16 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import struct
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from andrea.rundir import spare
+from andrea.rundir import checksum, spare
 from andrea.rundir.atomic import fsync_dir
 from andrea.rundir.names import TMP_SUFFIX, checkpoint_name, step_of
 
@@ -78,11 +83,15 @@ def header(step: int, n_params: int) -> bytes:
     return HEADER.pack(step, n_params)
 
 
+VERIFIED, UNVERIFIABLE, UNCHECKED = "verified", "unverifiable", "unchecked"
+
+
 @dataclass(frozen=True)
 class CheckpointInfo:
     path: Path
     step: int
     n_params: int
+    checksum: str = UNCHECKED  # VERIFIED against step_NNNNNN.sum.json (deep), UNVERIFIABLE without one
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
@@ -91,7 +100,24 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     if not run_dir.is_dir():
         return []
     found = [(step_of(p), p) for p in run_dir.iterdir()]
-    return sorted((s, p) for s, p in found if s is not None)
+    return sorted((s, p) for s, p in found if s is not None and _regular(p))
+
+
+def foreign_entries(run_dir: str | Path) -> list[Path]:
+    """Entries named like a checkpoint that are not regular files (a directory, a link): never listed, read,
+    retained or removed; the writer says so once."""
+    run_dir = Path(run_dir)
+    return sorted(p for p in run_dir.iterdir() if step_of(p) is not None and os.path.lexists(p) and not _regular(p)) \
+        if run_dir.is_dir() else []
+
+
+def _regular(path: Path) -> bool:
+    """A regular file (not a directory, link or device someone put at a checkpoint's name: never ours to use
+    or to remove). False when it vanished meanwhile (retention)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def validate(path: str | Path, n_params: int | None = None, *, deep: bool = False) -> CheckpointInfo:
@@ -118,28 +144,57 @@ def validate(path: str | Path, n_params: int | None = None, *, deep: bool = Fals
         raise CheckpointError(f"{path}: header step {step} disagrees with the file name (step {name_step})")
     if n_params is not None and n != n_params:
         raise CheckpointError(f"{path}: checkpoint of another model: n_params={n}, this model has {n_params}")
-    if deep:
-        _check_values(path, n)
-    return CheckpointInfo(path, step, n)
+    if not deep:
+        return CheckpointInfo(path, step, n)
+    recorded = _recorded_checksum(path)  # read first: a checksum that vanishes with its file is no false alarm
+    try:
+        data = np.memmap(path, dtype=np.uint8, mode="r")
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read: {e.strerror}") from None
+    return _check_image(path, data, step, n, recorded)
 
 
-def _check_values(path: Path, n: int) -> None:
-    data = np.memmap(path, dtype="<f4", mode="r", offset=HEADER.size, shape=(3, n))
+def _recorded_checksum(path: Path) -> dict | None:
+    try:
+        return checksum.read(path)
+    except checksum.ChecksumError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def _check_image(path: Path, image: np.ndarray, step: int, n: int, recorded: dict | None) -> CheckpointInfo:
+    """The deep checks over the whole file's bytes (`image`, uint8): checksum, finite values, v >= 0."""
+    hasher = checksum.RegionHasher(n) if recorded is not None else None
+    if hasher is not None:
+        hasher.update(image[:HEADER.size])
+    values = image[HEADER.size:HEADER.size + 12 * n].view("<f4").reshape(3, n)
+    problem = None
     for region, name in enumerate(("weights", "m", "v")):
         for lo in range(0, n, WRITE_CHUNK // 4):
-            chunk = data[region, lo:lo + WRITE_CHUNK // 4]
-            if not np.isfinite(chunk).all():
+            chunk = values[region, lo:lo + WRITE_CHUNK // 4]
+            if hasher is not None:
+                hasher.update(chunk)
+            if problem is None and not np.isfinite(chunk).all():
                 bad = lo + int(np.argmin(np.isfinite(chunk)))
-                raise CheckpointError(f"{path}: {name}[{bad}] is not finite ({chunk[bad - lo]})")
-            if name == "v" and (chunk < 0).any():
-                raise CheckpointError(f"{path}: v has negative entries (a second moment is never negative)")
+                problem = f"{name}[{bad}] is not finite ({chunk[bad - lo]})"
+            if problem is None and name == "v" and (chunk < 0).any():
+                problem = "v has negative entries (a second moment is never negative)"
+    changed = checksum.mismatch(recorded, step, n, hasher.digests()) if hasher is not None else None
+    if changed is not None or problem is not None:  # a changed byte is named first, then what it made of a value
+        raise CheckpointError(f"{path}: {'; '.join(p for p in (changed, problem) if p is not None)}")
+    return CheckpointInfo(path, step, n, VERIFIED if recorded is not None else UNVERIFIABLE)
 
 
 def read_payload(path: str | Path, n_params: int) -> tuple[int, np.ndarray]:
-    """Validated (deep) read: (step, float32 array of 3·n_params = [w | m | v])."""
-    info = validate(path, n_params, deep=True)
-    payload = np.fromfile(path, dtype="<f4", offset=HEADER.size, count=3 * n_params)
-    return info.step, payload
+    """Validated (deep) read: (step, float32 array of 3·n_params = [w | m | v]), checked against the checksum
+    in the memory it is returned in (one read of the file: what was checked is what the caller gets)."""
+    path = Path(path)
+    info = validate(path, n_params)
+    recorded = _recorded_checksum(path)
+    image = np.fromfile(path, dtype=np.uint8)
+    if len(image) != checkpoint_bytes(n_params):
+        raise CheckpointError(f"{path}: changed size while it was read ({len(image)} bytes)")
+    _check_image(path, image, info.step, n_params, recorded)
+    return info.step, image[HEADER.size:].view("<f4")
 
 
 def newest_valid(run_dir: str | Path, n_params: int) -> tuple[CheckpointInfo | None, list[str]]:
@@ -292,14 +347,21 @@ def commit_image(run_dir: str | Path, step: int, image, n_params: int, *, direct
     run_dir = Path(run_dir)
     final = run_dir / checkpoint_name(step)
     tmp = final.with_name(final.name + TMP_SUFFIX)
-    try:
-        spare.claim(tmp)
-        write_image(tmp, view, size, direct)
-        if before_rename is not None:
-            before_rename()
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    # The checksum is of the image being written, hashed meanwhile: the write spends its time in the kernel
+    # (the GIL released), the hash in xxhash; the commit waits for the later of the two, not their sum.
+    with ThreadPoolExecutor(1, thread_name_prefix="andrea-checksum") as hashing:
+        digests = hashing.submit(checksum.image_digests, view[:size], n_params)
+        try:
+            spare.claim(tmp)
+            write_image(tmp, view, size, direct)
+            checksum.write(final, step, n_params, digests.result())
+            if before_rename is not None:
+                before_rename()
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            if not final.exists():
+                checksum.sum_path(final).unlink(missing_ok=True)
+            raise
     return publish_checkpoint(tmp, final)
 
 

@@ -5,7 +5,8 @@ integrity checks and a replica agree on them.
 
     RUN_DIR/
       step_NNNNNN.bin          a checkpoint (rundir/checkpoint.py)
-      step_NNNNNN.<kind>.json  its companions: state (the bandit), guard (rundir/sidecars.py, control/guard.py)
+      step_NNNNNN.<kind>.json  its companions: sum (its checksum, rundir/checksum.py), state (the bandit,
+                               rundir/sidecars.py), guard (control/rollback.py)
       spare.ckpt               a released checkpoint whose blocks the next commit overwrites (rundir/spare.py)
       .loss.json               the loss ledger, append-only (rundir/ledger.py)
       .state.json              the data proxy's live state, reset at a pivot (rundir/sidecars.py)
@@ -15,6 +16,8 @@ integrity checks and a replica agree on them.
       tokenizer.json           the run's BPE tokenizer (data/prepare.py)
       data/                    token files and manifest.json (data/splits.py, data/manifest.py)
       archive/phase-K/         the sidecars of a finished policy phase (rundir/sidecars.py)
+      quarantine/              checkpoints that failed validation at a start, with their companions
+                               (control/resume.py): evidence, never deleted
       tb/                      TensorBoard event files when enabled (control/tensorboard.py)
       train.lock, train.pid    one trainer per directory (rundir/runlock.py)
 Any file written atomically passes through `<name>.tmp` (rundir/atomic.py, rundir/checkpoint.py).
@@ -34,6 +37,7 @@ TOKENIZER_NAME = "tokenizer.json"
 DATA_DIR = "data"
 MANIFEST_NAME = "manifest.json"
 ARCHIVE_DIR = "archive"
+QUARANTINE_DIR = "quarantine"
 TB_DIR = "tb"
 SPARE_NAME = "spare.ckpt"
 LOCK_NAME = "train.lock"

@@ -16,7 +16,8 @@ The cycle, on the commit's I/O thread (rank 0's in a ZeRO-1 run):
     retire   retention releases `step_K.bin`: rename it onto `spare.ckpt` (an older spare goes, as an unlink
              would take it), then keep it only if it has no other name and no other process has it open
              (below); else unlink it.
-    claim    the next commit renames `spare.ckpt` onto its `step_N.bin.tmp`, then writes every byte of
+    claim    the next commit renames `spare.ckpt` onto its `step_N.bin.tmp` (unless it has another name too,
+             `cp -al RUN COPY`: then it is unlinked and the commit writes a fresh file), then writes every byte of
              [0, 8 + 12·n) and sets the length: nothing of the released checkpoint survives. The atomic protocol
              is unchanged (write, fsync, rename, directory fsync); only the `.tmp` starts out allocated. In a
              ZeRO-1 run rank 0 claims before the exchange that starts the commit, and the other ranks open
@@ -55,6 +56,9 @@ def retire(path: Path) -> bool:
     """Retention's removal of the checkpoint at `path`: it becomes the spare when it has no other name and no
     one else has it open, else it is unlinked. True when it became the spare. Missing: nothing to do (False)."""
     spare = spare_path(path.parent)
+    if blocked(path.parent) is not None:  # not ours to replace: the released checkpoint is only unlinked
+        path.unlink(missing_ok=True)
+        return False
     try:
         os.rename(path, spare)
     except FileNotFoundError:
@@ -72,12 +76,30 @@ def claim(tmp: Path) -> bool:
     not andrea's, left alone). The writer must open `tmp` without O_TRUNC and write every byte of the checkpoint."""
     spare = spare_path(tmp.parent)
     try:
-        if not stat.S_ISREG(os.lstat(spare).st_mode):  # only a file retire made: never through a link
+        st = os.lstat(spare)
+        if not stat.S_ISREG(st.st_mode):  # only a file retire made: never through a link
+            return False
+        if st.st_nlink > 1:  # another name shares its blocks (`cp -al RUN COPY`): writing would change that file
+            spare.unlink()
             return False
         os.rename(spare, tmp)
     except FileNotFoundError:
         return False
     return True
+
+
+def blocked(run_dir: Path) -> str | None:
+    """Why `spare.ckpt` cannot be used, in words (something that is not a regular file is there: a directory,
+    a link; left alone, never removed), or None."""
+    try:
+        st = os.lstat(spare_path(run_dir))
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(st.st_mode):
+        return None
+    kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a symbolic link" if stat.S_ISLNK(st.st_mode) \
+        else "not a regular file"
+    return f"{spare_path(run_dir)} is {kind}, not andrea's spare: left alone; released checkpoints are deleted"
 
 
 def _unshared(path: Path) -> bool:
