@@ -61,6 +61,12 @@ def resolve_config(args: argparse.Namespace, run_dir: Path | None) -> RunConfig:
     saved = run_dir / names.CONFIG_NAME if run_dir is not None else None
     base = configload.read_toml(saved) if saved is not None and saved.exists() else None
     preset = args.preset or (None if args.config or base else DEFAULT_PRESET)
+    if base and args.preset:
+        overridden = configload.overridden_keys(configload.parse_toml(configload.preset_text(args.preset),
+                                                                      f"preset {args.preset}"), base)
+        if overridden:
+            log.warning("--preset %s: %s keeps its own %s (the run's; --set changes a key deliberately)",
+                        args.preset, saved, ", ".join(overridden[:4]) + (" ..." if len(overridden) > 4 else ""))
     return configload.load(preset=preset, config_file=args.config, base=base, overrides=overrides,
                            base_source=str(saved))
 
@@ -70,6 +76,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     early = EarlySignals()  # before the slow imports: a SIGTERM from now on ends in a clean stop
     run_dir = Path(args.run_dir)
     cfg = resolve_config(args, run_dir)
+    if run_dir.is_dir():  # an existing run keeps what its checkpoints mean (control/identity.py)
+        from andrea.control.identity import check_resume
+        saved = run_dir / names.CONFIG_NAME
+        check_resume(run_dir, cfg, configload.run_config(run_dir) if saved.exists() else None)
     init_from = Path(args.init_from) if args.init_from else None
     # Everything that can be refused is refused before the run directory is created or written to.
     check_init_from(init_from)
@@ -92,7 +102,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     world.init(device)
     try:
         run = TrainingRun(cfg, run_dir, device=device, kernels=kernels, init_from=init_from, early=early,
-                          world=world)
+                          world=world, accept_ledger_gap=args.accept_ledger_gap)
         return run_async(run.main(cfg.train.steps))
     finally:
         world.close()
@@ -252,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start from this step_NNNNNN.bin instead of the run's newest checkpoint; or, in a run "
                         "without checkpoints, from weights only (step 0, m = v = 0): a model.safetensors, "
                         "model.npz, pytorch_model.bin or a GPT-2 directory holding one (andrea export's output)")
+    p.add_argument("--accept-ledger-gap", action="store_true",
+                   help="resume although .loss.json is not what the checkpoint recorded (cut short, changed): "
+                        "continue past the gap, recorded as a `gap` marker")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("prepare", help="prepare a run's data (tokenizer, token files) without training")

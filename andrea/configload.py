@@ -65,6 +65,18 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def overridden_keys(layer: dict[str, Any], base: dict[str, Any], prefix: str = "") -> list[str]:
+    """`section.key` of every value in `layer` that `base` sets otherwise (what a preset named again on an
+    existing run does not change)."""
+    out = []
+    for k, v in layer.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            out += overridden_keys(v, base[k], f"{prefix}{k}.")
+        elif k in base and base[k] != v:
+            out.append(f"{prefix}{k}")
+    return out
+
+
 def from_dict(raw: dict[str, Any], source: str = "config") -> RunConfig:
     """Build and validate a RunConfig; every unknown key or bad value is one `ConfigError` line."""
     check_keys(raw, source)

@@ -67,16 +67,27 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def ctl(run_dir: Path, action: str, timeout: float = 0.0) -> int:
     """`andrea ctl`: signal the trainer running on `run_dir` (checkpoint: SIGUSR1, stop: SIGTERM), or print
-    the status report."""
+    the status report. `stop` is idempotent: a run already stopped (or stopping under another `ctl stop`)
+    is success. Every failure is one line: no trainer to checkpoint, or a wait that ran out (and why)."""
     inspect.require_run_dir(run_dir)
     if action == "status":
         return print_status(run_dir)
     st = inspect.status(run_dir)
     if not st["running"] or st["pid"] is None:
+        if action == "stop":
+            print(f"no trainer is running on {run_dir}: already stopped; newest checkpoint "
+                  f"{st['newest_checkpoint']}")
+            return 0
         raise ProcessLookupError(f"{run_dir}: no trainer is running on this run directory")
-    before = st["newest_checkpoint"]
-    os.kill(st["pid"], signal.SIGUSR1 if action == "checkpoint" else signal.SIGTERM)
-    print(f"sent {'SIGUSR1' if action == 'checkpoint' else 'SIGTERM'} to pid {st['pid']}")
+    pid, before, sig = st["pid"], st["newest_checkpoint"], signal.SIGUSR1 if action == "checkpoint" else signal.SIGTERM
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:  # it exited between the status and the signal
+        if action == "stop":
+            print(f"pid {pid} exited meanwhile: already stopped")
+            return 0
+        raise ProcessLookupError(f"{run_dir}: the trainer (pid {pid}) exited before it got SIGUSR1") from None
+    print(f"sent {sig.name} to pid {pid}")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         now = inspect.status(run_dir)
@@ -87,7 +98,20 @@ def ctl(run_dir: Path, action: str, timeout: float = 0.0) -> int:
             print(f"checkpoint {now['newest_checkpoint']}")
             return 0
         time.sleep(0.2)
-    return 0 if timeout == 0 else 1
+    if timeout == 0:
+        return 0
+    why = " (it is stopped, e.g. by SIGSTOP: `kill -CONT` resumes it)" if process_state(pid) == "T" else ""
+    if action == "stop":
+        raise TimeoutError(f"{run_dir}: pid {pid} has not exited {timeout:g} s after SIGTERM{why}")
+    raise TimeoutError(f"{run_dir}: no checkpoint newer than {before} {timeout:g} s after SIGUSR1{why}")
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of a process (`ps` STAT's first letter; T: stopped), None when unknown."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def cmd_ctl(args: argparse.Namespace) -> int:

@@ -109,6 +109,9 @@ class FollowerLedger:
     def sync(self) -> None:
         pass
 
+    def seal(self) -> dict:
+        return {}
+
     def close(self) -> None:
         pass
 

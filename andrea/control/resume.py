@@ -16,6 +16,7 @@ from pathlib import Path
 from andrea.config import RunConfig
 from andrea.control.proxy import DataProxy
 from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars
+from andrea.rundir.ledger import LedgerError, ledger_problem, marker, unreadable_lines
 
 log = logging.getLogger("andrea.run")
 
@@ -37,11 +38,36 @@ def resume_point(run_dir: Path, init_from: Path | None, n: int) -> ckpt.Checkpoi
                                    "refusing to start over in a run directory that holds checkpoints)")
     for line in skipped:
         log.warning("skipping invalid checkpoint, resuming from an older one: %s", line)
-    newer = [p for s, p in ckpt.list_checkpoints(run_dir) if info is None or s > info.step]
-    for path in newer:  # the run will commit these steps again: keep the evidence out of its way
-        log.warning("%s: moved to %s/ with its companions (kept as evidence, never deleted)", path.name,
-                    quarantine(run_dir, path))
     return info
+
+
+def set_aside_newer(run_dir: Path, info: ckpt.CheckpointInfo) -> None:
+    """Checkpoints newer than the one resumed from failed validation (resume_point skipped them); the run will
+    commit those steps again, so they move out of its way, kept as evidence. Called once the start's checks
+    have passed: a start that is refused moves nothing."""
+    for s, path in ckpt.list_checkpoints(run_dir):
+        if s > info.step:
+            log.warning("%s: moved to %s/ with its companions (kept as evidence, never deleted)", path.name,
+                        quarantine(run_dir, path))
+
+
+def check_ledger(run_dir: Path, info: ckpt.CheckpointInfo, accept_gap: bool) -> dict | None:
+    """The ledger against what the checkpoint resumed from recorded of it (its `ledger` companion): None when
+    it holds those bytes (or the checkpoint predates the record), else the `gap` marker to append when
+    `accept_gap`; refused in one line otherwise (LedgerError), before anything is written."""
+    recorded = sidecars.read_json(names.companion_path(info.path.parent, info.step, "ledger"))
+    if not isinstance(recorded, dict) or info.path.parent != run_dir:
+        return None
+    path = run_dir / names.LEDGER_NAME
+    problem = ledger_problem(path, recorded, info.path.name)
+    if problem is None:
+        return None
+    if not accept_gap:
+        raise LedgerError(f"{problem}; restore {names.LEDGER_NAME} from a copy that holds those lines, or start "
+                          "with --accept-ledger-gap to continue past the gap (recorded as a `gap` marker)")
+    log.warning("%s; continuing past the gap (--accept-ledger-gap): a `gap` marker records it", problem)
+    return marker("gap", info.step, reason=problem, recorded_bytes=recorded["bytes"],
+                  unreadable_lines=unreadable_lines(path))
 
 
 def quarantine(run_dir: Path, path: Path) -> Path:

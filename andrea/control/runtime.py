@@ -36,7 +36,7 @@ import torch
 
 from andrea import export
 from andrea.config import ConfigError, RunConfig
-from andrea.control import pivot, ranks, resume, rollback, shards, tensorboard
+from andrea.control import identity, pivot, ranks, resume, rollback, shards, tensorboard
 from andrea.control.boundary import Boundary, RunFailed
 from andrea.control.ledger import LedgerFeed
 from andrea.control.proxy import Batch, DataProxy
@@ -68,10 +68,12 @@ def poison_steps(text: str) -> set[int]:
 
 class TrainingRun:
     def __init__(self, cfg: RunConfig, run_dir: Path, *, device: torch.device, kernels: str,
-                 init_from: Path | None = None, early: EarlySignals | None = None, world: World | None = None):
+                 init_from: Path | None = None, early: EarlySignals | None = None, world: World | None = None,
+                 accept_ledger_gap: bool = False):
         self.run_dir = run_dir
         self.world = world or World()  # torchrun's ranks (andrea/distributed.py); one process: no-ops
         self.device, self.kernels, self.init_from = device, kernels, init_from
+        self.accept_ledger_gap = accept_ledger_gap  # continue past a ledger the checkpoint does not vouch for
         self.req = Requests()
         self.boundary: Boundary | None = None  # the run's position once it has started (step, cfg, data)
         self._cfg, self._resumed = cfg, 0  # until then: the configuration, and the step resumed from
@@ -142,6 +144,20 @@ class TrainingRun:
         finally:
             self.preparing = False
 
+    def open_ledger(self, info) -> None:
+        """The ledger, checked first against what the checkpoint resumed from recorded of it (rank 0; a refusal
+        leaves the file as it found it), then opened (a crash's torn last line is cut) and fed."""
+        gap = resume.check_ledger(self.run_dir, info, self.accept_ledger_gap) \
+            if self.world.leader and info is not None else None
+        if self.world.leader and info is not None:
+            resume.set_aside_newer(self.run_dir, info)
+        self.ledger = (LossLedger if self.world.leader else ranks.FollowerLedger)(self.run_dir / LEDGER_NAME)
+        self.feed = LedgerFeed(self.ledger, self.io)
+        if self.ledger.torn_bytes:
+            log.warning("%s: cut a torn last line of %d bytes left by a crash", LEDGER_NAME, self.ledger.torn_bytes)
+        if gap is not None:
+            self.feed.lines.append(gap)
+
     async def start(self) -> tuple[Trainer, DataProxy]:
         loop = asyncio.get_running_loop()
         trainer = await loop.run_in_executor(self.train, trainer_for, self.world, self.cfg, self.device, self.kernels)
@@ -152,9 +168,11 @@ class TrainingRun:
                                               self.run_dir)
         info = None if imported else self.world.broadcast(
             resume.resume_point(self.run_dir, self.init_from, trainer.n) if self.world.leader else None)
+        self.open_ledger(info)
         if info is None:
             proxy = DataProxy(self.cfg, arms)
             self.feed.lines.append(marker("start", 0, n_params=trainer.n, seed=self.cfg.train.seed,
+                                          identity=identity.identity(self.cfg, identity.tokenizer_sha256(self.run_dir)),
                                           **(imported or {})))
         else:
             step, payload = await loop.run_in_executor(self.train, ckpt.read_payload, info.path, trainer.n)
@@ -190,11 +208,6 @@ class TrainingRun:
             for stale in ckpt.remove_stale_tmp(self.run_dir) if self.world.leader else ():
                 log.warning("removed %s left by an interrupted write (never read as a checkpoint or sidecar)",
                             stale.relative_to(self.run_dir))
-            self.ledger = (LossLedger if self.world.leader else ranks.FollowerLedger)(self.run_dir / LEDGER_NAME)
-            self.feed = LedgerFeed(self.ledger, self.io)
-            if self.ledger.torn_bytes:
-                log.warning("%s: cut a torn last line of %d bytes left by a crash", LEDGER_NAME,
-                            self.ledger.torn_bytes)
             trainer, proxy = await self.start()
             if self.world.leader:
                 self.tb = tensorboard.open_log(self.cfg.log, self.run_dir, self.step, self.cfg.train.log_every)

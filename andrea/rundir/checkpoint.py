@@ -56,7 +56,7 @@ import numpy as np
 
 from andrea.rundir import checksum, spare
 from andrea.rundir.atomic import fsync_dir
-from andrea.rundir.names import TMP_SUFFIX, checkpoint_name, step_of
+from andrea.rundir.names import DATA_DIR, TMP_SUFFIX, checkpoint_name, is_own_tmp, step_of
 
 HEADER = struct.Struct("<ii")
 WRITE_CHUNK = 64 << 20  # bytes per write() call: bounded syscalls, lets a slow disk report progress
@@ -383,12 +383,13 @@ def commit_checkpoint(run_dir: str | Path, step: int, payload: np.ndarray | memo
 
 
 def remove_stale_tmp(run_dir: str | Path) -> list[Path]:
-    """Delete leftovers of interrupted atomic writes (checkpoints, sidecars, token files); return them.
-
-    Every file andrea writes atomically goes through `<name>.tmp`, and none is ever read: all are garbage.
-    """
+    """Delete the leftovers of andrea's own interrupted atomic writes (checkpoints, companions, sidecars, data
+    manifests: their exact `<name>.tmp`, regular files only) and return them. A user's `notes.tmp`, or a
+    directory under one of those names, is not andrea's and is left alone."""
     run_dir = Path(run_dir)
-    stale = sorted(run_dir.glob(f"*{TMP_SUFFIX}")) + sorted(run_dir.glob(f"data/*{TMP_SUFFIX}"))
+    candidates = [(p, False) for p in run_dir.glob(f"*{TMP_SUFFIX}")]
+    candidates += [(p, True) for p in run_dir.glob(f"{DATA_DIR}/*{TMP_SUFFIX}")]
+    stale = sorted(p for p, in_data in candidates if is_own_tmp(p.name, in_data) and _regular(p))
     for p in stale:
         p.unlink(missing_ok=True)
     return stale

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from andrea.rundir.checkpoint import list_checkpoints
+from andrea.rundir.ledger import tail_step
 from andrea.rundir.names import CONFIG_NAME, DATA_DIR, LEDGER_NAME, MANIFEST_NAME, TOKENIZER_NAME
 from andrea.rundir.runlock import is_locked, read_pid
 
@@ -62,20 +63,7 @@ def run_state(running: bool, step: int | None, n_checkpoints: int, prepared: boo
 
 def last_ledger_step(run_dir: Path) -> int | None:
     """The step of the newest complete step entry, read from the file's tail only."""
-    path = run_dir / LEDGER_NAME
-    if not path.exists():
-        return None
-    with open(path, "rb") as f:
-        f.seek(max(0, path.stat().st_size - (64 << 10)))
-        lines = f.read().split(b"\n")[:-1]  # the part after the last "\n" is incomplete
-    for line in reversed(lines):
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and "event" not in entry and "step" in entry:
-            return entry["step"]
-    return None
+    return tail_step(run_dir / LEDGER_NAME)
 
 
 def unfinished_arms(run_dir: Path) -> bool:

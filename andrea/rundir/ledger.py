@@ -56,6 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 
 
 class LedgerError(ValueError):
@@ -69,12 +71,32 @@ class LossLedger:
     backlog that the next append retries first, so a disk that fills up and frees again leaves neither a torn
     line in the middle of the file nor a gap. `sync` raises while a backlog remains: a checkpoint is never
     committed ahead of the ledger lines it vouches for.
+
+    A failed fsync is a loss, not a retry: after a write-back error the kernel may already have dropped the
+    pages it could not write (and a later fsync then succeeds with nothing), so the bytes appended since the
+    last good fsync are kept in memory and the next `sync` cuts the file back to that point and writes them
+    again before it fsyncs. Until one succeeds, `sync` raises: no checkpoint commits on those lines.
+
+    `seal()` is what a checkpoint records of the ledger (rundir/checksum.py's hash of every byte so far), so a
+    start can tell a ledger cut short or changed inside its history from a crash's torn tail
+    (`ledger_problem`).
     """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.torn_bytes = _cut_torn_tail(self.path)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._hash = xxhash.xxh3_128()
+        self.last_step: int | None = None
+        with open(self.path, "rb") as f:  # one read at open: the hash and the last step of what is there
+            while piece := f.read(1 << 20):
+                self._hash.update(piece)
+        self.size = os.fstat(self._fd).st_size
+        self.last_step = tail_step(self.path)
+        os.fsync(self._fd)  # what a previous process appended is durable from here on
+        self._synced_size = self.size
+        self._unsynced = bytearray()  # appended since the last good fsync: rewritten if an fsync fails
+        self._lost = False
         self._dirty = False
         self._backlog: list[dict[str, Any]] = []
         if self.torn_bytes:
@@ -93,7 +115,12 @@ class LossLedger:
         except OSError:
             os.ftruncate(self._fd, size)
             raise
+        steps = [r["step"] for r in self._backlog if "event" not in r]
+        self.last_step = steps[-1] if steps else self.last_step
         self._backlog = []
+        self._hash.update(data)
+        self._unsynced += data
+        self.size = size + len(data)
         self._dirty = True
 
     @property
@@ -104,9 +131,25 @@ class LossLedger:
     def sync(self) -> None:
         if self._backlog:
             self.append([])
-        if self._dirty:
+        if not self._dirty:
+            return
+        if self._lost:  # the last fsync failed: its pages may be gone; write the bytes again from memory
+            os.ftruncate(self._fd, self._synced_size)
+            view = memoryview(bytes(self._unsynced))
+            while view:
+                view = view[os.write(self._fd, view):]
+        try:
             os.fsync(self._fd)
-            self._dirty = False
+        except OSError:
+            self._lost = True
+            raise
+        self._lost, self._dirty = False, False
+        self._synced_size, self._unsynced = self.size, bytearray()
+
+    def seal(self) -> dict[str, Any]:
+        """What a checkpoint records of the ledger when it commits (after `sync`): its length, the hash of
+        every byte of it, and its last step entry."""
+        return {"bytes": self.size, "xxh3_128": self._hash.hexdigest(), "last_step": self.last_step}
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -115,6 +158,47 @@ class LossLedger:
             finally:
                 os.close(self._fd)
                 self._fd = -1
+
+
+def prefix_digest(path: Path, size: int) -> str:
+    """The xxh3-128 of the first `size` bytes of `path` (fewer if it is shorter)."""
+    h, left = xxhash.xxh3_128(), size
+    with open(path, "rb") as f:
+        while left and (piece := f.read(min(left, 1 << 20))):
+            h.update(piece)
+            left -= len(piece)
+    return h.hexdigest()
+
+
+def ledger_problem(path: Path, recorded: dict[str, Any], checkpoint: str) -> str | None:
+    """Why the ledger at `path` is not the one `checkpoint` vouched for (its seal), in one line; None when
+    it holds those bytes unchanged (anything after them is the previous process's tail: superseded)."""
+    size = path.stat().st_size if path.exists() else 0
+    want = recorded["bytes"]
+    if size < want:
+        return (f"{path}: cut short: {size:,} bytes (last step {tail_step(path)}), but {checkpoint} "
+                f"was committed on {want:,} bytes ending at step {recorded['last_step']}")
+    if prefix_digest(path, want) != recorded["xxh3_128"]:
+        return (f"{path}: changed inside the history {checkpoint} vouches for (its first {want:,} bytes, through "
+                f"step {recorded['last_step']}, are not the ones it recorded: an edit, garbage or a stale copy)")
+    return None
+
+
+def tail_step(path: Path) -> int | None:
+    """The step of the newest complete step entry, read from the file's tail (64 KiB) only."""
+    if not path.exists():
+        return None
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - (64 << 10)))
+        lines = f.read().split(b"\n")[:-1]  # the part after the last "\n" is incomplete
+    for line in reversed(lines):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and "event" not in entry and isinstance(entry.get("step"), int):
+            return entry["step"]
+    return None
 
 
 def marker(event: str, step: int, **fields: Any) -> dict[str, Any]:
@@ -150,13 +234,15 @@ class LedgerContents:
 
 
 def read_ledger(path: str | Path) -> LedgerContents:
-    """Parse every line; a partial LAST line is reported, a bad line anywhere else is an error."""
+    """Parse every line; a partial LAST line is reported, a bad line anywhere else is an error unless a later
+    `gap` marker lists it (the run was continued past it with `--accept-ledger-gap`): every reader of the
+    ledger then skips the same lines."""
     path = Path(path)
     out = LedgerContents()
     if not path.exists():
         return out
-    data = path.read_bytes()
-    lines = data.split(b"\n")
+    lines = path.read_bytes().split(b"\n")
+    bad: list[tuple[int, str]] = []
     for i, line in enumerate(lines):
         if not line:
             continue
@@ -169,11 +255,31 @@ def read_ledger(path: str | Path) -> LedgerContents:
             if last:
                 out.torn_tail = True
                 break
-            raise LedgerError(f"{path}: line {i + 1} is not a ledger entry ({e})") from None
+            bad.append((i + 1, str(e)))
+            continue
         if last:
             out.torn_tail = True  # parsed, but its "\n" never reached the disk
         out.entries.append(entry)
+    accepted = {n for e in out.entries if e.get("event") == "gap" for n in e.get("unreadable_lines", [])}
+    for number, why in bad:
+        if number not in accepted:
+            raise LedgerError(f"{path}: line {number} is not a ledger entry ({why}); `andrea train "
+                              "--accept-ledger-gap` records it as a gap and continues") from None
     return out
+
+
+def unreadable_lines(path: Path) -> list[int]:
+    """Line numbers (1-based) of the complete lines that are not ledger entries (garbage, NUL bytes)."""
+    numbers = []
+    lines = path.read_bytes().split(b"\n")[:-1] if path.exists() else []
+    for i, line in enumerate(lines):
+        try:
+            entry = json.loads(line) if line else {"step": None}
+            if not isinstance(entry, dict) or "step" not in entry:
+                numbers.append(i + 1)
+        except ValueError:
+            numbers.append(i + 1)
+    return numbers
 
 
 def history(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

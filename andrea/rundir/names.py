@@ -6,7 +6,8 @@ integrity checks and a replica agree on them.
     RUN_DIR/
       step_NNNNNN.bin          a checkpoint (rundir/checkpoint.py)
       step_NNNNNN.<kind>.json  its companions: sum (its checksum, rundir/checksum.py), state (the bandit,
-                               rundir/sidecars.py), guard (control/rollback.py)
+                               rundir/sidecars.py), guard (control/rollback.py), ledger (the ledger's length
+                               and hash as the checkpoint vouches for them, rundir/ledger.py's `seal`)
       spare.ckpt               a released checkpoint whose blocks the next commit overwrites (rundir/spare.py)
       .loss.json               the loss ledger, append-only (rundir/ledger.py)
       .state.json              the data proxy's live state, reset at a pivot (rundir/sidecars.py)
@@ -45,6 +46,11 @@ PID_NAME = "train.pid"
 TMP_SUFFIX = ".tmp"
 
 CHECKPOINT_RE = re.compile(r"^step_(\d{6,})\.bin$")
+COMPANION_RE = re.compile(r"^step_\d{6,}\.[a-z]+\.json$")
+# The temporary names of andrea's own atomic writes (`<name>.tmp`), in the run directory and in data/: a start
+# removes exactly these, never a user's `notes.tmp`.
+OWN_FILES = {STATE_NAME, SAMPLES_NAME, CONFIG_NAME, NEXT_POLICY_NAME, TOKENIZER_NAME, PID_NAME}
+DATA_FILE_RE = re.compile(r"^(manifest\.json|[\w.-]+\.plan\.json)$")
 
 
 def checkpoint_name(step: int) -> str:
@@ -66,6 +72,16 @@ def companion_path(run_dir: Path, step: int, kind: str) -> Path:
 def companions(run_dir: Path, step: int) -> list[Path]:
     """Every companion of one checkpoint on disk: copied with it by a branch, deleted with it by retention."""
     return sorted(run_dir.glob(f"{Path(checkpoint_name(step)).stem}.*.json"))
+
+
+def is_own_tmp(name: str, in_data: bool = False) -> bool:
+    """Whether `name` is the temporary file of one of andrea's own atomic writes (run directory or data/)."""
+    if not name.endswith(TMP_SUFFIX):
+        return False
+    base = name[:-len(TMP_SUFFIX)]
+    if in_data:
+        return bool(DATA_FILE_RE.match(base))
+    return base in OWN_FILES or bool(CHECKPOINT_RE.match(base) or COMPANION_RE.match(base))
 
 
 def tmp_path(path: Path) -> Path:

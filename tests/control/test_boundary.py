@@ -51,6 +51,10 @@ class Ledger:
     def sync(self) -> None:
         self.events.append(("sync",))
 
+    def seal(self) -> dict:
+        steps = [line["step"] for line in self.lines if "event" not in line]
+        return {"lines": len(self.lines), "last_step": steps[-1] if steps else None}
+
 
 class Trainer:
     """The trainer's surface the boundary uses; `run_step` is what runtime's `_step` does on the training thread."""

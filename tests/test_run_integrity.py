@@ -1,0 +1,172 @@
+"""The rest of the run directory, checked rather than trusted: the ledger against what the checkpoints recorded,
+the run's identity against its first start, start-up touching only andrea's own leftovers, a ledger fsync error
+treated as a loss, and `ctl stop` idempotent with every failure one line.
+
+The process tests use one tiny run trained to step 40 (checkpoints at 20 and 40), copied per case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from andrea import cli
+from andrea.rundir import checkpoint as ckpt, ledger as L, names
+from tests.runs import ROOT, env, seed_data, train
+
+
+def entry(step):
+    return {"step": step, "loss": 1.0}
+
+
+def test_an_fsync_error_on_the_ledger_is_a_loss_and_the_lines_are_written_again(tmp_path, monkeypatch):
+    path = tmp_path / names.LEDGER_NAME
+    led = L.LossLedger(path)
+    led.append([entry(1)])
+    led.sync()
+    durable = path.stat().st_size
+    led.append([entry(2), entry(3)])
+    expected = path.read_bytes()
+
+    def eio(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(L.os, "fsync", eio)
+    with pytest.raises(OSError):
+        led.sync()  # what a checkpoint's commit calls first: it fails, nothing commits on these lines
+    # After a write-back error the kernel may have dropped the pages: the disk holds what it held before.
+    with open(path, "r+b") as f:
+        f.seek(durable)
+        f.write(b"\0" * (len(expected) - durable))
+    monkeypatch.undo()
+    led.sync()
+    led.close()
+    assert path.read_bytes() == expected
+    assert [e["step"] for e in L.read_ledger(path).entries] == [1, 2, 3]
+
+
+def test_start_up_removes_only_andreas_own_temporary_files(tmp_path):
+    (tmp_path / names.DATA_DIR).mkdir()
+    own = [tmp_path / "step_000100.bin.tmp", tmp_path / "step_000100.state.json.tmp", tmp_path / ".state.json.tmp",
+           tmp_path / "run.toml.tmp", tmp_path / "data" / "manifest.json.tmp", tmp_path / "data" / "prose.plan.json.tmp"]
+    users = [tmp_path / "notes.tmp", tmp_path / "data" / "mine.tmp", tmp_path / "step_000100.bin.tmp.keep"]
+    for p in own + users:
+        p.write_text("x")
+    (tmp_path / "step_000250.bin.tmp").mkdir()  # not a file: not andrea's
+    removed = ckpt.remove_stale_tmp(tmp_path)
+    assert sorted(removed) == sorted(own)
+    assert all(p.exists() for p in users) and (tmp_path / "step_000250.bin.tmp").is_dir()
+
+
+@pytest.fixture(scope="module")
+def trained(prepared, tmp_path_factory):
+    run = seed_data(prepared, tmp_path_factory.mktemp("trained") / "run")
+    result = train(run, "--steps", "40", "--checkpoint-every", "20")
+    assert result.returncode == 0, result.stderr
+    return run
+
+
+def copy_of(trained, tmp_path, name="run"):
+    return shutil.copytree(trained, tmp_path / name)
+
+
+def error_lines(result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("andrea: error:")]
+
+
+@pytest.mark.parametrize("damage", ["cut", "cut mid-line", "garbage"])
+def test_a_damaged_ledger_is_refused_untouched_then_continued_past_with_a_gap_marker(trained, tmp_path, damage):
+    run = copy_of(trained, tmp_path)
+    ledger = run / names.LEDGER_NAME
+    lines = ledger.read_bytes().split(b"\n")
+    if damage == "cut":
+        ledger.write_bytes(b"\n".join(lines[:12]) + b"\n")
+    elif damage == "cut mid-line":  # looks like a crash's torn tail, but the checkpoint vouches for more
+        ledger.write_bytes(b"\n".join(lines[:12]) + b"\n" + lines[12][:20])
+    else:
+        lines[15] = b"\0" * len(lines[15])  # what a crashed filesystem leaves
+        ledger.write_bytes(b"\n".join(lines))
+    before = ledger.read_bytes()
+    refused = train(run, "--steps", "60")
+    [line] = error_lines(refused)
+    assert refused.returncode == 1 and str(ledger) in line and "--accept-ledger-gap" in line
+    assert ("cut short" in line) == (damage != "garbage")
+    assert ledger.read_bytes() == before  # a refused start changed nothing
+    if damage == "garbage":
+        assert cli.main(["status", str(run)]) == 1  # every reader agrees: damaged until accepted
+    accepted = train(run, "--steps", "60", "--accept-ledger-gap")
+    assert accepted.returncode == 0, accepted.stderr
+    entries = L.read_ledger(ledger).entries  # every reader reads it again
+    [gap] = [e for e in entries if e.get("event") == "gap"]
+    assert gap["step"] == 40 and (gap["unreadable_lines"] == [16]) == (damage == "garbage")
+    assert L.history(entries)[-1]["step"] == 60
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(["status", str(run)]) == 0
+    assert train(run, "--steps", "80").returncode == 0  # and the next start is clean
+
+
+def test_a_torn_tail_after_the_last_checkpoint_is_still_silent_and_harmless(trained, tmp_path):
+    run = copy_of(trained, tmp_path)
+    with open(run / names.LEDGER_NAME, "ab") as f:
+        f.write(b'{"step": 41, "lo')
+    result = train(run, "--steps", "60")
+    assert result.returncode == 0 and not error_lines(result), result.stderr
+
+
+@pytest.mark.parametrize("change, field", [(("--set", "model.n_head=4"), "model.n_head from 2 to 4"),
+                                           (("--seed", "7"), "train.seed from 1337 to 7")])
+def test_a_resume_that_would_change_the_runs_identity_is_refused_naming_the_field(trained, tmp_path, change, field):
+    run = copy_of(trained, tmp_path)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in run.iterdir())
+    result = train(run, "--steps", "60", *change)
+    [line] = error_lines(result)
+    assert result.returncode == 2 and field in line, result.stderr
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in run.iterdir()) == before
+
+
+def test_a_lost_run_toml_is_refused_and_a_preset_run_toml_overrides_is_said(trained, tmp_path):
+    run = copy_of(trained, tmp_path)
+    (run / names.CONFIG_NAME).unlink()
+    result = train(run, "--steps", "60")
+    [line] = error_lines(result)
+    assert result.returncode == 2 and "run.toml: missing" in line
+    run = copy_of(trained, tmp_path, "again")
+    result = subprocess.run([sys.executable, "-m", "andrea", "train", "--preset", "andrea-12m", "--run-dir",
+                             str(run), "--steps", "40"], capture_output=True, text=True, env=env(), cwd=ROOT,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "--preset andrea-12m" in line]
+    assert len(said) == 1 and "keeps its own" in said[0] and "model.n_layer" in said[0]
+
+
+def test_ctl_stop_is_idempotent_and_a_stopped_trainer_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / names.CONFIG_NAME).write_text("")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["ctl", str(run), "stop"]) == 0  # nothing running: already stopped
+    assert "already stopped" in out.getvalue()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+                               "from andrea.rundir.runlock import RunLock\nRunLock(Path(sys.argv[1])).acquire()\n"
+                               "print('ready', flush=True)\ntime.sleep(120)\n", str(run)],
+                              stdout=subprocess.PIPE, text=True, env=env(), cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        os.kill(holder.pid, signal.SIGSTOP)
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = cli.main(["ctl", str(run), "stop", "--timeout", "1"])
+        lines = err.getvalue().splitlines()
+        assert code == 1 and len(lines) == 1 and f"pid {holder.pid}" in lines[0] and "SIGSTOP" in lines[0]
+    finally:
+        holder.kill()
+        holder.wait(30)
