@@ -104,10 +104,11 @@ cat "$RES/parts/plan.txt" >&2
 if [[ $SELFTEST == 1 ]]; then
     export TRITON_INTERPRET=1 KT_K="two_runs_are_bit_identical and (adamw or cross_entropy)" XDIST=0
     export TRAIN_ARGS="--presets andrea-tiny --device cpu --kernels torch --warmup-steps 3 --measure-steps 10
-        --set data.max_bytes_per_arm=30000 --set data.tokenizer_sample_bytes=30000"
+        --set data.max_bytes_per_arm=30000 --set data.tokenizer_sample_bytes=30000 --set train.batch_size=2"
     export KB_ARGS="--device cpu --seq-lens 17 --head-dims 16 --tokens 34 --model-dim 32 --adamw-params 1000"
     export CK_ARGS="--synthetic-params 200000 --device cpu --repeats 1"
-    export PEER_ARGS="--presets andrea-tiny --device cpu --compile eager --warmup 1 --steps 2 --profile-steps 1"
+    export PEER_ARGS="--presets andrea-tiny --device cpu --compile eager --warmup 1 --steps 2 --profile-steps 1
+        --batch-size 2"
 else
     export TRITON_INTERPRET=0 KT_K="" XDIST=${GPU_CHECK_XDIST:-12}
     # Smaller corpora than the presets' (8 MB an arm, a 16 MB tokenizer sample): preparation is CPU work the

@@ -2,7 +2,7 @@
 ledger, its peak device memory against `andrea info`'s estimate, one SIGUSR1 checkpoint while it trains, SIGTERM's
 clean exit, and a bit-exact resume.
 
-Per preset, in a scratch directory (--work), every run a real `python -m andrea` process:
+Per preset, in a scratch directory (--work), every run a real andrea process (its command line, its signals):
   prep      `andrea prepare` once (all presets side by side: CPU work), its tokenizer and token files copied into
             each run as tests/runs.py does, so the runs below pay only for training.
   live      `andrea train --steps 10**6` under bench/train_peak.py (andrea's CLI in that process; its peak device
@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from mfu import model_flops_per_token, mfu  # noqa: E402  (beside this file: sys.path[0])
+from mfu import model_flops_per_token, mfu  # noqa: E402  (beside this file, on sys.path as a script's folder)
 
 FAR = 10**6  # a step no run reaches: cadences and the live run's target
 WINDOWS = {"andrea-12m": (50, 300), "andrea-120m": (20, 100)}  # (W, M) below eval_every (500, 1000)
@@ -224,7 +224,7 @@ def bench_preset(args, preset: str, prep: Path, prep_proc, work: Path, logs: Pat
             raise Failed(f"andrea prepare exited {prep_proc.returncode} (logs/{preset}_prepare.log)")
         stop = live_run(args, preset, prep, work, logs, train_args, res)
         resume_check(preset, prep, work, logs, train_args, stop, args.resume_steps, res)
-    except (Failed, subprocess.SubprocessError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 - recorded with the preset; the next preset still runs
         res["errors"].append(f"{type(e).__name__}: {e}")
     finally:
         if "n_params" in res:

@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mfu import model_flops_per_token, mfu  # noqa: E402  (beside this file: sys.path[0])
+from mfu import model_flops_per_token, mfu  # noqa: E402  (beside this file, on sys.path as a script's folder)
 from train import ReferenceLoop, batches  # noqa: E402
 
 from andrea import configload  # noqa: E402

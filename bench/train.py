@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from andrea import configload  # noqa: E402
 from andrea.config import ModelConfig, RunConfig  # noqa: E402
 from andrea.trainer import Trainer, lr_at, resolve_device  # noqa: E402
-from mfu import model_flops_per_token, mfu  # noqa: E402  (beside this file: sys.path[0] when run as a script)
+from mfu import model_flops_per_token, mfu  # noqa: E402  (beside this file, on sys.path as a script's folder)
 
 CPU_BATCH = 8  # keeps the default CPU run to about a minute on 2 cores; the preset's batch on CUDA
 

@@ -9,6 +9,7 @@ its children, reported as cut, and the part after it must still run.
 
 Both self-tests start together (a module fixture) and each test waits for its own: the hung one mostly sleeps.
 No assertion reads a timing; the cut is decided by the script's `timeout`, observed through its exit code.
+Everything is written under pytest's tmp_path ($OUT and GPU_CHECK_WORK point there).
 """
 
 from __future__ import annotations
