@@ -6,7 +6,7 @@ PRESET ?= andrea-12m
 RUN_DIR ?= runs/$(PRESET)
 ARGS ?=
 
-.PHONY: train test faults mutants bench gpu-wheels venv clean kernels-gpu-triton
+.PHONY: train test faults mutants bench venv clean kernels-gpu-triton
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,10 +55,6 @@ kernels-gpu-triton: venv
 	    && touch $(TRITON_VENV)/.installed; }
 	TRITON_INTERPRET=1 $(TRITON_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 	    -W "ignore:Conversion of an array with ndim:DeprecationWarning" tests/kernels $(ARGS)
-
-# Wheels the offline GPU machine lacks, for bench/gpu_check.sh (carry build/gpu_wheels to the device).
-gpu-wheels:
-	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: -d build/gpu_wheels tomli-w
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -44,6 +44,7 @@ markdown report to stdout (bench/checkpoint_report.py); with `--json PATH`, the 
     python bench/checkpoint.py --preset andrea-120m --repeats 3 --steps 0   # 1.45 GB; skip the minutes-long CPU step
     python bench/checkpoint.py --synthetic-params 50000000 --repeats 5 --dir /mnt/nvme/tmp
     python bench/checkpoint.py --preset andrea-12m --writers 2   # distributed mode: 2 ZeRO-1 writers vs one
+    python bench/checkpoint.py --preset andrea-120m --methods andrea memcpy "O_DIRECT write"   # the stall vs the floors
 """
 
 from __future__ import annotations
@@ -294,11 +295,15 @@ async def measure(args, cfg, trainer: Trainer, directory: Path) -> dict:
              "memcpy": "copy of 12n bytes into a preallocated host buffer: the staging floor"}
     for name, m in methods.items():
         m["note"] = notes[name]
+        if name not in args.methods:
+            methods[name] = {"status": "skipped", "reason": "not in --methods"}
 
     andrea_bench = AndreaCheckpoint(trainer, directory, batch if device.type == "cuda" else None)
-    model, opt = reference_state(cfg, trainer)
+    wants_copy = {"torch.save", "dcp.async_save"} & set(args.methods)  # a second copy of the state: only for them
+    model, opt = reference_state(cfg, trainer) if wants_copy else (None, None)
     try:
-        methods["dcp.async_save"]["process_group"] = init_single_process_group(directory)
+        if "dcp.async_save" in args.methods:
+            methods["dcp.async_save"]["process_group"] = init_single_process_group(directory)
     except Exception as e:  # noqa: BLE001 - any failure here is reported in the table instead of a number
         methods["dcp.async_save"] = {"status": "skipped", "reason": f"process group: {type(e).__name__}: {e}"}
     # The floors' file image: header + [w | m | v] at byte 8 of an aligned buffer, as the writer stages it; the
@@ -385,6 +390,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=None, help="train-step batch (default: the preset's)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
     p.add_argument("--json", metavar="PATH", help="also write every raw timing as JSON")
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), metavar="METHOD",
+                   help="measure only these (default: all); the others are reported as not measured")
     p.add_argument("--writers", type=int, default=1,
                    help="N > 1: the distributed mode (bench/checkpoint_dist.py): N ZeRO-1 writers into one "
                         "file against one writer, on the same bytes, printed as ratios")

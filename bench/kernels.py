@@ -1,6 +1,6 @@
 """Kernel benchmarks on the GPU: each fused kernel against the best practical torch baseline.
 
-Reads nothing; prints markdown tables and, with `--json PATH`, writes the same rows as JSON:
+Reads nothing; prints markdown tables and, with `--json PATH`, writes the same rows as JSON (the benches --only names):
   {"device": str, "peak_bandwidth_gbs": float, "bandwidth_source": "properties" | "measured copy",
    "attention": [{"T", "D", "B", "H", "impl", "pass", "ms", "tflops", "max_err"}...],
    "adamw": [{"params", "impl", "ms", "gbs", "pct_of_peak"}...],
@@ -15,7 +15,8 @@ against F.cross_entropy on an fp32 copy (what a model without the kernel does); 
 the logits twice, write dlogits: 6 bytes per bf16 logit) and `extra_mib`, the peak memory beyond logits and dlogits.
 LayerNorm: the presets' (rows, C) in fp32 (the residual stream stays fp32 under autocast), forward + backward
 against F.layer_norm; GB/s on 20 bytes per element (read x, write y; read x and dy, write dx).
-Without a CUDA GPU: prints one line and exits 2. Timing: triton.testing.do_bench (median of CUDA-event timings).
+Without a CUDA GPU: prints one line and exits 2 (unless --device cpu). Timing: triton.testing.do_bench (median of
+CUDA-event timings). `--only` picks benches (bench/gpu_check.sh: attention and AdamW).
 Every bench function takes the device and the timer, so tests/test_bench_smoke.py runs them on tiny shapes on a
 CPU under the Triton interpreter: the code a lent GPU runs has run before.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +39,7 @@ CE_BYTES_PER_LOGIT = 6  # bf16: read in the forward, reread and dlogits written 
 LN_BYTES_PER_ELEMENT = 20  # fp32: x read and y written; x and dy read, dx written
 CE_SHAPES = [(32 * 256, 8192), (16 * 1024, 22528)]  # andrea-12m and andrea-120m: (batch x block, vocabulary)
 LN_SHAPES = [(32 * 256, 320), (16 * 1024, 768)]  # their (rows, n_embd)
+BENCHES = ("attention", "adamw", "cross_entropy", "layer_norm")
 Timer = Callable[[Callable[[], object]], float]  # runs fn, returns milliseconds
 
 
@@ -220,26 +223,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--adamw-params", type=int, nargs="+", default=[12_800_000, 120_000_000])
+    parser.add_argument("--only", nargs="+", choices=BENCHES, default=list(BENCHES), help="default: all four")
+    parser.add_argument("--tokens", type=int, default=TOKENS, help=f"attention B * T (default {TOKENS})")
+    parser.add_argument("--model-dim", type=int, default=MODEL_DIM, help=f"attention H * D (default {MODEL_DIM})")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                        help="cpu: the Triton interpreter and wall-clock timings that mean nothing, for a smoke run "
+                             "of these very calls (bench/gpu_check.sh's self-test) on tiny shapes")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("bench/kernels.py: no CUDA GPU on this machine; nothing to benchmark", file=sys.stderr)
         return 2
-    cuda = torch.device("cuda")
-    peak, source = peak_bandwidth_gbs()
-    name = torch.cuda.get_device_name(0)
-    results = dict(device=name, peak_bandwidth_gbs=peak, bandwidth_source=source,
-                   attention=bench_attention(args.seq_lens, args.head_dims, cuda, cuda_timer),
-                   adamw=bench_adamw(args.adamw_params, peak, cuda, cuda_timer),
-                   cross_entropy=bench_cross_entropy(CE_SHAPES, cuda, cuda_timer),
-                   layer_norm=bench_layer_norm(LN_SHAPES, cuda, cuda_timer))
-    print(f"# {name}: peak DRAM bandwidth {peak:.0f} GB/s ({source})\n\n## Attention (bf16, causal)\n")
-    print(markdown(results["attention"], ["T", "D", "B", "H", "impl", "pass", "ms", "tflops", "max_err"]))
-    print(f"\n## AdamW ({ADAMW_BYTES_PER_PARAM} B/param)\n")
-    print(markdown(results["adamw"], ["params", "impl", "ms", "gbs", "pct_of_peak"]))
-    print(f"\n## Cross-entropy, forward + backward (bf16 logits, {CE_BYTES_PER_LOGIT} B/logit)\n")
-    print(markdown(results["cross_entropy"], ["N", "V", "impl", "ms", "gbs", "extra_mib", "max_err"]))
-    print(f"\n## LayerNorm, forward + backward (fp32, {LN_BYTES_PER_ELEMENT} B/element)\n")
-    print(markdown(results["layer_norm"], ["N", "C", "impl", "ms", "gbs", "max_err"]))
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before andrea.kernels imports triton
+        device, timer, (peak, source), name = torch.device("cpu"), wall_timer, (1.0, "none (cpu)"), "cpu"
+        dtype = torch.float32  # the interpreter cannot run bf16 dots faithfully (tests/kernels/test_attention.py)
+    else:
+        device, timer, (peak, source), name = torch.device("cuda"), cuda_timer, peak_bandwidth_gbs(), \
+            torch.cuda.get_device_name(0)
+        dtype = torch.bfloat16
+    results = dict(device=name, peak_bandwidth_gbs=peak, bandwidth_source=source)
+    if "attention" in args.only:
+        results["attention"] = bench_attention(args.seq_lens, args.head_dims, device, timer, dtype=dtype,
+                                               tokens=args.tokens, model_dim=args.model_dim)
+    if "adamw" in args.only:
+        results["adamw"] = bench_adamw(args.adamw_params, peak, device, timer)
+    if "cross_entropy" in args.only:
+        results["cross_entropy"] = bench_cross_entropy(CE_SHAPES, device, timer)
+    if "layer_norm" in args.only:
+        results["layer_norm"] = bench_layer_norm(LN_SHAPES, device, timer)
+    print(f"# {name}: peak DRAM bandwidth {peak:.0f} GB/s ({source})")
+    sections = {"attention": (f"Attention ({str(dtype).split('.')[-1]}, causal)",
+                              ["T", "D", "B", "H", "impl", "pass", "ms", "tflops", "max_err"]),
+                "adamw": (f"AdamW ({ADAMW_BYTES_PER_PARAM} B/param)", ["params", "impl", "ms", "gbs", "pct_of_peak"]),
+                "cross_entropy": (f"Cross-entropy, forward + backward (bf16 logits, {CE_BYTES_PER_LOGIT} B/logit)",
+                                  ["N", "V", "impl", "ms", "gbs", "extra_mib", "max_err"]),
+                "layer_norm": (f"LayerNorm, forward + backward (fp32, {LN_BYTES_PER_ELEMENT} B/element)",
+                               ["N", "C", "impl", "ms", "gbs", "max_err"])}
+    for key, (title, columns) in sections.items():
+        if key in results:
+            print(f"\n## {title}\n")
+            print(markdown(results[key], columns))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

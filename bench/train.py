@@ -11,9 +11,9 @@ noisy machine slows all of them alike, and the order of the subjects reverses ev
 CPU the subject that runs second after another one's step measured 1-2% slower or faster than when first.
 Warm-up steps are excluded; tokens/s = batch x block / median step time.
 The first step's losses are reported beside each other as a parity check (same init, same batch: they agree to
-float rounding). For andrea-120m on CUDA the model-FLOPs utilisation is reported: (6·N + 12·L·C·T) FLOPs per
-token (N = parameters in matmuls, i.e. all but the two embedding tables; the second term is attention, PaLM's
-estimate) x tokens/s / the device's dense bf16 peak (a small table by device name; "unknown" otherwise).
+float rounding). On CUDA the model-FLOPs utilisation of every row is reported, both presets: bench/mfu.py's
+(6·N + 12·L·H·Q·T) FLOPs per token (PaLM's estimate, as nanoGPT's) x tokens/s / the device's dense bf16 peak
+("unknown" for a device not in its table).
 Target: andrea >= 1.0x the reference on CPU. Timings describe this machine; nothing here fails on them.
 
 Reads the presets (andrea/presets/*.toml); writes a markdown report to stdout and, with `--json PATH`, every
@@ -44,9 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from andrea import configload  # noqa: E402
 from andrea.config import ModelConfig, RunConfig  # noqa: E402
 from andrea.trainer import Trainer, lr_at, resolve_device  # noqa: E402
+from mfu import model_flops_per_token, mfu  # noqa: E402  (beside this file, on sys.path as a script's folder)
 
 CPU_BATCH = 8  # keeps the default CPU run to about a minute on 2 cores; the preset's batch on CUDA
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "RTX 4090": 165e12}  # dense, no sparsity
 
 
 # --- the plain-torch reference ----------------------------------------------------------------------------------
@@ -135,19 +135,8 @@ def batches(cfg: RunConfig, batch_size: int, count: int, device: torch.device, s
     return out
 
 
-def flops_per_token(cfg: ModelConfig, n_params: int) -> float:
-    matmul_params = n_params - cfg.vocab_size * cfg.n_embd - cfg.block_size * cfg.n_embd  # embeddings are lookups
-    return 6 * matmul_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
-
-
-def peak_flops(device: torch.device) -> tuple[float | None, str]:
-    if device.type != "cuda":
-        return None, "cpu"
-    name = torch.cuda.get_device_name(device)
-    for key, peak in PEAK_BF16_FLOPS.items():
-        if key in name:
-            return peak, name
-    return None, name
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def bench_preset(preset: str, device: torch.device, batch_size: int, warmup: int, steps: int) -> dict:
@@ -174,7 +163,7 @@ def bench_preset(preset: str, device: torch.device, batch_size: int, warmup: int
     n = first.n
     ref_name = "reference (torch.optim.AdamW)"
     ref_tps = tokens / statistics.median(times[ref_name][warmup:])
-    peak, device_name = peak_flops(device)
+    name = device_name(device)
     rows = []
     for name in subjects:
         med = statistics.median(times[name][warmup:])
@@ -183,12 +172,11 @@ def bench_preset(preset: str, device: torch.device, batch_size: int, warmup: int
                    tokens_per_s=tokens / med, vs_reference=tokens / med / ref_tps, vs_reference_paired=paired,
                    first_loss=losses[name][0],
                    last_loss=losses[name][-1], warmup_s=times[name][:warmup], step_s=times[name][warmup:])
-        if preset == "andrea-120m" and device.type == "cuda":
-            achieved = flops_per_token(cfg.model, n) * tokens / med
-            row["mfu"] = achieved / peak if peak else None
-            row["achieved_flops"] = achieved
+        if device.type == "cuda":  # bf16 autocast on both sides: against the bf16 peak
+            row["mfu"] = mfu(tokens / med, model_flops_per_token(cfg.model, n), name, "bf16")
+            row["achieved_flops"] = model_flops_per_token(cfg.model, n) * tokens / med
         rows.append(row)
-    return dict(preset=preset, n_params=n, device=device_name, reference_adamw=subjects[ref_name].impl, rows=rows)
+    return dict(preset=preset, n_params=n, device=name, reference_adamw=subjects[ref_name].impl, rows=rows)
 
 
 def markdown(results: list[dict], device: torch.device) -> str:
@@ -199,10 +187,10 @@ def markdown(results: list[dict], device: torch.device) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         for r in res["rows"]:
-            mfu = "-" if "mfu" not in r else ("unknown" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%")
+            mfu_s = "-" if "mfu" not in r else ("unknown" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%")
             lines.append(f"| {r['preset']} | {r['subject']} | {r['batch']} x {r['block']} | {r['median_s']:.3f} | "
                          f"{r['tokens_per_s']:,.0f} | {r['vs_reference']:.2f}x | {r['vs_reference_paired']:.2f}x | "
-                         f"{mfu} | {r['first_loss']:.5f} |")
+                         f"{mfu_s} | {r['first_loss']:.5f} |")
     lines += ["", "vs reference: ratio of median tokens/s; paired: median over steps of the ratio within a step pair "
               "(subjects alternate, so a load spike hits both; on a shared machine trust this one).",
               "Target: andrea (torch kernels) >= 1.0x the reference on CPU (on the ratio of medians)."]

@@ -165,6 +165,8 @@ BENCH_TESTS = {
     "bench/audit.py": "tests/test_bench_smoke.py::test_audit_bench_times_both_variants_and_the_in_process_audit",
     "bench/zero_dist.py": "tests/test_bench_smoke.py::test_zero_dist_bench_reports_the_share_of_a_step_in_collectives",
     "bench/mixture.py": "tests/test_bench_smoke.py::test_mixture_bench_compares_each_policy_with_uniform",
+    "bench/gpu_train.py": "tests/test_gpu_check.py::test_the_selftest_runs_every_part_into_one_results_directory",
+    "bench/peer.py": "tests/test_gpu_check.py::test_the_selftest_runs_every_part_into_one_results_directory",
 }
 
 # External tools shown in ```sh blocks -> the tests that exercise what the docs claim of them.
