@@ -186,7 +186,7 @@ def resume_check(preset: str, prep: Path, work: Path, logs: Path, train_args: li
 
 def verify(run_dir: Path, res: dict) -> bool:
     """Every checkpoint of the run read back in full, as `andrea verify` does (cli.cmd_verify: the same call)."""
-    from andrea import checkpoint as ckpt
+    from andrea.rundir import checkpoint as ckpt
     res["verified"] = []
     try:
         for _, path in ckpt.list_checkpoints(run_dir):
