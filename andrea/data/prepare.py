@@ -22,7 +22,7 @@ from andrea.control.sidecars import write_atomic
 from andrea.data import manifest as mf
 from andrea.data import splits
 from andrea.data.codec import EOT, TextCodec
-from andrea.data.encode import ArmJob, Interrupted, TextArm
+from andrea.data.encode import ArmJob, CommitHook, Interrupted, TextArm
 from andrea.data.sources import DataError, builtin_source_bytes, source_files
 from andrea.progress import ByteProgress
 
@@ -124,6 +124,9 @@ def prepare_run(cfg: DataConfig, run_dir: Path, vocab_size: int, *, should_stop:
                 legacy: set[str] = frozenset()) -> tuple[TextCodec | None, mf.Manifest, bool]:
     """Prepare every configured arm not prepared yet (`legacy`: arms in a pre-manifest run's layout, kept as they
     are). Returns (codec, manifest, whether anything was done); raises Interrupted when asked to stop."""
+    hook = CommitHook()  # a test hook; never stops in production
+    asked = should_stop
+    should_stop = lambda: asked() or hook()  # noqa: E731
     data_dir = run_dir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     manifest = mf.Manifest.load(data_dir) or mf.Manifest(data_dir / mf.MANIFEST, val_fraction=cfg.val_fraction,
@@ -166,7 +169,7 @@ def prepare_run(cfg: DataConfig, run_dir: Path, vocab_size: int, *, should_stop:
                 manifest.arms[arm.name] = record
                 manifest.save()  # before the token files exist: a file without a record is a pre-manifest run's
             job = ArmJob(arm, record, plan, codec, np.dtype(splits.token_dtype(vocab_size)), data_dir,
-                         manifest.val_fraction, manifest.save)
+                         manifest.val_fraction, manifest.save, hook)
             progress.base = base
             did = True
             log.info("data: preparing arm %r from %d source file(s), %.1f MB", arm.name, len(plan),
