@@ -15,9 +15,10 @@ from pathlib import Path
 from andrea.config import RunConfig
 from andrea.control import sidecars
 from andrea.control.runlock import RunLock
+from andrea.data import early_stop
 from andrea.data import manifest as mf
 from andrea.data import store
-from andrea.data.prepare import Interrupted, prepare_run
+from andrea.data.prepare import Interrupted, check_unchanged, prepare_run
 
 
 class StopFlag:
@@ -26,6 +27,8 @@ class StopFlag:
     def __init__(self) -> None:
         self.signal: str | None = None
         self.previous = {sig: signal.signal(sig, self._set) for sig in (signal.SIGTERM, signal.SIGINT)}
+        if (early := early_stop.take()) is not None:  # received while the process started
+            self._set(signal.Signals[early], None)
 
     def _set(self, signum: int, frame: object) -> None:
         if self.signal == "SIGINT" and signum == signal.SIGINT:
@@ -46,8 +49,9 @@ def prepare_command(cfg: RunConfig, run_dir: Path, out=sys.stdout) -> int:
     lock = RunLock(run_dir)
     lock.acquire()
     try:
-        sidecars.write_atomic(run_dir / sidecars.CONFIG_NAME, cfg.to_toml().encode())
         data_dir = run_dir / "data"
+        check_unchanged(cfg.data, mf.Manifest.load(data_dir))  # before run.toml says otherwise
+        sidecars.write_atomic(run_dir / sidecars.CONFIG_NAME, cfg.to_toml().encode())
         legacy = store.legacy_arms(cfg.data, data_dir, mf.Manifest.load(data_dir))
         try:
             _, manifest, did = prepare_run(cfg.data, run_dir, cfg.model.vocab_size, should_stop=stop, legacy=legacy)

@@ -144,6 +144,8 @@ class ArmJob:
 
     def _run(self, should_stop: Callable[[], bool], progress: ByteProgress) -> bool:
         last_commit = time.monotonic()
+        self.done_bytes = sum(e["size"] or 0 for e in self.plan[:self.cursor["file"]])
+        progress.advance(self.done_bytes, self.writer.stream)  # a resumed arm: from where it stopped
         for i in range(self.cursor["file"], len(self.plan)):
             entry = self.plan[i]
             path = Path(entry["path"])
