@@ -44,7 +44,8 @@ class StopFlag:
             signal.signal(sig, handler)
 
 
-def prepare_command(cfg: RunConfig, run_dir: Path, out=sys.stdout) -> int:
+def prepare_command(cfg: RunConfig, run_dir: Path, out=None) -> int:
+    out = out or sys.stdout  # the stream of the moment (a default argument would be bound at import)
     stop = StopFlag()
     lock = RunLock(run_dir)
     lock.acquire()

@@ -21,8 +21,6 @@ _STRING_BODY = re.compile(rb'(?:[^"\\\x00-\x1f]++|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{
 _LITERAL = re.compile(rb"-?(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?(?:[eE][+-]?[0-9]++)?|true|false|null|NaN|Infinity"
                       rb"|-Infinity")
 _LITERAL_CHARS = re.compile(rb"[-+.0-9a-zA-Z]*+")
-_SIMPLE = {b'"': b'"', b"\\": b"\\", b"/": b"/", b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r", b"t": b"\t"}
-_UNESCAPE = re.compile(rb'[^"\\]++|\\u[0-9a-fA-F]{4}|\\.|"')
 MAX_KEY = 1 << 12  # a key longer than this is never the configured field
 MAX_LITERAL = 1 << 12
 
@@ -183,41 +181,47 @@ def _loads_key(raw: bytes) -> str | None:
 
 
 def unescape(blocks: Iterable[bytes]) -> Iterator[bytes]:
-    """The UTF-8 bytes of a JSON string's content (checked by `Scanner`), streamed until its closing quote."""
-    carry, high = b"", None  # high: a high surrogate waiting for its low half
+    """The UTF-8 bytes of a JSON string's content (checked by `Scanner`), streamed until its closing quote.
+
+    Each block is cut after its last complete escape (a high surrogate's escape waits for its low half) and
+    decoded by `json.loads` itself."""
+    carry = b""
     for block in blocks:
-        buf, carry = carry + block, b""
-        out = bytearray()
-        pos = 0
-        while pos < len(buf):
-            m = _UNESCAPE.match(buf, pos)
-            if m is None or (buf[pos:pos + 1] == b"\\" and m.end() - pos < 2) or (
-                    buf[pos:pos + 2] == b"\\u" and m.end() - pos < 6):
-                carry = buf[pos:]  # an escape cut by the block's end
-                break
-            tok = m.group()
-            pos = m.end()
-            if tok.startswith(b"\\u"):
-                cp = int(tok[2:], 16)
-                if high is not None and 0xDC00 <= cp <= 0xDFFF:
-                    out += chr(0x10000 + ((high - 0xD800) << 10) + (cp - 0xDC00)).encode()
-                    high = None
-                    continue
-                if high is not None:
-                    out += chr(high).encode("utf-8", "surrogatepass")
-                    high = None
-                if 0xD800 <= cp <= 0xDBFF:
-                    high = cp
-                else:
-                    out += chr(cp).encode("utf-8", "surrogatepass")
-                continue
-            if high is not None:
-                out += chr(high).encode("utf-8", "surrogatepass")
-                high = None
-            if tok == b'"':
-                if out:
-                    yield bytes(out)
-                return
-            out += _SIMPLE[tok[1:]] if tok.startswith(b"\\") else tok
-        if out:
-            yield bytes(out)
+        buf = carry + block
+        end = _STRING_BODY.match(buf).end()  # complete characters and escapes; stops at the quote or a cut escape
+        closed = end < len(buf) and buf[end:end + 1] == b'"'
+        if not closed:
+            end = _whole_characters(buf, end)
+        if not closed and end >= 6 and _HIGH.fullmatch(buf, end - 6, end) and _escape_starts(buf, end - 6):
+            end -= 6  # "\\uD83D" at the cut: decoded with its low half, from the next block
+        if end:
+            yield json.loads(b'"' + buf[:end] + b'"').encode("utf-8", "surrogatepass")
+        if closed:
+            return
+        carry = buf[end:]
+    if carry:
+        yield json.loads(b'"' + carry + b'"').encode("utf-8", "surrogatepass")
+
+
+_HIGH = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}")
+
+
+def _escape_starts(buf: bytes, i: int) -> bool:
+    """The backslash at `i` starts an escape: an even number of backslashes precede it."""
+    k = i
+    while k > 0 and buf[k - 1:k] == b"\\":
+        k -= 1
+    return (i - k) % 2 == 0
+
+
+def _whole_characters(buf: bytes, end: int) -> int:
+    """`end`, or the start of a UTF-8 character that the block's end cut (it waits for the next block)."""
+    k = end
+    while k > max(end - 3, 0) and (buf[k - 1] & 0xC0) == 0x80:
+        k -= 1
+    if k > 0 and buf[k - 1] >= 0xC0:
+        lead = buf[k - 1]
+        need = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+        if end - (k - 1) < need:
+            return k - 1
+    return end
