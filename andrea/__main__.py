@@ -2,6 +2,10 @@
 
 import sys
 
-from andrea.cli import main
+from andrea.data import early_stop
+
+early_stop.install()  # before the heavy imports: a SIGTERM in the first second is still a clean stop
+
+from andrea.cli import main  # noqa: E402
 
 sys.exit(main())

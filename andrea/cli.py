@@ -310,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    if args.func is not cmd_prepare:
+        from andrea.data import early_stop
+        early_stop.release()  # `prepare` alone takes over a signal received while starting
     try:
         return args.func(args)
     except ConfigError as e:

@@ -157,12 +157,13 @@ class SourceConfig:
     name: str
     """Arm name: unique among arms, used in policy caps/floors and in .state.json."""
     path: str
-    """A file, a directory or a glob (`**` recurses); files ending in .gz or .zst are decompressed as they are read."""
+    """A file, a directory or a glob (`**` recurses; symbolic links are followed, each directory once); gzip, zstd,
+    bzip2 and xz files (told by their first bytes) are decompressed as they are read."""
     kind: str = "text"
     """text (each file one document) | jsonl (one JSON object per line) | parquet (one row per document) | tokens
     (one flat little-endian token file, as nanoGPT's prepare.py writes; used in place, never copied)"""
     field: str = "text"
-    """jsonl: the key that holds each document's text; parquet: the column."""
+    """jsonl: the top-level key that holds each document's text; parquet: the column."""
     dtype: str = "uint16"
     """tokens: uint16 | uint32, the file's token width."""
     max_bytes: int = 0

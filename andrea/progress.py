@@ -39,12 +39,12 @@ class ByteProgress:
     """Data preparation's progress: a tqdm bar of source bytes on a terminal, a log line every few seconds otherwise.
 
     `base` is the bytes of arms already done in this call; `advance` takes the current arm's bytes read and the
-    tokens written so far."""
+    tokens written so far. A resumed preparation starts at what earlier runs did: the rate counts this run's."""
 
     LOG_SECONDS = 5.0
 
     def __init__(self, total: int, what: str):
-        self.total, self.what, self.base, self.tokens = total, what, 0, 0
+        self.total, self.what, self.base, self.tokens, self.first = total, what, 0, 0, None
         self.t0 = self.last_log = time.monotonic()
         self.bar = (tqdm(total=total, unit="B", unit_scale=True, dynamic_ncols=True, desc=what)
                     if sys.stderr.isatty() and total else None)
@@ -52,7 +52,9 @@ class ByteProgress:
     def advance(self, arm_bytes: int, arm_tokens: int) -> None:
         done = min(self.base + arm_bytes, self.total)
         now = time.monotonic()
-        rate = done / max(now - self.t0, 1e-9)
+        if self.first is None:  # the first report: what earlier runs did (0 unless resumed)
+            self.first, self.t0 = done, now
+        rate = (done - self.first) / max(now - self.t0, 1e-9)
         if self.bar is not None:
             self.bar.n = done
             self.bar.set_postfix(tokens=f"{arm_tokens:,}", refresh=False)

@@ -2,6 +2,7 @@
 
     python bench/prepare.py                      # 300 MB and 1200 MB corpora (made once under bench/out/)
     python bench/prepare.py --sizes 50 --quick   # a smoke run (tests/test_bench_smoke.py)
+    python bench/prepare.py --sizes 100 --records 100   # + one huge parquet row group and one huge JSON record
 
 For each size: a corpus of text files (lines of the standard library's source and docstrings, shuffled by a seeded
 RNG into ~2 MB files: deterministic, code-and-prose like the built-in arms), then, each in its own process:
@@ -11,7 +12,10 @@ RNG into ~2 MB files: deterministic, code-and-prose like the built-in arms), the
   train    `andrea train` for a few steps on the prepared run: the trainer's peak memory
   stop     a second `andrea prepare` sent SIGTERM 3 s into its encoding: seconds from the signal to its exit 0
 Prints one table: wall time, prepare/floor ratio (target <= 1.5), peak RSS of each process (target <= 2 GiB at
-every size; the trainer's must not grow with the corpus), the stop latency. Reads and writes only under bench/out/.
+every size; the trainer's must not grow with the corpus), the stop latency. With `--records MB`, a second table:
+`andrea prepare`'s wall time and peak RSS on a parquet file of one row group of MB megabytes (rows of the same
+corpus lines) and on a JSON-lines file holding one record of MB megabytes (target: peak RSS <= 0.6 GiB, the
+bound docs/data.md states, whatever the record's size). Reads and writes only under bench/out/.
 """
 
 from __future__ import annotations
@@ -106,13 +110,64 @@ def floor(corpus: Path, tokenizer: Path) -> None:
     print(tokens)
 
 
+def make_records(mb: int) -> tuple[Path, Path]:
+    """One parquet file of one row group, and one JSON-lines file of one record, each of `mb` MB of text."""
+    import json
+    root = OUT / f"records-{mb}mb"
+    if (root / "DONE").exists():
+        return root / "one-group.parquet", root / "one-record.jsonl"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    text = (make_corpus(mb) / "part-00000.txt").read_text()
+    rows, size, rng = [], 0, random.Random(mb)
+    while size < mb * 1_000_000:
+        start = rng.randrange(len(text) - 20_000)
+        rows.append(text[start:start + rng.randint(500, 20_000)])
+        size += len(rows[-1].encode())
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"text": rows}), root / "one-group.parquet", row_group_size=len(rows))
+    with open(root / "one-record.jsonl", "w") as f:
+        f.write(json.dumps({"id": 0, "text": "".join(rows)}) + "\n")
+    del rows
+    (root / "DONE").write_text("")
+    return root / "one-group.parquet", root / "one-record.jsonl"
+
+
+def records_table(mb: int, preset: str) -> bool:
+    py = sys.executable
+    print("| one record or row group | prepare (s) | prepare RSS (GiB) |")
+    print("|---|---|---|")
+    ok = True
+    # made in a process of their own: a child forked from a bench process holding them would count its pages
+    subprocess.run([py, __file__, "--make-records", str(mb)], check=True, cwd=ROOT)
+    for path, kind in zip(make_records(mb), ("parquet", "jsonl")):
+        run = OUT / f"prepare-run-{kind}"
+        shutil.rmtree(run, ignore_errors=True)
+        source = ["--set", "data.arms=[]", "--set", f"data.sources=[{{name='big', path='{path}', kind='{kind}'}}]"]
+        wall, rss, _ = measured([py, "-m", "andrea", "prepare", "--preset", preset, "--run-dir", str(run), *source])
+        size = path.stat().st_size
+        print(f"| {kind}: {size / 1e6:.0f} MB in one {'row group' if kind == 'parquet' else 'record'} | {wall:.1f} "
+              f"| {rss:.2f} |")
+        ok = ok and rss <= 0.6
+        shutil.rmtree(run, ignore_errors=True)
+    print("target (peak RSS <= 0.6 GiB whatever one record's size):", "met" if ok else "MISSED")
+    return ok
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[300, 1200], help="corpus sizes in MB")
     ap.add_argument("--preset", default="andrea-12m")
     ap.add_argument("--quick", action="store_true", help="skip the trainer run (a smoke test)")
+    ap.add_argument("--records", type=int, metavar="MB", help="also prepare one MB-sized parquet row group and one "
+                    "MB-sized JSON record, and report their peak RSS")
     ap.add_argument("--floor", nargs=2, metavar=("CORPUS", "TOKENIZER"), help=argparse.SUPPRESS)
+    ap.add_argument("--make-records", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.make_records:
+        make_records(args.make_records)
+        return None
     if args.floor:
         return floor(Path(args.floor[0]), Path(args.floor[1]))
     py = sys.executable
@@ -146,6 +201,9 @@ def main() -> None:
               f"| {train_rss} | {stop} |")
         verdicts += [ratio <= 1.5, prep[1] <= 2.0] + ([trained[1] <= 2.0] if trained else [])
     print("targets (ratio <= 1.5x, every peak RSS <= 2 GiB):", "met" if all(verdicts) else "MISSED")
+    if args.records:
+        print()
+        records_table(args.records, args.preset)
 
 
 if __name__ == "__main__":

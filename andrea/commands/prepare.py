@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from andrea.config import RunConfig
-from andrea.data import manifest as mf, store
-from andrea.data.prepare import Interrupted, prepare_run
+from andrea.data import early_stop, manifest as mf, store
+from andrea.data.prepare import Interrupted, check_unchanged, prepare_run
 from andrea.rundir import atomic, names
 from andrea.rundir.runlock import RunLock
 
@@ -25,6 +25,8 @@ class StopFlag:
     def __init__(self) -> None:
         self.signal: str | None = None
         self.previous = {sig: signal.signal(sig, self._set) for sig in (signal.SIGTERM, signal.SIGINT)}
+        if (early := early_stop.take()) is not None:  # received while the process started
+            self._set(signal.Signals[early], None)
 
     def _set(self, signum: int, frame: object) -> None:
         if self.signal == "SIGINT" and signum == signal.SIGINT:
@@ -40,13 +42,15 @@ class StopFlag:
             signal.signal(sig, handler)
 
 
-def prepare_command(cfg: RunConfig, run_dir: Path, out=sys.stdout) -> int:
+def prepare_command(cfg: RunConfig, run_dir: Path, out=None) -> int:
+    out = out or sys.stdout  # the stream of the moment (a default argument would be bound at import)
     stop = StopFlag()
     lock = RunLock(run_dir)
     lock.acquire()
     try:
-        atomic.write_atomic(run_dir / names.CONFIG_NAME, cfg.to_toml().encode())
         data_dir = run_dir / names.DATA_DIR
+        check_unchanged(cfg.data, mf.Manifest.load(data_dir))  # before run.toml says otherwise
+        atomic.write_atomic(run_dir / names.CONFIG_NAME, cfg.to_toml().encode())
         legacy = store.legacy_arms(cfg.data, data_dir, mf.Manifest.load(data_dir))
         try:
             _, manifest, did = prepare_run(cfg.data, run_dir, cfg.model.vocab_size, should_stop=stop, legacy=legacy)

@@ -5,10 +5,13 @@ chunk of text and its tokens: pieces are gathered into chunks of `CHUNK_BYTES`, 
 `Tokenizer.encode_batch_fast` (parallel in Rust), and its tokens are appended to the arm's token files
 (splits.py). Every `COMMIT_SECONDS`, at a stop request and at the arm's end, the token files and the arm's
 `files.jsonl` are fsynced, and only then does the manifest (manifest.py) record how far the arm got: a later job
-continues from there and ends with the same bytes as an uninterrupted one. `should_stop` is polled between chunks
-and between source files.
-Test hook: `ANDREA_TEST_FILE_DELAY=<seconds>` sleeps after each source file (a window for signals); never in
-production.
+continues from there and ends with the same bytes as an uninterrupted one. Every piece is a place to stop at
+(read.py), so a chunk is never larger than `CHUNK_BYTES` plus one piece, whatever a document's size.
+`should_stop` is polled between chunks and between source files. A document's own "<|endoftext|>" string is
+encoded as text (never as the boundary token) and counted.
+Test hooks, never set in production: `ANDREA_TEST_FILE_DELAY=<seconds>` sleeps after each source file (a window
+for signals); `ANDREA_TEST_STOP_AT_COMMIT=<k>` asks to stop right after the k-th commit of a preparation
+(`CommitHook`), so a test can stop at every commit boundary in turn.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import numpy as np
 
 from andrea.config import SourceConfig
 from andrea.data import manifest as mf, read, splits
-from andrea.data.codec import TextCodec
+from andrea.data.codec import EOT, TextCodec
 from andrea.data.sources import DataError, builtin_documents
 from andrea.progress import ByteProgress
 
@@ -34,6 +37,29 @@ SAMPLE_FILE_BYTES = 1 << 16  # the tokenizer's sample takes at least this much f
 
 class Interrupted(Exception):
     """A stop request arrived during preparation; what is done is committed. The message says how far it got."""
+
+
+class CommitHook:
+    """Test hook `ANDREA_TEST_STOP_AT_COMMIT=k`: a stop request right after the k-th commit (0: never)."""
+
+    def __init__(self) -> None:
+        self.stop_at = int(os.environ.get("ANDREA_TEST_STOP_AT_COMMIT", "0") or 0)
+        self.commits = 0
+
+    def committed(self) -> None:
+        self.commits += 1
+
+    def __call__(self) -> bool:
+        return bool(self.stop_at) and self.commits >= self.stop_at
+
+
+def spread(n: int) -> Iterator[int]:
+    """0..n-1 in bit-reversed order: every prefix is spread evenly over the range (0, n/2, n/4, 3n/4, ...)."""
+    bits = max(1, (n - 1).bit_length())
+    for k in range(1 << bits):
+        i = int(format(k, f"0{bits}b")[::-1], 2)
+        if i < n:
+            yield i
 
 
 @dataclass
@@ -50,33 +76,38 @@ class TextArm:
     def where(self) -> str:
         return f"data.sources[{self.name!r}] ({self.source.path})" if self.source else f"data.arms[{self.name!r}]"
 
-    def pieces(self, path: Path, start: int, line: int, counts: read.Counts) -> Iterator[read.Piece]:
+    def pieces(self, path: Path, start: int, line: int, counts: read.Counts, inner: int = 0) -> Iterator[read.Piece]:
         if self.source is None:
             docs = read.Documents(builtin_documents(self.name), counts)
-            return docs.pieces(start)
-        return read.pieces(path, self.kind, self.key, start, counts, line)
+            return docs.pieces(start, inner)
+        return read.pieces(path, self.kind, self.key, start, counts, line, inner)
 
-    def sample(self, budget: int, plan: list[dict]) -> Iterator[str]:
-        """The head of evenly spaced files, `budget` bytes of text in all (at most the cap)."""
+    def sample(self, budget: int, plan: list[dict], counts: read.Counts | None = None) -> Iterator[str]:
+        """`budget` bytes of text (at most the cap) drawn across the files: the heads of files visited in an evenly
+        spread order (`spread`), each giving at most max(64 KiB, budget / files), until the budget is met."""
         budget = min(budget, self.cap) if self.cap else budget
-        m = max(1, min(len(plan), budget // SAMPLE_FILE_BYTES))
-        per_file = budget // m
-        for k in range(m):
-            left = per_file
-            for piece in self.pieces(Path(plan[k * len(plan) // m]["path"]), 0, 1, read.Counts()):
+        per_file = max(SAMPLE_FILE_BYTES, budget // max(len(plan), 1))
+        counts = counts if counts is not None else read.Counts()
+        for k in spread(len(plan)):
+            left = min(per_file, budget)
+            for piece in self.pieces(Path(plan[k]["path"]), 0, 1, counts):
                 data = piece.text.encode()
                 yield data[:left].decode(errors="ignore") if len(data) > left else piece.text
                 left -= len(data)
+                budget -= min(len(data), left + len(data))
                 if left <= 0:
                     break
+            if budget <= 0:
+                return
 
 
 class ArmJob:
     """Encodes one text arm from its record's cursor to the end (or the cap), committing as it goes."""
 
     def __init__(self, arm: TextArm, record: mf.ArmRecord, plan: list[dict], codec: TextCodec, dtype: np.dtype,
-                 data_dir: Path, val_fraction: float, save: Callable[[], None]):
+                 data_dir: Path, val_fraction: float, save: Callable[[], None], hook: CommitHook | None = None):
         self.arm, self.rec, self.plan, self.codec, self.save = arm, record, plan, codec, save
+        self.hook = hook or CommitHook()
         ext = splits.suffix(dtype)
         self.writer = splits.SplitWriter(data_dir / f"{arm.name}.train.{ext}", data_dir / f"{arm.name}.val.{ext}",
                                          dtype, record.span, val_fraction, record.train_tokens, record.val_tokens)
@@ -84,15 +115,20 @@ class ArmJob:
         self.counts = read.Counts(**record.counts)
         self.chunk: list[tuple[int, read.Piece]] = []
         self.chunk_bytes = 0
-        self.cursor = dict(record.cursor)
+        self.cursor = {"inner": 0, **record.cursor}
+        self.cursor.pop("tokens", None), self.cursor.pop("documents", None)
         # tokens and documents per file index, for its files.jsonl line; a resumed file starts from its cursor's
-        self.tally: dict[int, list[int]] = {self.cursor["file"]: [self.cursor.get("tokens", 0),
-                                                                 self.cursor.get("documents", 0)]}
+        self.tally: dict[int, list[int]] = {self.cursor["file"]: [record.cursor.get("tokens", 0),
+                                                                 record.cursor.get("documents", 0)]}
         self.finished: list[dict] = []  # file records whose last piece is in the chunk
+        self.done_bytes = self.file_size = 0
         self.file_delay = float(os.environ.get("ANDREA_TEST_FILE_DELAY", "0") or 0)  # test hook: slow files
 
     def run(self, should_stop: Callable[[], bool], progress: ByteProgress) -> bool:
         """True when the arm is complete; False when stopped (everything read so far committed)."""
+        tok = self.codec.tokenizer
+        literal = tok.encode_special_tokens
+        tok.encode_special_tokens = True  # a document's own "<|endoftext|>" is text, not a boundary
         try:
             return self._run(should_stop, progress)
         except OSError as e:  # a full disk, a read-only mount: the last commit stays the valid state
@@ -100,26 +136,31 @@ class ArmJob:
             raise DataError(f"{where}: cannot write the prepared data: {e.strerror or e} (everything committed "
                             f"before is kept; free space and run again to continue)") from None
         finally:
+            tok.encode_special_tokens = literal
             self.writer.close()
             if self.files is not None:
                 self.files.close()
 
     def _run(self, should_stop: Callable[[], bool], progress: ByteProgress) -> bool:
         last_commit = time.monotonic()
+        self.done_bytes = sum(e["size"] or 0 for e in self.plan[:self.cursor["file"]])
+        progress.advance(self.done_bytes, self.writer.stream)  # a resumed arm: from where it stopped
         for i in range(self.cursor["file"], len(self.plan)):
             entry = self.plan[i]
             path = Path(entry["path"])
             self._check_unchanged(path, entry, "since its preparation began")
-            start, line = self.cursor["position"], self.cursor["line"]
+            start, line, inner = self.cursor["position"], self.cursor["line"], self.cursor["inner"]
             self.tally.setdefault(i, [0, 0])
-            for piece in self.arm.pieces(path, start, line, self.counts):
+            self.done_bytes = sum(e["size"] or 0 for e in self.plan[:i])  # progress: the files before this one
+            self.file_size = entry["size"] or 0
+            self.counts.raw_bytes = 0
+            for piece in self.arm.pieces(path, start, line, self.counts, inner):
                 if self.arm.cap and self.rec.text_bytes >= self.arm.cap:
                     self.rec.capped = True
                     break
                 self._add(i, piece)
-                if piece.resumable:
-                    self.cursor = {"file": i, "position": piece.end, "line": piece.line or 1}
-                if self.chunk_bytes >= CHUNK_BYTES and piece.resumable:
+                self.cursor = {"file": i, "position": piece.end, "line": piece.line or 1, "inner": piece.inner}
+                if self.chunk_bytes >= CHUNK_BYTES:
                     self._flush(progress)
                     if should_stop() or time.monotonic() - last_commit > COMMIT_SECONDS:
                         self._commit()
@@ -131,7 +172,7 @@ class ArmJob:
             self._check_unchanged(path, entry, "while it was read")
             self.finished.append({**entry, "sha256": None if self.arm.source is None else mf.sha256(path),
                                   "tokens": None, "documents": None, "_file": i})
-            self.cursor = {"file": i + 1, "position": 0, "line": 1}
+            self.cursor = {"file": i + 1, "position": 0, "line": 1, "inner": 0}
             if self.file_delay:
                 time.sleep(self.file_delay)
             if should_stop():
@@ -159,10 +200,11 @@ class ArmJob:
         data = piece.text.encode()
         if self.arm.cap and self.rec.text_bytes + len(data) > self.arm.cap:
             left = self.arm.cap - self.rec.text_bytes
-            piece = read.Piece(data[:left].decode(errors="ignore"), piece.end, True, False)
+            piece = read.Piece(data[:left].decode(errors="ignore"), piece.end, True)
             data = piece.text.encode()
             self.rec.capped = True
         self.rec.text_bytes += len(data)
+        self.counts.literal_eot += piece.text.count(EOT)
         self.chunk.append((file_index, piece))
         self.chunk_bytes += len(data)
 
@@ -188,7 +230,8 @@ class ArmJob:
                 self.files.add(rec)
             self.rec.files += 1
         self.finished.clear()
-        progress.advance(self.counts.raw_bytes, self.writer.stream)
+        read_now = min(self.counts.raw_bytes, self.file_size) if self.file_size else self.counts.raw_bytes
+        progress.advance(self.done_bytes + read_now, self.writer.stream)
         self.chunk, self.chunk_bytes = [], 0
 
     def _commit(self) -> None:
@@ -198,3 +241,4 @@ class ArmJob:
         self.rec.cursor = {**self.cursor, "tokens": tokens, "documents": documents}
         self.rec.counts = self.counts.to_dict()
         self.save()  # the manifest only ever names bytes that are already durable
+        self.hook.committed()

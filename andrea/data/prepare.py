@@ -12,7 +12,7 @@ Writes `tokenizer.json` (trained on a bounded sample: `TextArm.sample`) and `dat
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +20,9 @@ import numpy as np
 from andrea.config import DataConfig, SourceConfig
 from andrea.data import manifest as mf, splits
 from andrea.data.codec import EOT, TextCodec
-from andrea.data.encode import ArmJob, Interrupted, TextArm
+from andrea.data.encode import ArmJob, CommitHook, Interrupted, TextArm
 from andrea.data.sources import DataError, builtin_source_bytes, source_files
+from andrea.data.tokentrain import train_tokenizer
 from andrea.progress import ByteProgress
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.names import DATA_DIR, TOKENIZER_NAME
@@ -59,20 +60,21 @@ def tokenizer_for(cfg: DataConfig, run_dir: Path, vocab_size: int, arms: list[Te
     if cfg.tokenizer != "bpe":
         path = Path(cfg.tokenizer).expanduser()
         codec = TextCodec.load(path)
+        problem = codec.cut_problem()
+        if problem:
+            raise DataError(f"{path}: cannot prepare data with this tokenizer: {problem}")
     elif path.exists():
         codec = TextCodec.load(path)
     else:
-        per_arm = cfg.tokenizer_sample_bytes // len(arms)
-        texts = (t for arm in arms for t in arm.sample(per_arm, plans[arm.name]))
-        counted = _Counted(texts, should_stop)
-        codec = TextCodec.train(counted, vocab_size)
-        if counted.bytes == 0:  # a tokenizer of bytes alone would be kept and reused: refuse it
+        codec, sample_bytes, counts = train_tokenizer(arms, plans, cfg.tokenizer_sample_bytes, vocab_size,
+                                                      should_stop)
+        if sample_bytes == 0:  # a tokenizer of bytes alone would be kept and reused: refuse it
+            why = _why(counts, arms)
             raise DataError(f"{', '.join(a.where for a in arms)}: the source is empty (no text to train the "
-                            f"tokenizer on)")
+                            f"tokenizer on{': ' + why if why else ''})")
         write_atomic(path, codec.tokenizer.to_str().encode())
-        sample_bytes = counted.bytes
-        log.info("data: tokenizer trained (vocab %d) on a %.1f MB sample of %d arm(s) (data.tokenizer_sample_bytes)",
-                 codec.vocab_size, sample_bytes / 1e6, len(arms))
+        log.info("data: tokenizer trained (vocab %d) on a %.1f MB sample of %d arm(s) (data.tokenizer_sample_bytes "
+                 "= %.1f MB)", codec.vocab_size, sample_bytes / 1e6, len(arms), cfg.tokenizer_sample_bytes / 1e6)
     if codec.eot is None:
         raise DataError(f"{path}: tokenizer has no {EOT} token")
     if codec.vocab_size > vocab_size:
@@ -81,22 +83,33 @@ def tokenizer_for(cfg: DataConfig, run_dir: Path, vocab_size: int, arms: list[Te
                    "vocab_size": codec.vocab_size, "sample_bytes": sample_bytes}
 
 
-class _Counted:
-    """The sample as the trainer reads it: its size counted, a stop request polled every MiB of it (~a second)."""
+def _why(c: dict, arms: list[TextArm] = ()) -> str:
+    """What a source held instead of text, in words (for "the source is empty")."""
+    parts = [c.get("empty_files") and f"{c['empty_files']} empty file(s)",
+             c.get("binary_files") and f"{c['binary_files']} binary file(s) skipped, first: {c['first_binary']}",
+             c.get("skipped_records") and f"{c['skipped_records']} record(s) skipped, first: {c['first_skipped']}"]
+    nested = [a.key for a in arms if a.kind in ("jsonl", "parquet") and "." in a.key]
+    if c.get("skipped_records") and nested:
+        parts.append(f"field {nested[0]!r} names a top-level key or column: nested fields are not read")
+    return "; ".join(x for x in parts if x)
 
-    def __init__(self, texts: Iterator[str], should_stop: Callable[[], bool]):
-        self.texts, self.should_stop, self.bytes = texts, should_stop, 0
 
-    def __iter__(self):
-        polled = 0
-        for t in self.texts:
-            if self.bytes - polled >= 1 << 20:
-                polled = self.bytes
-                if self.should_stop():
-                        raise Interrupted("data: preparation stopped while training the tokenizer; nothing is kept "
-                                      "yet: run `andrea prepare` or `andrea train` again to start it over")
-            self.bytes += len(t.encode())
-            yield t
+def check_unchanged(cfg: DataConfig, manifest: mf.Manifest | None) -> None:
+    """Refuse a configuration that changes how a prepared arm was made: its tokens would not match it."""
+    if manifest is None:
+        return
+    for src in cfg.sources:
+        rec = manifest.arms.get(src.name)
+        if rec is None:
+            continue
+        now = {"kind": src.kind, "field": src.field, "max_bytes": src.max_bytes} if src.kind != "tokens" else {
+            "kind": src.kind, "dtype": src.dtype}
+        was = {"kind": rec.kind, "field": rec.field, "max_bytes": rec.max_bytes, "dtype": rec.dtype}
+        for key, value in now.items():
+            if was[key] != value:
+                raise DataError(f"data.sources[{src.name!r}].{key} = {value!r}, but the arm was prepared with "
+                                f"{key} = {was[key]!r} ({manifest.path}): set it back, or give the source another "
+                                f"name to prepare it anew")
 
 
 # --- the run ---------------------------------------------------------------------------------------------------
@@ -110,9 +123,18 @@ def token_record(src: SourceConfig, vocab_size: int, cfg_val_fraction: float) ->
     if size < 2 * width or size % width:
         raise DataError(f"{path}: not a {src.dtype} token file ({size} bytes)")
     tokens = np.memmap(path, dtype=np.dtype(src.dtype).newbyteorder("<"), mode="r")
-    top = max(int(tokens[i:i + (1 << 24)].max()) for i in range(0, len(tokens), 1 << 24))
+    top, high_halves = 0, False  # uint32 ids read as uint16: every second value (the high half) is 0
+    for i in range(0, len(tokens), 1 << 24):
+        part = tokens[i:i + (1 << 24)]
+        top = max(top, int(part.max()))
+        high_halves = high_halves or bool(part[1 - i % 2::2].any())
+    if src.dtype == "uint16" and not high_halves and len(tokens) >= 64 and len(tokens) % 2 == 0:
+        raise DataError(f"{path}: every second uint16 is 0: this looks like a uint32 token file; set "
+                        f"data.sources[{src.name!r}].dtype = 'uint32'")
     if top >= vocab_size:
-        raise DataError(f"{path}: token id {top} does not fit model.vocab_size={vocab_size}")
+        hint = (" (a uint16 file read as uint32 has such ids: is dtype = 'uint16'?)"
+                if src.dtype == "uint32" and top >= 1 << 16 else "")
+        raise DataError(f"{path}: token id {top} does not fit model.vocab_size={vocab_size}{hint}")
     entry = {**mf.stat_entry(path), "sha256": mf.sha256(path)}
     val = int(len(tokens) * cfg_val_fraction)  # the held-out tail (store.py keeps at least a block of it)
     return mf.ArmRecord(kind="tokens", source=str(path), complete=True, dtype=src.dtype, source_bytes=size,
@@ -124,10 +146,15 @@ def prepare_run(cfg: DataConfig, run_dir: Path, vocab_size: int, *, should_stop:
                 legacy: set[str] = frozenset()) -> tuple[TextCodec | None, mf.Manifest, bool]:
     """Prepare every configured arm not prepared yet (`legacy`: arms in a pre-manifest run's layout, kept as they
     are). Returns (codec, manifest, whether anything was done); raises Interrupted when asked to stop."""
+    hook = CommitHook()  # a test hook; never stops in production
+    asked = should_stop
+    should_stop = lambda: asked() or hook()  # noqa: E731
     data_dir = run_dir / DATA_DIR
+    loaded = mf.Manifest.load(data_dir)
+    check_unchanged(cfg, loaded)
     data_dir.mkdir(parents=True, exist_ok=True)
-    manifest = mf.Manifest.load(data_dir) or mf.Manifest(data_dir / mf.MANIFEST, val_fraction=cfg.val_fraction,
-                                                         dtype=str(np.dtype(splits.token_dtype(vocab_size)).name))
+    manifest = loaded or mf.Manifest(data_dir / mf.MANIFEST, val_fraction=cfg.val_fraction,
+                                     dtype=str(np.dtype(splits.token_dtype(vocab_size)).name))
     arms = text_arms(cfg)
     todo = [a for a in arms if a.name not in legacy and not (a.name in manifest.arms and
                                                              manifest.arms[a.name].complete)]
@@ -166,7 +193,7 @@ def prepare_run(cfg: DataConfig, run_dir: Path, vocab_size: int, *, should_stop:
                 manifest.arms[arm.name] = record
                 manifest.save()  # before the token files exist: a file without a record is a pre-manifest run's
             job = ArmJob(arm, record, plan, codec, np.dtype(splits.token_dtype(vocab_size)), data_dir,
-                         manifest.val_fraction, manifest.save)
+                         manifest.val_fraction, manifest.save, hook)
             progress.base = base
             did = True
             log.info("data: preparing arm %r from %d source file(s), %.1f MB", arm.name, len(plan),
@@ -191,10 +218,7 @@ def _forget(manifest: mf.Manifest, arm: TextArm) -> None:
     manifest.save()
     for suffix in ("plan.json", "files.jsonl", "train.u16", "val.u16", "train.u32", "val.u32"):
         (manifest.path.parent / f"{arm.name}.{suffix}").unlink(missing_ok=True)
-    c = record.counts
-    why = "; ".join(x for x in (c.get("empty_files") and f"{c['empty_files']} empty file(s)",
-                                c.get("skipped_records") and f"{c['skipped_records']} record(s) skipped, first: "
-                                f"{c['first_skipped']}") if x)
+    why = _why(record.counts, [arm])
     raise DataError(f"{arm.where}: the source is empty" + (f" ({why})" if why else ""))
 
 
@@ -215,6 +239,12 @@ def _report(arm: TextArm, rec: mf.ArmRecord) -> None:
         of = f"of {rec.source_bytes / 1e6:.1f} MB" if rec.source_bytes else "of a larger source"
         log.warning("data: arm %r capped by %s = %d: used %.1f MB of text %s", arm.name, limit, arm.cap,
                     rec.text_bytes / 1e6, of)
+    if c.get("binary_files"):
+        log.warning("data: arm %r: %d binary file(s) skipped (first: %s)", arm.name, c["binary_files"],
+                    c["first_binary"])
+    if c.get("literal_eot"):
+        log.warning("data: arm %r: %d literal %s string(s) inside documents, encoded as text (not as the document "
+                    "boundary)", arm.name, c["literal_eot"], EOT)
     if c.get("undecodable_bytes"):
         log.warning("data: arm %r: %d undecodable bytes replaced by U+FFFD", arm.name, c["undecodable_bytes"])
     if c.get("empty_files"):

@@ -10,8 +10,11 @@ so a byte cap still samples the whole library); `data.max_bytes_per_arm` caps a 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import glob
 import hashlib
+import os
+import re
 import sysconfig
 import warnings
 from collections.abc import Iterator
@@ -66,15 +69,58 @@ def builtin_documents(name: str) -> Iterator[str]:
         raise DataError(f"data.arms: unknown built-in arm {name!r}")
 
 
+def walk(root: Path) -> Iterator[Path]:
+    """Every file under `root` (hidden ones, .git or .DS_Store, excepted), symbolic links followed but each real
+    directory entered once: a link back up the tree (a loop) or a second link to one directory adds nothing."""
+    seen: set[tuple[int, int]] = set()
+    for top, dirs, files in os.walk(root, followlinks=True):
+        st = os.stat(top)
+        if (st.st_dev, st.st_ino) in seen:
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if not name.startswith("."):
+                yield Path(top) / name
+
+
+def _glob_files(pattern: str) -> list[Path]:
+    """The files a glob names, `**` through `walk` (glob.glob follows symlink loops forever)."""
+    magic = re.compile(r"[*?[]")
+    parts = Path(pattern).parts
+    fixed = next((i for i, p in enumerate(parts) if magic.search(p)), len(parts))
+    root = Path(*parts[:fixed]) if fixed else Path(".")
+    if "**" not in parts[fixed:]:
+        return [Path(p) for p in glob.glob(pattern)]
+    rest = [re.compile(fnmatch.translate(p)) if p != "**" else None for p in parts[fixed:]]
+
+    def matches(rel: tuple[str, ...], pats: list) -> bool:
+        if not pats:
+            return not rel
+        if pats[0] is None:  # "**": zero or more directories
+            return any(matches(rel[k:], pats[1:]) for k in range(len(rel) + 1))
+        return bool(rel) and bool(pats[0].match(rel[0])) and matches(rel[1:], pats[1:])
+
+    return [p for p in walk(root) if matches(p.relative_to(root).parts, rest)]
+
+
 def source_files(src: SourceConfig) -> list[Path]:
     path = Path(src.path).expanduser()
     if path.is_dir():  # hidden files and directories (.git, .DS_Store) are not documents
-        files = sorted(p for p in path.rglob("*") if p.is_file()
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        files = list(walk(path))
     elif path.is_file():
         files = [path]
     else:
-        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        files = [p for p in _glob_files(str(path)) if p.is_file()]
+    unique: dict[tuple[int, int], Path] = {}
+    for f in sorted(files):  # a file reached twice (two links to it) is one document, under its first name
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        unique.setdefault((st.st_dev, st.st_ino), f)
+    files = sorted(unique.values())
     if not files:
         raise DataError(f"data.sources[{src.name!r}].path: no file matches {src.path!r}")
     return files

@@ -72,7 +72,12 @@ def load_arms(cfg: DataConfig, data_dir: Path, manifest: mf.Manifest, legacy: se
             arm = _mapped(data_dir, name, manifest.arms[name], np.dtype(manifest.dtype), cfg.val_fraction,
                           block_size)
             changed = mf.drift(data_dir, name, manifest.arms[name]) if check_sources else []
-            if changed:
+            if changed and manifest.arms[name].kind == "tokens":
+                rec = manifest.arms[name]
+                log.warning("data: arm %r: %s since it was checked; training reads the %d tokens recorded then "
+                            "(to use the file as it is now, give the source another name)", name, changed[0],
+                            rec.train_tokens + rec.val_tokens)
+            elif changed:
                 log.warning("data: arm %r: %d source file(s) changed or gone since preparation (first: %s); "
                             "training continues on the prepared tokens", name, len(changed), changed[0])
         for split in ("train", "val"):
@@ -86,7 +91,8 @@ def load_arms(cfg: DataConfig, data_dir: Path, manifest: mf.Manifest, legacy: se
 def _mapped(data_dir: Path, name: str, rec: mf.ArmRecord, dtype: np.dtype, val_fraction: float,
             block_size: int) -> ArmTokens:
     if rec.kind == "tokens":  # used in place; the held-out tail as before the manifest existed
-        tokens = np.memmap(rec.source, dtype=np.dtype(rec.dtype).newbyteorder("<"), mode="r")
+        n = rec.train_tokens + rec.val_tokens  # exactly the tokens checked and recorded, even if the file grew
+        tokens = _map(Path(rec.source), np.dtype(rec.dtype).newbyteorder("<"), n)
         cut = len(tokens) - max(int(len(tokens) * val_fraction), block_size + 1)
         return ArmTokens(name, tokens[:cut], tokens[cut:])
     if rec.train_tokens + rec.val_tokens == 0:
@@ -99,6 +105,13 @@ def _mapped(data_dir: Path, name: str, rec: mf.ArmRecord, dtype: np.dtype, val_f
 def _map(path: Path, dtype: np.dtype, n: int) -> np.ndarray:
     if n == 0:
         return np.zeros(0, dtype=dtype)
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise DataError(f"{path}: cannot map the prepared tokens: {e.strerror}") from None
+    if size < n * dtype.itemsize:
+        raise DataError(f"{path}: holds {size // dtype.itemsize} tokens, fewer than the {n} recorded in the data "
+                        f"manifest: restore the file, or delete the run's data/ to prepare afresh")
     try:
         return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
     except (OSError, ValueError) as e:

@@ -15,7 +15,7 @@ import pytest
 
 from andrea.config import DataConfig, SourceConfig
 from andrea.data import manifest as mf
-from andrea.data import encode, read, splits, store
+from andrea.data import encode, read, splits, store, tokentrain
 from andrea.data.codec import TextCodec
 from andrea.data.prepare import Interrupted, prepare_run
 from andrea.data.sources import DataError, source_files
@@ -84,6 +84,7 @@ def test_every_document_is_prepared_whole_and_the_split_depends_only_on_position
 def test_interrupted_many_times_and_killed_between_ends_byte_identical(corpus, records, tmp_path, monkeypatch):
     monkeypatch.setattr(encode, "CHUNK_BYTES", 16_384)  # many chunks, so stops land everywhere
     monkeypatch.setattr(read, "SEGMENT_BYTES", 4096)
+    monkeypatch.setattr(tokentrain, "IN_PROCESS_BYTES", 1 << 30)  # stops counted in polls, not in seconds
     cfg = config(*corpus_arms(corpus, records))
     straight = tmp_path / "straight"
     prepare_run(cfg, straight, VOCAB)

@@ -34,7 +34,7 @@ documents = st.lists(st.tuples(st.sampled_from([w.strip() for w in WORDS if w.st
 def test_the_pieces_of_a_long_document_tokenize_exactly_as_the_whole_document(codec, doc):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(read, "SEGMENT_BYTES", 64)
-        pieces = list(read._split(doc.encode(), 0, read.Counts(), False))
+        pieces = list(read._record([doc.encode()], 0, 1, 0, read.Counts()))
     assert "".join(p.text for p in pieces) == doc
     assert all(len(p.text.encode()) <= 64 for p in pieces) and [p.doc_end for p in pieces][-1]
     whole = codec.tokenizer.encode(doc, add_special_tokens=False).ids
@@ -47,7 +47,7 @@ def test_text_without_a_clean_cut_loses_no_byte_and_never_splits_a_character(dat
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(read, "SEGMENT_BYTES", 16)
         counts = read.Counts()
-        pieces = list(read._split(data.decode("utf-8", "replace").encode(), 0, counts, False))
+        pieces = list(read._record([data.decode("utf-8", "replace").encode()], 0, 1, 0, counts))
     assert counts.undecodable_bytes == 0  # cuts fall on character boundaries only
     assert "".join(p.text for p in pieces) == data.decode("utf-8", "replace")
 
