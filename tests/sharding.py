@@ -61,6 +61,9 @@ class ThreadWorld(World):
         self.sync.wait()
         return out
 
+    def max_ints(self, values: list[int], group: str = "control") -> list[int]:
+        return [max(column) for column in zip(*self.gather(list(values)))]
+
     def broadcast(self, obj):
         return self.gather(obj if self.leader else None)[0]
 
