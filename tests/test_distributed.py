@@ -402,6 +402,8 @@ def test_two_nodes_on_separate_disks_write_the_shared_runs_bytes_on_node_0_alone
     shutil.rmtree(node1)
     shutil.copytree(node0, node1)
     before = tree_digest(node1)
+    orphan = node1 / (names.checkpoint_name(30) + ".tmp")  # what main's sharded commit left on node 1
+    orphan.write_bytes(b"\0" * 4096)
     out = run_two_nodes([node0, node1], view, "--steps", "40", "--checkpoint-every", "5",
                         "--set", "checkpoint.keep_last=1", "--set", "guard.enabled=false")  # no candidate kept
     assert [e["step"] for e in ledger(node0) if e.get("event") == "resume"] == [20]
@@ -410,7 +412,7 @@ def test_two_nodes_on_separate_disks_write_the_shared_runs_bytes_on_node_0_alone
     assert (node0 / names.SPARE_NAME).exists()
     name = names.checkpoint_name(40)
     assert (node0 / name).read_bytes() == (two / name).read_bytes() and all_valid(node0)
-    assert tree_digest(node1) == before
+    assert tree_digest(node1) == before and not orphan.exists()  # node 1's first rank removed the orphan
     assert not list(node0.glob("*.tmp")) and "andrea: error" not in out
 
 

@@ -1,7 +1,8 @@
 """What the ranks of a data-parallel run agree on at each step boundary, and what only rank 0 does.
 
-Reads and writes no files itself (`prepare_data` has andrea/data do that on rank 0). Under torchrun a signal
-reaches the workers at different moments (the launcher forwards SIGTERM/SIGINT to each in turn; SLURM may signal
+Writes no files itself: `prepare_data` has andrea/data prepare them on rank 0 (on separate disks, on the first rank
+of each disk too), and `data_fingerprint` reads a rank's `data/manifest.json`. Under torchrun a signal reaches the
+workers at different moments (the launcher forwards SIGTERM/SIGINT to each in turn; SLURM may signal
 only some; `andrea ctl` and SIGHUP reach rank 0 alone, through `train.pid`), and a commit's outcome reaches each
 rank's event loop at its own moment. So at every boundary, before `boundary_action`, the ranks exchange their
 requests in ONE tiny all-reduce MAX of four int64 (`share`), and every rank then decides from the same merged

@@ -135,7 +135,8 @@ class TrainingRun:
 
     # --- start -------------------------------------------------------------------------------------------
     def prepare_data(self) -> tuple:
-        """Rank 0 prepares what is not prepared yet, polling for a stop request (ranks.prepare_data)."""
+        """Rank 0 (on separate disks, the first rank of each) prepares what is not prepared yet, polling for a stop
+        request (ranks.prepare_data)."""
         self.preparing = ranks.prepares(self.world)
         try:
             return ranks.prepare_data(self.world, self.cfg, self.run_dir, should_stop=lambda: self.req.stop is not None)
