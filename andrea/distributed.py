@@ -12,6 +12,9 @@ same order on every rank, and a group shared by two threads would interleave dif
               CPU tensors: never waits behind the GPU stream);
     io        the I/O thread: the sharded checkpoint commit's exchange, votes and verdict (gloo).
 
+Whether the ranks share one run directory (`shared_dir`, `view`) is not torchrun's to say: control/sharing.py
+probes it at start and records it here, where every collaborator of the run already looks.
+
 ZeRO-1 shard bounds: the flat length n is padded up to a multiple of the world size P (pad = P·ceil(n/P) - n zeros
 at the end of the gradient and weight buffers, never in a checkpoint); rank r owns [r·s, min((r+1)·s, n)) with
 s = ceil(n/P). A rank's slice may be shorter than s (the last) or empty (P > n, in principle).
@@ -76,6 +79,8 @@ class World:
     size: int = 1
     local_rank: int = 0
     groups: dict[str, Any] = field(default_factory=dict)  # "control", "io" (the default group is torch's)
+    shared_dir: bool = True  # every rank sees rank 0's run directory (control/sharing.py; one process: trivially)
+    view: int = 0  # the lowest rank that sees the same run directory as this one (rank 0's: 0)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "World":
@@ -224,6 +229,22 @@ class World:
             return value
         dist.recv(t, group=self.groups[group], group_src=0)
         return int(t)
+
+    def broadcast_tensor(self, t: torch.Tensor, group: str = "control") -> None:
+        """Rank 0's `t` into every rank's `t` (a contiguous CPU tensor of the same shape everywhere)."""
+        if self.distributed:
+            import torch.distributed as dist
+            dist.broadcast(t, group=self.groups[group], group_src=0)
+
+    def send(self, t: torch.Tensor, to: int, group: str) -> None:
+        """`t` (contiguous, CPU) to rank `to`, which receives it with `recv` into a tensor of its shape."""
+        import torch.distributed as dist
+        dist.send(t, group=self.groups[group], group_dst=to)
+
+    def recv(self, t: torch.Tensor, src: int, group: str) -> None:
+        """Rank `src`'s `send` into `t` (contiguous, CPU, of the sent shape)."""
+        import torch.distributed as dist
+        dist.recv(t, group=self.groups[group], group_src=src)
 
     def max_ints(self, values: list[int], group: str = "control") -> list[int]:
         """Elementwise MAX over ranks of a short int64 vector (one tiny gloo all-reduce)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import queue
 import threading
 
@@ -31,11 +32,48 @@ LOSS_RTOL, NORM_RTOL, NORM_AT_START = 1e-4, 2e-2, 1e-5
 class ThreadWorld(World):
     """P ranks as threads of this process, so the sharded commit's protocol runs as written, without processes:
     the all-gather is barrier-based, and a point-to-point message is a put into the receiver's queue (a sender
-    goes on, a receiver waits: as gloo's send and recv)."""
+    goes on, a receiver waits: as gloo's send and recv). Objects travel pickled, as torch.distributed's do."""
 
-    def __init__(self, rank: int, size: int, box: dict, barrier: threading.Barrier, mail: list[queue.Queue]):
+    def __init__(self, rank: int, size: int, box: dict, barrier: threading.Barrier, mail: list[queue.Queue],
+                 pairs: dict | None = None):
         super().__init__(rank, size, rank)
         self.box, self.sync, self.mail = box, barrier, mail
+        self.pairs = pairs if pairs is not None else {}  # (src, dst) -> the tensors sent, in order
+
+    def _pair(self, src: int, dst: int) -> queue.Queue:
+        return self.pairs.setdefault((src, dst), queue.Queue())  # atomic under the GIL
+
+    def send(self, t: torch.Tensor, to: int, group: str) -> None:
+        self._pair(self.rank, to).put(t.clone())
+
+    def recv(self, t: torch.Tensor, src: int, group: str) -> None:
+        got = self._pair(src, self.rank).get(timeout=30)
+        assert got.shape == t.shape and got.dtype == t.dtype, (got.shape, t.shape)
+        t.copy_(got)
+
+    def barrier(self) -> None:
+        self.sync.wait()
+
+    def gather(self, obj):
+        self.box[self.rank] = pickle.dumps(obj)
+        self.sync.wait()
+        out = [pickle.loads(self.box[r]) for r in range(self.size)]
+        self.sync.wait()
+        return out
+
+    def max_ints(self, values: list[int], group: str = "control") -> list[int]:
+        return [max(column) for column in zip(*self.gather(list(values)))]
+
+    def broadcast(self, obj):
+        return self.gather(obj if self.leader else None)[0]
+
+    def broadcast_tensor(self, t: torch.Tensor, group: str = "control") -> None:
+        if self.leader:
+            self.box[0] = t.clone()
+        self.sync.wait()
+        if not self.leader:
+            t.copy_(self.box[0])
+        self.sync.wait()
 
     def to_leader(self, value: int, group: str = "io") -> list[int] | None:
         if not self.leader:
@@ -98,3 +136,23 @@ def released_spare(tmp_path, n: int) -> int:
     old = ckpt.commit_checkpoint(tmp_path, 3, np.ones(3 * n, dtype=np.float32))
     assert spare.retire(old)
     return (tmp_path / names.SPARE_NAME).stat().st_ino
+
+
+def run_ranks(size: int, fn) -> dict[int, object]:
+    """fn(world) on `size` ranks as threads (ThreadWorld); rank -> what it returned, or the exception it raised."""
+    box, barrier, mail, pairs, out = {}, threading.Barrier(size, timeout=30), [queue.Queue() for _ in range(size)], \
+        {}, {}
+
+    def rank(r: int) -> None:
+        try:
+            out[r] = fn(ThreadWorld(r, size, box, barrier, mail, pairs))
+        except Exception as e:  # noqa: BLE001 - the test asserts on it
+            out[r] = e
+
+    threads = [threading.Thread(target=rank, args=(r,), name=f"rank-{r}") for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not [t.name for t in threads if t.is_alive()], "a rank thread still runs after 60 s (a lost message?)"
+    return out

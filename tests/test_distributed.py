@@ -2,8 +2,9 @@
 
 What one process promises (docs/formats.md and operating.md), with two ranks: the same checkpoint format and files, losses that follow one
 process, resume across world sizes (2 -> 1, 1 -> 2), bit-exact 2-rank resume, SIGTERM to the launcher ends in one
-checkpoint, `ctl` reaches rank 0 and rank 0 shares it, a SIGKILLed worker leaves every checkpoint valid, and two
-launchers as two nodes are the same run as one launcher with two ranks.
+checkpoint, `ctl` reaches rank 0 and rank 0 shares it, a SIGKILLed worker leaves every checkpoint valid, two
+launchers as two nodes are the same run as one launcher with two ranks, and so are two nodes whose run directories
+are separate disks at one path (each launcher in a mount namespace of its own).
 """
 
 import errno
@@ -13,6 +14,7 @@ import os
 import queue
 import random
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -26,7 +28,7 @@ import pytest
 from andrea.control import shards
 from andrea.rundir import checkpoint as ckpt, names
 from tests.runs import (ROOT, TINY, Trainer, andrea, env, header, launcher_argv, ledger, seed_data,
-                        steps_in_ledger, train)
+                        steps_in_ledger, train, tree_digest)
 from tests.disks import Disk, refusal_lines, refuse_o_direct_on_setfl
 from tests.sharding import LOSS_RTOL, NORM_AT_START, NORM_RTOL, commit_with_threads, released_spare
 
@@ -354,6 +356,64 @@ def test_two_launchers_as_two_nodes_are_the_same_run_and_a_signal_to_one_worker_
     assert stopped == steps_in_ledger(run)[-1] >= 25  # signalled once step 25 was reported
     assert steps_in_ledger(run) == list(range(1, stopped + 1)) and all_valid(run)
     assert "SIGTERM reached another rank" in nodes[0].output()
+
+
+def node_on_its_own_disk(backing: Path, view: Path, k: int, port: int, *args: str) -> list[str]:
+    """Node k's torchrun launcher (static rendezvous: node k holds rank k) in a mount namespace of its own where
+    `view`, the run directory every node is told, is `backing`: the same path names another disk per node."""
+    launcher = launcher_argv(view, *args, launch=("--nnodes=2", f"--node_rank={k}", "--nproc_per_node=1",
+                                                  "--master_addr=127.0.0.1", f"--master_port={port}"))
+    return ["unshare", "-m", "bash", "-c",
+            f"mount --bind {shlex.quote(str(backing))} {shlex.quote(str(view))} && exec {shlex.join(launcher)}"]
+
+
+def run_two_nodes(backing: list[Path], view: Path, *args: str) -> str:
+    port = free_port()
+    nodes = [Launcher(node_on_its_own_disk(backing[k], view, k, port, *args)) for k in (0, 1)]
+    try:
+        codes = [node.wait_exit(300) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    out = "\n".join(node.output() for node in nodes)
+    assert codes == [0, 0], out[-4000:]
+    return out
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)")
+def test_two_nodes_on_separate_disks_write_the_shared_runs_bytes_on_node_0_alone(straight, prepared, tmp_path):
+    _, two = straight
+    node0, node1, view = seed_data(prepared, tmp_path / "node0"), tmp_path / "node1", tmp_path / "run"
+    node1.mkdir()  # nothing prepared: node 1 prepares its own copy of the data
+    view.mkdir()
+    out = run_two_nodes([node0, node1], view, "--steps", "20", "--checkpoint-every", "10")
+    assert "is not one directory for all ranks" in out and list(view.iterdir()) == []
+    assert checkpoints(node0) == [10, 20] and all_valid(node0)
+    name = names.checkpoint_name(20)
+    assert (node0 / name).read_bytes() == (two / name).read_bytes()  # the shared run's bytes
+    assert steps_in_ledger(node0) == list(range(1, 21))
+    # Node 1 holds its data, byte for byte node 0's, and nothing else: no checkpoint, no .tmp, no sidecar.
+    held = {str(p.relative_to(node1)) for p in node1.rglob("*") if p.is_file()}
+    assert held and all(p == "tokenizer.json" or p.startswith("data/") for p in held), held
+    assert all((node1 / p).read_bytes() == (node0 / p).read_bytes() for p in held)
+
+    # Resumed, with the run copied to both disks (node 1's copy must be neither read nor written) and a
+    # retention that recycles the spare at every commit: still the shared run's bytes.
+    shutil.rmtree(node1)
+    shutil.copytree(node0, node1)
+    before = tree_digest(node1)
+    orphan = node1 / (names.checkpoint_name(30) + ".tmp")  # what main's sharded commit left on node 1
+    orphan.write_bytes(b"\0" * 4096)
+    out = run_two_nodes([node0, node1], view, "--steps", "40", "--checkpoint-every", "5",
+                        "--set", "checkpoint.keep_last=1", "--set", "guard.enabled=false")  # no candidate kept
+    assert [e["step"] for e in ledger(node0) if e.get("event") == "resume"] == [20]
+    # 25 and 30 released in turn: 35 and 40 were written into the spare
+    assert checkpoints(node0)[-1] == 40 and not {25, 30, 35} & set(checkpoints(node0))
+    assert (node0 / names.SPARE_NAME).exists()
+    name = names.checkpoint_name(40)
+    assert (node0 / name).read_bytes() == (two / name).read_bytes() and all_valid(node0)
+    assert tree_digest(node1) == before and not orphan.exists()  # node 1's first rank removed the orphan
+    assert not list(node0.glob("*.tmp")) and "andrea: error" not in out
 
 
 def test_a_global_batch_that_does_not_split_is_one_line(prepared, tmp_path):

@@ -174,7 +174,9 @@ EXTERNAL = {
     "tensorboard": ["tests/test_tensorboard.py::test_tensorboard_scalars_equal_the_ledger_across_a_resume"],
     "torchrun": ["tests/test_distributed.py::test_two_ranks_follow_one_process_and_write_one_truth",
                  "tests/test_distributed.py::test_two_launchers_as_two_nodes_are_the_same_run_and_a_signal_to_one_"
-                 "worker_stops_both"],
+                 "worker_stops_both",
+                 "tests/test_distributed.py::test_two_nodes_on_separate_disks_write_the_shared_runs_bytes_on_node_0_"
+                 "alone"],
     "jq": ["tests/test_docs.py::test_the_ledger_snippets_give_the_effective_history"],
 }
 

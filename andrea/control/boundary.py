@@ -37,7 +37,7 @@ import numpy as np
 
 from andrea import audit
 from andrea.config import RunConfig
-from andrea.control import pivot, ranks, resume, rollback
+from andrea.control import pivot, ranks, resume, rollback, sharing
 from andrea.control.guard import INCIDENT, SUSPECT, Guard
 from andrea.control.ledger import LedgerFeed
 from andrea.control.proxy import Batch, DataProxy
@@ -85,7 +85,12 @@ class Boundary:
             ck = self.cfg.checkpoint
             if self.writer.last_error and ck.on_write_error == "stop" and self.req.failed is None:
                 self.req.failed = self.writer.last_error  # every rank exits at the boundary that shares it
-            if ranks.share(self.world, self.req):  # a hot pivot asked on rank 0: the same policy file
+            learned = ranks.share(self.world, self.req)
+            if self.req.pivot and not self.world.shared_dir:  # separate disks: rank 0's policy, sent
+                self.req.policy = ranks.leader_policy(self.world, self.req.policy, lambda: pivot.read_policy(
+                    self.run_dir / names.NEXT_POLICY_NAME, self.cfg))
+                self.req.pivot = self.req.policy is not None
+            elif learned:  # a hot pivot asked on rank 0: the same policy file
                 self.req.policy = pivot.read_policy(self.run_dir / names.NEXT_POLICY_NAME, self.cfg)
             action = boundary_action(self.step, stop_at, ck.every, self.req)
             taken = True
@@ -299,12 +304,14 @@ class Boundary:
             if self.world.leader:
                 self.io.submit(rollback.drop_after, self.run_dir, plan.to_step).result()
             raise RunFailed(plan.message(start_from))
-        payload = await loop.run_in_executor(self.train, rollback.good_payload, g, self.run_dir, self.cfg, trainer)
+        payload = await sharing.payload_everywhere(  # on separate disks: read by rank 0, sent to the others
+            self.world, lambda: rollback.good_payload(g, self.run_dir, self.cfg, trainer), trainer.n, self.train)
         await loop.run_in_executor(self.train, trainer.load, payload)
         g.apply(plan)
         self.step, trainer.lr_scale = plan.to_step, plan.lr_scale
         info = ckpt.CheckpointInfo(self.run_dir / names.checkpoint_name(plan.to_step), plan.to_step, trainer.n)
-        self.proxy = resume.restore_proxy(self.cfg, self.run_dir, self.proxy.arms, info)
+        self.proxy = resume.restore_proxy(self.cfg, self.run_dir, self.proxy.arms, info,
+                                          sharing.json_reader(self.world))
         self.proxy.data_offset = plan.data_offset
         self.feed.lines.append(marker("rollback", plan.to_step, checkpoint=plan.to_path or "initial state",
                                       attempt=plan.attempt, remedy=plan.remedy, data_offset=plan.data_offset,
@@ -312,7 +319,7 @@ class Boundary:
         log.warning("guard: rolled back from step %d to %s (attempt %d of %d: %s; data offset %d, lr scale %g)",
                     plan.incident_step, plan.to_path or "the initial state", plan.attempt, self.cfg.guard.max_attempts,
                     plan.remedy, plan.data_offset, plan.lr_scale)
-        if rollback.in_run_dir(g, self.run_dir):
+        if sharing.from_leader(self.world, rollback.in_run_dir, g, self.run_dir):
             self.feed.flush(force_sync=True)
             if self.world.leader:  # one writer per file (every rank took the same decision)
                 self.io.submit(rollback.write_companion, self.run_dir, plan.to_step, g.to_state(plan.to_step))

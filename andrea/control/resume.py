@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from andrea.config import RunConfig
@@ -86,11 +87,13 @@ def quarantine(run_dir: Path, path: Path) -> Path:
     return dest
 
 
-def restore_proxy(cfg: RunConfig, run_dir: Path, arms, info: ckpt.CheckpointInfo) -> DataProxy:
-    """The data proxy as of the checkpoint: its step_S.state.json, else .state.json if at S, else fresh."""
+def restore_proxy(cfg: RunConfig, run_dir: Path, arms, info: ckpt.CheckpointInfo,
+                  read_json: Callable[[Path], object] = sidecars.read_json) -> DataProxy:
+    """The data proxy as of the checkpoint: its step_S.state.json, else .state.json if at S, else fresh.
+    `read_json`: how this rank reads a sidecar (on separate disks, rank 0 reads for it: control/sharing.py)."""
     step = info.step
     for path in (sidecars.checkpoint_state_path(info.path.parent, step), run_dir / names.STATE_NAME):
-        d = sidecars.read_json(path)
+        d = read_json(path)
         if d is None or (isinstance(d, dict) and d.get("step") != step and path.name == names.STATE_NAME):
             continue
         proxy, warnings = DataProxy.from_state(cfg, arms, d, step, str(path))

@@ -12,6 +12,7 @@ Reads the known-good state's payload: a checkpoint, imported --init-from weights
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,15 +28,17 @@ def companion_path(run_dir: Path, step: int) -> Path:
 
 
 def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
-               init_from: str | None = None) -> tuple[Guard, str | None]:
+               init_from: str | None = None,
+               read_json: Callable[[Path], object] = sidecars.read_json) -> tuple[Guard, str | None]:
     """The guard as of the checkpoint resumed from (its companion), else one whose known-good point is that
-    checkpoint (a run from before the guard, a branch, --init-from) or the initial state; and a warning."""
+    checkpoint (a run from before the guard, a branch, --init-from) or the initial state; and a warning.
+    `read_json`: how this rank reads the companion (on separate disks, rank 0 reads it: control/sharing.py)."""
     if info is None:
         return Guard(cfg.guard, init_from=init_from), None
     path = companion_path(info.path.parent, info.step)
     name = info.path.name if info.path.parent == run_dir else str(info.path.resolve())
     try:
-        d = sidecars.read_json(path)
+        d = read_json(path)
         if d is not None:
             return Guard.from_state(cfg.guard, d, info.step, str(path)), None
     except (sidecars.SidecarError, GuardStateError) as e:

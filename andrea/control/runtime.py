@@ -36,7 +36,7 @@ import torch
 
 from andrea import export
 from andrea.config import ConfigError, RunConfig
-from andrea.control import identity, pivot, ranks, resume, rollback, shards, tensorboard
+from andrea.control import identity, pivot, ranks, resume, rollback, shards, sharing, tensorboard
 from andrea.control.boundary import Boundary, RunFailed
 from andrea.control.ledger import LedgerFeed
 from andrea.control.proxy import Batch, DataProxy
@@ -137,8 +137,9 @@ class TrainingRun:
 
     # --- start -------------------------------------------------------------------------------------------
     def prepare_data(self) -> tuple:
-        """Rank 0 prepares what is not prepared yet, polling for a stop request (ranks.prepare_data)."""
-        self.preparing = self.world.leader
+        """Rank 0 (on separate disks, the first rank of each) prepares what is not prepared yet, polling for a stop
+        request (ranks.prepare_data)."""
+        self.preparing = ranks.prepares(self.world)
         try:
             return ranks.prepare_data(self.world, self.cfg, self.run_dir, should_stop=lambda: self.req.stop is not None)
         finally:
@@ -174,19 +175,21 @@ class TrainingRun:
             self.feed.lines.append(marker("start", 0, n_params=trainer.n, seed=self.cfg.train.seed,
                                           identity=identity.identity(self.cfg, identity.tokenizer_sha256(self.run_dir)),
                                           **(imported or {})))
-        else:
-            step, payload = await loop.run_in_executor(self.train, ckpt.read_payload, info.path, trainer.n)
-            await loop.run_in_executor(self.train, trainer.load, torch.from_numpy(payload))
-            self._resumed = step
-            proxy = resume.restore_proxy(self.cfg, self.run_dir, arms, info)
+        else:  # on separate disks rank 0 reads and validates, and sends the others theirs (control/sharing.py)
+            payload = await sharing.payload_everywhere(
+                self.world, lambda: ckpt.read_payload(info.path, trainer.n)[1], trainer.n, self.train)
+            await loop.run_in_executor(self.train, trainer.load, payload)
+            self._resumed = info.step
+            proxy = resume.restore_proxy(self.cfg, self.run_dir, arms, info, sharing.json_reader(self.world))
             origin = info.path.name if info.path.parent == self.run_dir else str(info.path.resolve())
-            self.feed.lines.append(marker("resume", step, phase=proxy.phase, **{"from": origin}))
+            self.feed.lines.append(marker("resume", info.step, phase=proxy.phase, **{"from": origin}))
         self.writer = shards.writer_for(self.world, self.run_dir, trainer, self.device, self.io,
                                        keep_last=self.cfg.checkpoint.keep_last,
                                        keep_every=self.cfg.checkpoint.keep_every)
         if info is not None and info.path.parent == self.run_dir:
             self.writer.last_committed = self.step
-        self.guard, warning = rollback.load_guard(self.cfg, info, self.run_dir, (imported or {}).get("from"))
+        self.guard, warning = rollback.load_guard(self.cfg, info, self.run_dir, (imported or {}).get("from"),
+                                                  sharing.json_reader(self.world))
         if warning:
             log.warning("%s", warning)
         if info is not None and proxy.phase > 0 and proxy.phase_start == self.step:  # resumed at a pivot: as
@@ -205,7 +208,9 @@ class TrainingRun:
         for sig in self.early.received if self.early else ():
             self.on_signal(sig)
         try:
-            for stale in ckpt.remove_stale_tmp(self.run_dir) if self.world.leader else ():
+            sharing.probe(self.world, self.run_dir)  # before anything reads the run directory
+            self._cfg = sharing.from_leader(self.world, lambda: self._cfg)  # separate disks: rank 0's run.toml
+            for stale in ckpt.remove_stale_tmp(self.run_dir) if self.world.view == self.world.rank else ():
                 log.warning("removed %s left by an interrupted write (never read as a checkpoint or sidecar)",
                             stale.relative_to(self.run_dir))
             trainer, proxy = await self.start()

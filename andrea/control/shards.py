@@ -23,6 +23,8 @@ one message from each rank to rank 0 and one back.
                and takes the same decisions; a rank leaves a failed commit only once the `.tmp` is gone. Rank 0
                sends it and returns (then applies retention: a released checkpoint becomes the spare), without
                the round trip an all-reduce would add to its commit.
+It needs one run directory that every rank sees (a shared filesystem): control/sharing.py probes that at start,
+and ranks on separate disks commit through control/gathered.py instead (`writer_for`).
 The atomic protocol of one process, unchanged: the rename is the commit point, and it happens only after every
 rank's blocks are fsynced. Every block of the file has exactly one writer, and every write is whole, aligned
 blocks: no page cache, no read-modify-write of a block two ranks share, no buffered write waiting for the inode
@@ -43,6 +45,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from andrea.control.gathered import GatheredCheckpointWriter
 from andrea.control.shard_layout import ShardImage
 from andrea.control.writer import CheckpointWriter, CommitResult
 from andrea.distributed import World
@@ -191,7 +194,10 @@ class ShardedCheckpointWriter(CheckpointWriter):
 
 
 def writer_for(world: World, run_dir: Path, trainer, device: torch.device, io, **kw) -> CheckpointWriter:
-    """The one-process writer, or the sharded one for a ZeroTrainer; kw: CheckpointWriter's."""
+    """The one-process writer; for a ZeroTrainer the sharded one, or the gathered one when the ranks do not share
+    the run directory (control/sharing.py, control/gathered.py); kw: CheckpointWriter's."""
     if not world.distributed:
         return CheckpointWriter(run_dir, trainer.n, device, io, **kw)
+    if not world.shared_dir:
+        return GatheredCheckpointWriter(run_dir, trainer.n, world, device, io, **kw)
     return ShardedCheckpointWriter(run_dir, trainer.n, world, device, io, **kw)

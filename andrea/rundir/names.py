@@ -21,6 +21,8 @@ integrity checks and a replica agree on them.
                                (control/resume.py): evidence, never deleted
       tb/                      TensorBoard event files when enabled (control/tensorboard.py)
       train.lock, train.pid    one trainer per directory (rundir/runlock.py)
+      .share-probe.<nonce>     for a moment at a torchrun start: does every rank see this directory
+                               (control/sharing.py)
 Any file written atomically passes through `<name>.tmp` (rundir/atomic.py, rundir/checkpoint.py).
 """
 
@@ -44,6 +46,7 @@ SPARE_NAME = "spare.ckpt"
 LOCK_NAME = "train.lock"
 PID_NAME = "train.pid"
 TMP_SUFFIX = ".tmp"
+PROBE_PREFIX = ".share-probe."
 
 CHECKPOINT_RE = re.compile(r"^step_(\d{6,})\.bin$")
 COMPANION_RE = re.compile(r"^step_\d{6,}\.[a-z]+\.json$")

@@ -32,6 +32,7 @@ from andrea.data.store import ArmTokens
 from andrea.progress import Progress
 from andrea.rundir import checkpoint as ckpt, names, sidecars
 from andrea.trainer import StepOutput
+from tests.sharding import run_ranks
 
 N = 6  # parameters of the fake model
 
@@ -86,8 +87,9 @@ class Trainer:
 class Writer:
     """CheckpointWriter's surface: two staging slots, commits on the I/O thread after `before_commit`."""
 
-    def __init__(self, run_dir: Path, io, events: list, fail: set[int] = frozenset()):
+    def __init__(self, run_dir: Path, io, events: list, fail: set[int] = frozenset(), writes: bool = True):
         self.run_dir, self.io, self.events, self.fail = run_dir, io, events, set(fail)
+        self.writes = writes  # False: a rank > 0 on its own disk (control/gathered.py), which writes nothing
         self.staging = [torch.zeros(3 * N) for _ in range(2)]
         self.last_committed, self.last_error = None, None
         self.stall_seconds: list[float] = []
@@ -101,6 +103,9 @@ class Writer:
         payload = self.staging[slot].numpy().copy()
 
         def commit():
+            if not self.writes:
+                self.events.append(("commit", step, None))
+                return SimpleNamespace(step=step, path=None, error=None)
             before_commit()
             companions = all(p.exists() for p in (sidecars.checkpoint_state_path(self.run_dir, step),
                                                   self.run_dir / f"step_{step:06d}.guard.json"))
@@ -136,7 +141,8 @@ def make_cfg(**sections) -> config.RunConfig:
     return cfg
 
 
-def make_boundary(tmp_path: Path, cfg: config.RunConfig, *, step: int = 0, nan_at=(), fail=(), **kw) -> Boundary:
+def make_boundary(tmp_path: Path, cfg: config.RunConfig, *, step: int = 0, nan_at=(), fail=(), writes: bool = True,
+                  **kw) -> Boundary:
     events: list = []
     io = ThreadPoolExecutor(1)
     train = ThreadPoolExecutor(1)
@@ -147,7 +153,7 @@ def make_boundary(tmp_path: Path, cfg: config.RunConfig, *, step: int = 0, nan_a
     trainer = Trainer(events, records, set(nan_at))
     trainer.state += step
     b = Boundary(cfg, tmp_path, step=step, proxy=DataProxy(cfg, arms, phase_start=step), trainer=trainer,
-                 writer=Writer(tmp_path, io, events, set(fail)), guard=Guard(cfg.guard, good_step=step),
+                 writer=Writer(tmp_path, io, events, set(fail), writes), guard=Guard(cfg.guard, good_step=step),
                  feed=LedgerFeed(Ledger(events, tmp_path / ".loss.json"), io), req=Requests(), records=records,
                  progress=Progress(step, 10_000, 1, 10_000), train=train, io=io, **kw)
     b.events = events
@@ -272,3 +278,37 @@ def test_a_failed_write_under_on_write_error_stop_fails_the_run_at_a_boundary(tm
         asyncio.run(drive(b, 1_000))
     assert b.req.failed is not None and 4 < b.step < 1_000
     assert not (tmp_path / names.checkpoint_name(4)).exists()
+
+
+def test_on_separate_disks_rank_1_takes_rank_0s_rollback_state_and_policy_and_never_touches_its_disk(tmp_path):
+    """Two ranks as threads, each with its own run directory; rank 1's writer writes nothing (the gathered commit).
+    The rollback's checkpoint and sidecars, and the pivot's policy, exist on rank 0's disk alone."""
+    cfg = make_cfg(checkpoint={"every": 5, "keep_last": 10, "usr1": "step"})
+    new = configload.from_dict({**cfg.to_dict(), "policy": {"caps": {cfg.data.arms[0]: 0.2}}})
+    disks = [tmp_path / "node0", tmp_path / "node1"]
+    for d in disks:
+        d.mkdir()
+
+    def rank(world):
+        world.shared_dir, world.view = False, world.rank
+        b = make_boundary(disks[world.rank], make_cfg(checkpoint={"every": 5, "keep_last": 10, "usr1": "step"}),
+                          nan_at={12}, writes=world.leader, world=world)
+
+        def ask(b):  # `andrea pivot` reaches rank 0 alone, which read the policy from its own disk
+            if b.step == 16 and world.leader:
+                b.req.policy = new
+                b.req.ask_pivot(b.step, cfg.checkpoint.every, cfg.checkpoint.usr1)
+
+        asyncio.run(drive(b, 20, on_step=ask))
+        return b
+
+    got = run_ranks(2, rank)
+    b0, b1 = got[0], got[1]
+    assert isinstance(b0, Boundary) and isinstance(b1, Boundary), (b0, b1)
+    rolled = [next(e for e in b.events if e[:2] == ("line", "rollback")) for b in (b0, b1)]
+    assert rolled[0] == rolled[1] and ("load", rolled[0][2]) in b1.events  # rank 0's state, sent
+    assert [e for e in b0.events if e[0] == "load"] == [e for e in b1.events if e[0] == "load"]
+    assert b0.cfg.policy.caps == b1.cfg.policy.caps == {cfg.data.arms[0]: 0.2}
+    assert b0.proxy.phase_start == b1.proxy.phase_start == 17 and b0.step == b1.step == 20
+    assert list(disks[1].iterdir()) == []  # rank 1 read and wrote nothing on its own disk
+    assert weights_of(disks[0], 20) == 20
