@@ -135,6 +135,8 @@ def released_spare(tmp_path, n: int) -> int:
     """A checkpoint of another step, committed and released by retention: the run directory's spare (inode)."""
     old = ckpt.commit_checkpoint(tmp_path, 3, np.ones(3 * n, dtype=np.float32))
     assert spare.retire(old)
+    for companion in names.companions(tmp_path, 3):  # as the writer's retention does
+        companion.unlink()
     return (tmp_path / names.SPARE_NAME).stat().st_ino
 
 

@@ -181,7 +181,7 @@ def test_a_full_disk_on_one_rank_commits_nothing_and_damages_nothing(tmp_path, m
     errors = commit_with_threads(tmp_path, n, size, payload)
     assert sorted(errors) == [0, 1] and all("failed on rank 1" in e for e in errors.values())
     assert "No space left on device" in errors[1]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [old.name]  # no new checkpoint, no .tmp
+    assert sorted(p.name for p in tmp_path.iterdir()) == [old.name, "step_000003.sum.json"]  # no new one, no .tmp
     assert old.read_bytes() == before
 
 
@@ -221,7 +221,7 @@ def test_a_sharded_commit_writes_into_the_spare(tmp_path, n, size):
     assert final.stat().st_ino == ino
     (tmp_path / "one").mkdir()
     assert final.read_bytes() == ckpt.commit_checkpoint(tmp_path / "one", 7, payload).read_bytes()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", final.name]  # the spare became step 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", final.name, "step_000007.sum.json"]  # spare -> 7
 
 
 @pytest.fixture(scope="module")
