@@ -27,6 +27,9 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
             written to run.toml)     {"event": "micro_batch", "step": S, "micro_batch_size": b, "rows": B/P,
                                       "out_of_memory_at": [B/P, ...]}
     torn_tail  a partial last line left by a crash was cut off at open {"event": "torn_tail", "bytes": k}
+    gap        the run continued past a ledger its checkpoint did not vouch for (`--accept-ledger-gap`)
+               {"event": "gap", "step": S, "reason": "...", "recorded_bytes": B, "unreadable_lines": [n, ...]}
+               — readers skip the unreadable lines it lists (and only those)
     incident   the divergence guard (control/guard.py) saw the run leave its basin at step T
                {"event": "incident", "step": T, "reason": "loss 9.3 above its band 7.5 (3 of the last 5 steps
                 anomalous)", "loss": 9.3, "grad_norm": 3.0, "attempt": k}   (a non-finite value as a string)
