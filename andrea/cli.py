@@ -178,7 +178,8 @@ def expected_n_params(run_dir: Path) -> int | None:
 def cmd_verify(args: argparse.Namespace) -> int:
     """Deep validation of each checkpoint, its content checksum included: `ok` (verified), `unverifiable` (valid,
     written before checksums existed), `bad` (one line naming the file and the problem; exit 1). A checkpoint
-    retention removes while this runs was never broken: it is reported as `gone`, not as a failure."""
+    retention removes while this runs was never broken: it is reported as `gone`, not as a failure. A run
+    directory's prepared token files and tokenizer are checked against data/manifest.json too."""
     path = Path(args.path)
     if path.is_dir():
         files, n = [p for _, p in ckpt.list_checkpoints(path)], expected_n_params(path)
@@ -206,6 +207,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         else:
             print(f"unverifiable {f} step={info.step} n_params={info.n_params}: valid, but written before "
                   "checksums (no step_NNNNNN.sum.json)")
+    if path.is_dir() and (path / names.DATA_DIR / names.MANIFEST_NAME).exists():  # and what the run reads
+        from andrea.data.manifest import verify_tokens
+        for status, what, detail in verify_tokens(path):
+            print(f"{status} {what}: {detail}", file=sys.stderr if status == "bad" else sys.stdout)
+            bad += status == "bad"
     return 1 if bad else 0
 
 

@@ -144,3 +144,10 @@ def test_mixture_bench_compares_each_policy_with_uniform(tmp_path):
         [evals] = seeds
         assert [e["step"] for e in evals] == [10, 20] and all(e["target_loss"] > 0 for e in evals), (kind, evals)
     assert "| default |" in result.stdout and "| uniform |" in result.stdout and "vs uniform" in result.stdout
+
+
+def test_verify_tokens_bench_prints_its_cost_per_gb(tmp_path):
+    result = run_bench("bench/verify_tokens.py", "--gb", "0.01", "--dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"token_digest of 0\.01 GB \((cold|warm) page cache\): [\d.]+ s, [\d.]+ s per GB", result.stdout)
+    assert not list(tmp_path.iterdir())  # its file is removed

@@ -163,6 +163,7 @@ BENCH_TESTS = {
     "andrea/kernels/compile_check.py":
         "tests/kernels/test_compile.py::test_every_kernel_compiles_for_every_arch_within_its_limits",
     "bench/audit.py": "tests/test_bench_smoke.py::test_audit_bench_times_both_variants_and_the_in_process_audit",
+    "bench/verify_tokens.py": "tests/test_bench_smoke.py::test_verify_tokens_bench_prints_its_cost_per_gb",
     "bench/zero_dist.py": "tests/test_bench_smoke.py::test_zero_dist_bench_reports_the_share_of_a_step_in_collectives",
     "bench/mixture.py": "tests/test_bench_smoke.py::test_mixture_bench_compares_each_policy_with_uniform",
     "bench/gpu_train.py": "tests/test_gpu_check.py::test_the_selftest_runs_every_part_into_one_results_directory",

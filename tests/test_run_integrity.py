@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from andrea import cli
@@ -170,3 +171,28 @@ def test_ctl_stop_is_idempotent_and_a_stopped_trainer_is_one_line(tmp_path):
     finally:
         holder.kill()
         holder.wait(30)
+
+
+def test_verify_checks_the_prepared_tokens_and_the_tokenizer_against_the_manifest(trained, tmp_path):
+    def verify(run):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(["verify", str(run)])
+        return code, out.getvalue(), err.getvalue()
+
+    code, out, err = verify(trained)
+    token_files = sorted((trained / names.DATA_DIR).glob("*.train.u16"))
+    assert code == 0 and token_files and not err
+    for f in token_files:
+        assert f"ok {f}:" in out
+    assert f"ok {trained / names.TOKENIZER_NAME}:" in out
+    run = copy_of(trained, tmp_path)
+    victim = sorted((run / names.DATA_DIR).glob("*.train.u16"))[0]
+    tokens = np.fromfile(victim, dtype="<u2")
+    tokens[::32] ^= 1  # every 32nd token another id: same size, valid ids
+    tokens.tofile(victim)
+    (run / names.TOKENIZER_NAME).write_text((run / names.TOKENIZER_NAME).read_text().replace('"', '"', 1) + " ")
+    code, out, err = verify(run)
+    assert code == 1
+    assert f"bad {victim}: its tokens changed after preparation" in err
+    assert f"bad {run / names.TOKENIZER_NAME}: sha256" in err

@@ -181,7 +181,7 @@ class ArmJob:
                 return False
         self._flush(progress)
         self.rec.complete = True
-        self._commit()
+        self._commit(digests=True)
         return True
 
     def _check_unchanged(self, path: Path, entry: dict, when: str) -> None:
@@ -234,8 +234,13 @@ class ArmJob:
         progress.advance(self.done_bytes + read_now, self.writer.stream)
         self.chunk, self.chunk_bytes = [], 0
 
-    def _commit(self) -> None:
+    def _commit(self, digests: bool = False) -> None:
         self.rec.train_tokens, self.rec.val_tokens = self.writer.commit()
+        if digests:  # the arm is complete: its token files never change again; verify checks these
+            self.rec.token_digests = {
+                split: mf.token_digest(path, n * self.writer.dtype.itemsize)
+                for split, path, n in zip(("train", "val"), self.writer.paths,
+                                          (self.rec.train_tokens, self.rec.val_tokens))}
         self.rec.files_bytes = self.files.commit() if self.files is not None else 0
         tokens, documents = self.tally.get(self.cursor["file"], [0, 0])
         self.rec.cursor = {**self.cursor, "tokens": tokens, "documents": documents}

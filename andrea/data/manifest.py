@@ -9,7 +9,9 @@ Writes (each atomically: temporary file, fsync, rename, directory fsync):
                              [{"path", "size", "mtime_ns"}] (a resumed preparation reads exactly these)
     data/<arm>.files.jsonl   one line per source file finished: {"path", "size", "mtime_ns", "sha256", "tokens",
                              "documents"}; appended, and cut back to the manifest's `files_bytes` on resume
-An arm is used for training only once its record says `complete`; until then `cursor` says where the next
+A complete arm records `token_digests`, the xxh3-128 of each of its token files' committed bytes, so `andrea
+verify` sees a token changed after preparation (`verify_tokens`). An arm is used for training only once its
+record says `complete`; until then `cursor` says where the next
 piece starts (file index in the plan, position in that file, line number for JSON lines) and `train_tokens` /
 `val_tokens` how much of the token files is committed (splits.py). Token arms (`kind = "tokens"`) are used in place:
 their record names the file, its size, mtime, hash and token count.
@@ -23,6 +25,8 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import xxhash
 
 from andrea.data.sources import DataError
 from andrea.rundir.atomic import write_atomic
@@ -51,6 +55,8 @@ class ArmRecord:
     capped: bool = False  # the cap stopped the arm before its source ended
     counts: dict = dataclasses.field(default_factory=dict)  # read.Counts: undecodable bytes, empty files, skips
     dtype: str = "uint16"  # token arms: the file's token width
+    token_digests: dict = dataclasses.field(default_factory=dict)  # {"train", "val"}: xxh3-128 of the committed
+    # tokens of each file, recorded when the arm completes (an arm prepared before this is unverifiable)
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "ArmRecord":
@@ -188,4 +194,52 @@ def data_status(run_dir: Path) -> dict | None:
         drawn = pulls.get(name, 0) * block if block else None
         s["epochs"] = round(drawn / rec.train_tokens, 4) if drawn is not None and rec.train_tokens else None
         out[name] = s
+    return out
+
+
+def token_digest(path: Path, nbytes: int) -> str:
+    """xxh3-128 of the first `nbytes` bytes of a token file (the recorded length: a file grown later still
+    verifies what the run reads)."""
+    h, left = xxhash.xxh3_128(), nbytes
+    with open(path, "rb") as f:
+        while left and (piece := f.read(min(left, 16 << 20))):
+            h.update(piece)
+            left -= len(piece)
+    if left:
+        raise DataError(f"{path}: shorter than the {nbytes:,} bytes its manifest records")
+    return h.hexdigest()
+
+
+def verify_tokens(run_dir: Path) -> list[tuple[str, str, str]]:
+    """(status, file, detail) per token file and the tokenizer of a prepared run, checked against its manifest:
+    status "ok", "bad" (changed after preparation; detail says how) or "unverifiable" (prepared before digests
+    were recorded)."""
+    data_dir = run_dir / DATA_DIR
+    manifest = Manifest.load(data_dir)
+    out = []
+    want = manifest.tokenizer.get("sha256")
+    tok = run_dir / manifest.tokenizer.get("file", "tokenizer.json")
+    if want and tok.parent == run_dir:
+        got = sha256(tok) if tok.exists() else None
+        out.append(("ok" if got == want else "bad", str(tok),
+                    "sha256 matches the manifest" if got == want else
+                    "missing" if got is None else f"sha256 {got[:16]}… differs from the manifest's {want[:16]}…"))
+    itemsize = 2 if manifest.dtype == "uint16" else 4
+    for name, rec in sorted(manifest.arms.items()):
+        if rec.kind == "tokens" or not rec.complete:
+            continue
+        ext = "u16" if itemsize == 2 else "u32"
+        for split, tokens in (("train", rec.train_tokens), ("val", rec.val_tokens)):
+            path = data_dir / f"{name}.{split}.{ext}"
+            recorded = rec.token_digests.get(split)
+            if recorded is None:
+                out.append(("unverifiable", str(path), "prepared before token digests were recorded"))
+                continue
+            try:
+                got = token_digest(path, tokens * itemsize)
+            except (OSError, DataError) as e:
+                out.append(("bad", str(path), str(e)))
+                continue
+            out.append(("ok" if got == recorded else "bad", str(path), f"{tokens:,} tokens" if got == recorded
+                        else f"its tokens changed after preparation (xxh3_128 {got}, recorded {recorded})"))
     return out
