@@ -310,7 +310,8 @@ def check_prepare(args, out, err, block):
 
 
 def check_verify(args, out, err, block):
-    assert out.count("ok ") == len(ckpt.list_checkpoints(args[1])) > 0, out
+    verified = [line for line in out.splitlines() if line.startswith("ok ") and "checksum=verified" in line]
+    assert len(verified) == len(ckpt.list_checkpoints(args[1])) > 0 and not err, out
 
 
 def check_sample(args, out, err, block):

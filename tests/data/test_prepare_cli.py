@@ -55,7 +55,8 @@ def test_sigterm_during_prepare_stops_at_once_exit_0_and_the_rerun_ends_byte_ide
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                             env={**env(), "ANDREA_TEST_FILE_DELAY": "0.3"})  # 30 files: a 9 s window
     try:
-        wait_until(lambda: (run / "data" / "notes.plan.json").exists(), 60, "the arm's preparation to begin")
+        wait_until(lambda: (run / "tokenizer.json").exists() and (run / "data" / "notes.plan.json").exists(), 60,
+                   "the arm's encoding to begin (the tokenizer trained)")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:
@@ -75,7 +76,8 @@ def test_sigterm_during_a_first_start_preparation_exits_0_without_a_checkpoint_a
     src, run = notes(tmp_path), tmp_path / "run"
     t = Trainer(run, "--steps", "5", *sources(src), extra_env={"ANDREA_TEST_FILE_DELAY": "0.3"})
     try:
-        wait_until(lambda: (run / "data" / "notes.plan.json").exists(), 60, "the arm's preparation to begin")
+        wait_until(lambda: (run / "tokenizer.json").exists() and (run / "data" / "notes.plan.json").exists(), 60,
+                   "the arm's encoding to begin (the tokenizer trained)")
         t.proc.send_signal(signal.SIGTERM)
         assert t.wait_exit(30) == 0
     finally:
