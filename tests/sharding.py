@@ -122,13 +122,18 @@ def commit_with_threads(tmp_path, n: int, size: int, payload: np.ndarray, fail_r
         if returned is not None:
             returned[r].set()
 
+    on_threads(size, rank)
+    return errors
+
+
+def on_threads(size: int, rank) -> None:
+    """rank(r) for r < size, each on a thread named rank-r; all joined (a rank lost for 60 s fails the test)."""
     threads = [threading.Thread(target=rank, args=(r,), name=f"rank-{r}") for r in range(size)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
     assert not [t.name for t in threads if t.is_alive()], "a rank thread still runs after 60 s (a lost message?)"
-    return errors
 
 
 def released_spare(tmp_path, n: int) -> int:
@@ -151,10 +156,5 @@ def run_ranks(size: int, fn) -> dict[int, object]:
         except Exception as e:  # noqa: BLE001 - the test asserts on it
             out[r] = e
 
-    threads = [threading.Thread(target=rank, args=(r,), name=f"rank-{r}") for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not [t.name for t in threads if t.is_alive()], "a rank thread still runs after 60 s (a lost message?)"
+    on_threads(size, rank)
     return out

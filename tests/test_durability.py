@@ -15,7 +15,6 @@ claimed and rewritten, and the rollback's rewrite of guard state before the aban
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import os
 import subprocess
@@ -33,6 +32,7 @@ from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars, spare
 from andrea.rundir.names import LEDGER_NAME
 from andrea.rundir.ledger import LossLedger
 from tests import sharding
+from tests.disks import refuse_o_direct_on_setfl
 from tests.oscalls import OsCalls
 from tests.runs import ROOT, TINY, env, seed_data
 
@@ -180,14 +180,7 @@ def test_every_rank_fsyncs_its_blocks_before_its_vote_and_rank_0_renames_after_e
 
     monkeypatch.setattr(sharding.ThreadWorld, "to_leader", recorded_vote)
     if path == "refused":  # a filesystem that will not switch O_DIRECT on: the buffered blocks
-        real = shards.fcntl.fcntl
-
-        def refuse(fd, cmd, *args):
-            if cmd == shards.fcntl.F_SETFL and args and args[0] & os.O_DIRECT:
-                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
-            return real(fd, cmd, *args)
-
-        monkeypatch.setattr(shards.fcntl, "fcntl", refuse)
+        refuse_o_direct_on_setfl(monkeypatch, shards)
     spare_ino = sharding.released_spare(tmp_path, n) if path == "into the spare" else None
     with calls:
         assert sharding.commit_with_threads(tmp_path, n, size, data) == {}
