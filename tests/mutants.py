@@ -57,8 +57,8 @@ MUTANTS = [
            '            pwrite_all(fd, memoryview(data).cast("B"), offset)\n',
            (DURABILITY, POWER, "-k", "not sigkill")),
     Mutant("#28.2 ledger sync: no fsync", "andrea/rundir/ledger.py",
-           "        if self._dirty:\n            os.fsync(self._fd)\n            self._dirty = False\n",
-           "        if self._dirty:\n            self._dirty = False\n",
+           "        try:\n            os.fsync(self._fd)\n        except OSError:\n",
+           "        try:\n            pass\n        except OSError:\n",
            (DURABILITY,)),
     Mutant("#28.3 ZeRO-1 write_blocks: no fsync before the vote", "andrea/control/shards.py",
            "it\n        os.fsync(fd)\n    finally:\n", "it\n    finally:\n",
@@ -119,8 +119,8 @@ MUTANTS = [
            (DURABILITY, "-k", "rank")),
     # --- the spare and the rollback --------------------------------------------------------------------------
     Mutant("spare claimed, then dropped: every commit writes a fresh file", "andrea/rundir/checkpoint.py",
-           "        spare.claim(tmp)\n        write_image(tmp, view, size, direct)\n",
-           "        spare.claim(tmp) and tmp.unlink()\n        write_image(tmp, view, size, direct)\n",
+           "            spare.claim(tmp)\n            write_image(tmp, view, size, direct)\n",
+           "            spare.claim(tmp) and tmp.unlink()\n            write_image(tmp, view, size, direct)\n",
            (DURABILITY, "-k", "spare")),
     Mutant("rollback: no directory fsync after deleting the abandoned checkpoints", "andrea/control/rollback.py",
            "    if dropped:\n        atomic.fsync_dir(run_dir)\n", "    if dropped:\n        pass\n",
@@ -139,9 +139,11 @@ MUTANTS = [
            "            if self.step != self.start:\n                await self.audit()\n",
            "            await self.audit()\n", (BOUNDARY,)),
     Mutant("boundary: abandoned checkpoints deleted before the guard state", BOUNDARY_FILE,
-           "        if rollback.in_run_dir(g, self.run_dir):\n            self.feed.flush(force_sync=True)\n",
+           "        if sharing.from_leader(self.world, rollback.in_run_dir, g, self.run_dir):\n"
+           "            self.feed.flush(force_sync=True)\n",
            "        rollback.drop_after(self.run_dir, plan.to_step)\n"
-           "        if rollback.in_run_dir(g, self.run_dir):\n            self.feed.flush(force_sync=True)\n",
+           "        if sharing.from_leader(self.world, rollback.in_run_dir, g, self.run_dir):\n"
+           "            self.feed.flush(force_sync=True)\n",
            (BOUNDARY,)),
     Mutant("boundary: no commit gate", BOUNDARY_FILE, "        if not guard.may_commit():", "        if False:",
            (BOUNDARY,)),
