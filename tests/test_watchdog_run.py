@@ -18,7 +18,7 @@ import pytest
 
 from andrea.config import STALL_EXIT_CODE
 from tests.notices import Inbox
-from tests.runs import Trainer, ledger, seed_data, train
+from tests.runs import Launched, Trainer, launcher_argv, ledger, seed_data, train
 
 STEPS = ["--steps", "30", "--checkpoint-every", "10"]
 FLOOR = 4.0
@@ -43,17 +43,22 @@ def inbox():
     box.close()
 
 
+def until_exit_after_the_hang(t: Trainer) -> tuple[int, float]:
+    """(exit status, seconds from the test hook's hang to the process's exit)."""
+    try:
+        t.wait_for(lambda line: "ANDREA_TEST_HANG" in line and "hangs now" in line, timeout=240)
+        hung_at = time.monotonic()
+        rc = t.wait_exit(120)
+        return rc, time.monotonic() - hung_at
+    finally:
+        t.kill()
+
+
 def hang_and_wait(run, where: str, inbox: Inbox) -> tuple[Trainer, float]:
     """A trainer whose `where` thread hangs at step 20; (the trainer after its exit, seconds from hang to exit)."""
     t = Trainer(run, *STEPS, *FAST_DOG, "--set", f'notify.url="{inbox.url}"',
                 extra_env={"ANDREA_TEST_HANG": f"{where}@20"})
-    try:
-        t.wait_for(lambda line: "ANDREA_TEST_HANG" in line and "hangs now" in line, timeout=180)
-        hung_at = time.monotonic()
-        rc = t.wait_exit(60)
-        took = time.monotonic() - hung_at
-    finally:
-        t.kill()
+    rc, took = until_exit_after_the_hang(t)
     assert rc == STALL_EXIT_CODE, t.output()[-4000:]
     return t, took
 
@@ -114,3 +119,15 @@ def test_notices_of_a_rollback_and_a_stop_reach_the_url_and_a_failing_command_is
     kinds = inbox.kinds()
     assert kinds.index("incident") < kinds.index("rollback") < kinds.index("stopped") == len(kinds) - 1
     assert "notify.command: the stopped notice exited 3" in t.output()
+
+
+def test_one_hung_rank_brings_the_whole_torchrun_job_down_within_the_limit(prepared, tmp_path):
+    """Rank 1's training thread hangs at step 15; rank 0 waits for it in a collective. Neither may wait forever:
+    the launcher (which ends only when both workers have ended) exits non-zero within the limit."""
+    run = seed_data(prepared, tmp_path / "run")
+    t = Launched(launcher_argv(run, *STEPS, *FAST_DOG), extra_env={"ANDREA_TEST_HANG": "train@15@1"})
+    rc, took = until_exit_after_the_hang(t)
+    out = t.output()
+    assert rc != 0 and took < FLOOR + 15, f"rc {rc} after {took:.1f}s:\n" + out[-4000:]
+    assert "andrea.watchdog[1]: watchdog: the training thread made no progress" in out, out[-4000:]
+    assert "in test_hang" in out
