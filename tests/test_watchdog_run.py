@@ -29,9 +29,9 @@ CALM = ["--set", "watchdog.floor_s=300"]  # the restart: run.toml kept the test'
 
 @pytest.fixture(scope="module")
 def reference(prepared, tmp_path_factory):
-    """30 steps that never hung: the bytes a restarted run must reach."""
+    """30 steps that never hung, without a watchdog: the bytes a restarted run (watchdog on) must reach."""
     run = seed_data(prepared, tmp_path_factory.mktemp("reference") / "run")
-    r = train(run, *STEPS)
+    r = train(run, *STEPS, "--set", "watchdog.enabled=false")
     assert r.returncode == 0, r.stderr[-4000:]
     return run
 
