@@ -90,6 +90,22 @@ def test_a_command_gets_the_json_on_stdin(tmp_path):
     assert (doc["event"], doc["step"], doc["phase"]) == ("pivot", 7, 1)
 
 
+def test_send_returns_while_the_command_still_runs(tmp_path):
+    """The command waits for a file the test creates only after send() returned: a send that waited for the
+    command would never return."""
+    release, out = tmp_path / "release", tmp_path / "got.json"
+    cmd = shlex.join([sys.executable, "-c", "import os, sys, time\ndoc = sys.stdin.read()\n"
+                      f"while not os.path.exists({str(release)!r}): time.sleep(0.01)\n"
+                      f"open({str(out)!r}, 'w').write(doc)"])
+    n = Notifier(NotifyConfig(command=cmd, timeout_s=60), tmp_path)
+    n.send("incident", 1, message="x")
+    n.send("rollback", 1, message="x")  # queued behind the first
+    assert not out.exists()
+    release.touch()
+    n.close(60)
+    assert json.loads(out.read_text())["event"] == "rollback"
+
+
 def test_failures_and_timeouts_are_one_warning_each(tmp_path, caplog):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
