@@ -83,6 +83,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     init_from = Path(args.init_from) if args.init_from else None
     # Everything that can be refused is refused before the run directory is created or written to.
     check_init_from(init_from)
+    from andrea.control import notify
+    notify.check(cfg.notify)  # the notice command's program exists
     import torch
 
     from andrea import devices
@@ -99,7 +101,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     device = world.device(torch.device(device_type))
     torch.set_num_threads(max(1, torch.get_num_threads()))
     from andrea.control.runtime import TrainingRun
-    world.init(device)
+    world.init(device, cfg.watchdog.collective_timeout_s if cfg.watchdog.enabled else None)
     try:
         run = TrainingRun(cfg, run_dir, device=device, kernels=kernels, init_from=init_from, early=early,
                           world=world, accept_ledger_gap=args.accept_ledger_gap)

@@ -129,16 +129,21 @@ class World:
             torch.cuda.set_device(index)
         return make_current
 
-    def init(self, device: torch.device) -> None:
-        """Join the process group (env:// rendezvous prepared by torchrun) and create the side groups."""
+    def init(self, device: torch.device, timeout_s: float | None = None) -> None:
+        """Join the process group (env:// rendezvous prepared by torchrun) and create the side groups.
+
+        `timeout_s` (the watchdog's collective_timeout_s, config.py): how long a collective of the training or the
+        I/O thread waits for a peer before it fails; past it the job comes down instead of waiting forever on a
+        hung rank (the watchdog of each rank has spoken first). None: torch's default."""
         if not self.distributed:
             return
         import torch.distributed as dist
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=self.rank, world_size=self.size,
+        timeout = timedelta(seconds=timeout_s) if timeout_s else None
+        dist.init_process_group(backend, rank=self.rank, world_size=self.size, timeout=timeout,
                                 device_id=device if device.type == "cuda" else None)
         self.groups["control"] = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
-        self.groups["io"] = dist.new_group(backend="gloo")
+        self.groups["io"] = dist.new_group(backend="gloo", timeout=timeout)
         root = logging.getLogger()
         for h in root.handlers:  # every rank logs to the launcher's stderr: say which one speaks
             fmt = getattr(h.formatter, "_fmt", None)

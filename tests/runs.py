@@ -126,6 +126,16 @@ class Trainer:
             self.proc.wait(30)
 
 
+class Launched(Trainer):
+    """Any command's live output, read like a trainer's: a torchrun launcher and the lines of all its workers."""
+
+    def __init__(self, argv: list[str], extra_env: dict | None = None):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**env(), **(extra_env or {})}, cwd=ROOT)
+        self.lines, self._q = [], queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+
 def wait_until(condition, timeout: float, what: str, interval: float = 0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -63,7 +63,8 @@ class Boundary:
     def __init__(self, cfg: RunConfig, run_dir: Path, *, step: int, proxy: DataProxy, trainer, writer,
                  guard: Guard, feed: LedgerFeed, req: Requests, records: StepRecords, progress: Progress,
                  train: Executor, io: Executor, world: World | None = None, codec=None, tb=None,
-                 evaluate: Callable = audit.evaluate, sample: Callable = audit.sample_audits):
+                 evaluate: Callable = audit.evaluate, sample: Callable = audit.sample_audits,
+                 notify: Callable[..., None] = lambda kind, step, **detail: None):
         self.cfg, self.run_dir = cfg, run_dir
         self.step, self.proxy = step, proxy
         self.start = step  # the audits of this step ran before: in the previous process, or the first timeline
@@ -74,6 +75,7 @@ class Boundary:
         self.world = world or World()
         self.codec, self.tb = codec, tb
         self.evaluate, self.sample = evaluate, sample
+        self.notify = notify  # control/notify.py: Notifier.send (a pivot, a failed write)
 
     # --- the sequence ------------------------------------------------------------------------------------
     async def cross(self, stop_at: int) -> bool:
@@ -229,6 +231,8 @@ class Boundary:
         """A commit's outcome, on the loop thread: a failed one is never confirmed as the guard's good point."""
         if fut.cancelled() or fut.exception() is not None or fut.result().error is not None:
             self.guard.on_commit_failed(step)
+            error = str(fut.exception() or fut.result().error) if not fut.cancelled() else "cancelled"
+            self.notify("write_error", step, message=error, error=error, disk_full="No space left" in error)
 
     # --- pivots (docs/operating.md) ----------------------------------------------------------------------------------
     async def pivot(self) -> None:
@@ -252,6 +256,8 @@ class Boundary:
         self.proxy = DataProxy(new_cfg, self.proxy.arms, phase=phase, phase_start=step)
         self.guard.pivot(step, names.checkpoint_name(step))
         self.proxy.data_offset = self.guard.remedy["data_offset"]
+        self.notify("pivot", step, message=f"pivot at step {step}: phase {phase}", phase=phase,
+                    caps=new_cfg.policy.caps, floors=new_cfg.policy.floors)
         self.batch = self.proxy.batch(step)
 
     # --- audits --------------------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ checkpoint, SIGHUP pivot; acted on at the next boundary), the start (trainer, da
 writer, the guard), then `Boundary.cross` / `Boundary.advance` until a stop, and the clean-up. Under torchrun
 (`self.world`, andrea/distributed.py) every rank runs this loop in lockstep; the model is ZeRO-1 (andrea/zero.py),
 the commit is sharded (control/shards.py); rank 0 alone holds the lock, the ledger, the sidecars and the audits.
+The watchdog (control/watchdog.py) watches the threads while the step loop runs; notices (control/notify.py) go
+out for what an operator acts on. Test hook: `ANDREA_TEST_HANG` (control/watchdog.py).
 Test hook: `ANDREA_TEST_STEP_DELAY=<seconds>` sleeps after each step (a window for signals); never in production.
 Test hook: `ANDREA_TEST_POISON_STEPS=<n>[,<n>...]` makes the step record of header step n read loss = NaN the first
 time this process reaches n (the weights are untouched): a divergence at a chosen step on any machine, which the
@@ -29,14 +31,13 @@ import os
 import signal
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 from andrea import export
 from andrea.config import ConfigError, RunConfig
-from andrea.control import identity, pivot, ranks, resume, rollback, shards, sharing, tensorboard
+from andrea.control import identity, notify, pivot, ranks, resume, rollback, shards, sharing, tensorboard, watchdog
 from andrea.control.boundary import Boundary, RunFailed
 from andrea.control.ledger import LedgerFeed
 from andrea.control.proxy import Batch, DataProxy
@@ -80,8 +81,11 @@ class TrainingRun:
         # Both threads wait on or launch GPU work: each makes this rank's GPU current first (a thread starts on
         # device 0; World.device set it for the main thread only).
         on_device = World.thread_initializer(device)
-        self.io = ThreadPoolExecutor(1, thread_name_prefix="andrea-io", initializer=on_device)
-        self.train = ThreadPoolExecutor(1, thread_name_prefix="andrea-train", initializer=on_device)
+        self.beats = watchdog.Beats()  # each job on these threads is progress the watchdog sees
+        self.io = watchdog.WatchedExecutor(self.beats, "io", thread_name_prefix="andrea-io", initializer=on_device)
+        self.train = watchdog.WatchedExecutor(self.beats, "train", thread_name_prefix="andrea-train",
+                                              initializer=on_device)
+        self.notifier = notify.Notifier(cfg.notify, run_dir, self.world.rank)
         self.tb: tensorboard.TensorBoardLog | None = None  # log.tensorboard: the ledger's lines as scalars
         self.early = early
         self.preparing = False  # rank 0 is preparing data (a stop then ends the preparation, not a step)
@@ -216,7 +220,8 @@ class TrainingRun:
             trainer, proxy = await self.start()
             if self.world.leader:
                 self.tb = tensorboard.open_log(self.cfg.log, self.run_dir, self.step, self.cfg.train.log_every)
-                self.feed.on_flush = self.tb.add_records if self.tb is not None else None
+                self.feed.on_flush = notify.chain(self.tb.add_records if self.tb is not None else None,
+                                                  self.notifier.lines)
                 atomic.write_atomic(self.run_dir / names.CONFIG_NAME, self.cfg.to_toml().encode())
             self.feed.flush(force_sync=True)
             print(f"ready pid={os.getpid()} run_dir={self.run_dir} step={self.step} "
@@ -237,6 +242,7 @@ class TrainingRun:
             if hasattr(self, "ledger"):
                 self.ledger.close()
             lock.release()
+            self.notifier.close(self.cfg.notify.timeout_s)
 
     async def loop(self, trainer: Trainer, proxy: DataProxy, stop_at: int) -> int:
         """Boundary, step, boundary, ... until a stop; then everything in flight lands."""
@@ -246,18 +252,38 @@ class TrainingRun:
         b = self.boundary = Boundary(self.cfg, self.run_dir, step=self.step, proxy=proxy, trainer=trainer,
                                      writer=self.writer, guard=self.guard, feed=self.feed, req=self.req,
                                      records=records, progress=progress, train=self.train, io=self.io,
-                                     world=self.world, codec=self.codec, tb=self.tb)
+                                     world=self.world, codec=self.codec, tb=self.tb, notify=self.notifier.send)
+        dog = watchdog.Watchdog(self.cfg.watchdog, self.beats, self.on_stall).start()
+        watched = self.beats.watch
         try:
-            while not await b.cross(stop_at):
-                await b.advance(lambda batch: self._step(trainer, records, batch))
+            while not await watched("boundary", b.cross(stop_at)):
+                await watched("boundary", b.advance(lambda batch: self._step(trainer, records, batch)))
+        except RunFailed as e:
+            self.notifier.send("failed", self.step, message=str(e), error=str(e))
+            raise
         finally:
-            results = await b.finish()
+            results = await watched("boundary", b.finish())
+            dog.stop()
         failed = [r for r in results if r.error and r.step == self.step]
         if failed:
+            self.notifier.send("failed", self.step, message=failed[0].error, error=failed[0].error)
             raise RunFailed(failed[0].error)
+        self.notifier.send("stopped" if self.req.stop else "finished", self.step,
+                           message=f"stopped at step {self.step} ({self.req.stop or 'step target reached'})",
+                           signal=self.req.stop)
         log.info("stopped at step %d (%s); newest checkpoint %s", self.step,
                  self.req.stop or "step target reached", names.checkpoint_name(self.writer.last_committed or 0))
         return 0
+
+    def on_stall(self, stall: watchdog.Stall) -> None:
+        """On the watchdog's thread: the run is hung; say so, leave a marker and a notice, exit 75."""
+        watchdog.end_hung_run(stall, self.step, append_marker=self._append_marker if self.world.leader else None,
+                              io=self.io, notify=self.notifier.send, close_notices=self.notifier.close)
+
+    def _append_marker(self, line: dict) -> None:
+        """On the I/O thread: one marker appended and fsynced (after everything queued before it)."""
+        self.ledger.append([line])
+        self.ledger.sync()
 
     def _step(self, trainer: Trainer, records: StepRecords, batch: Batch) -> int:
         """One update on the training thread; its record goes to `records` without a sync."""
@@ -266,6 +292,7 @@ class TrainingRun:
             self.poison_steps.discard(out.step)
             out = dataclasses.replace(out, loss=torch.full_like(out.loss, float("nan")))
         records.push(out)
+        watchdog.test_hang("train", out.step, self.world.rank)
         if self.step_delay:
             time.sleep(self.step_delay)
         return out.step

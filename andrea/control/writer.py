@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from andrea.control.watchdog import test_hang
 from andrea.rundir import checkpoint as ckpt, names, spare
 
 if TYPE_CHECKING:
@@ -154,6 +155,7 @@ class CheckpointWriter:
     def _commit(self, slot: int, step: int, fence: Fence | None,
                 before_commit: Callable[[], None] | None) -> CommitResult:
         t0, cpu0 = time.perf_counter(), time.thread_time()
+        test_hang("io", step)  # test hook ANDREA_TEST_HANG=io@<step> (control/watchdog.py); never in production
         try:
             if fence is not None:
                 fence.synchronize()  # the snapshot's copy (a blocking event: sleeps): not the commit's time or CPU

@@ -43,6 +43,10 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
                attempt 1                          {"event": "recovered", "step": C}
     guard_stop the divergence persisted after guard.max_attempts rollbacks: the run stopped non-zero
                {"event": "guard_stop", "step": T, "attempts": k, "resume_from": "step_000040.bin" | null}
+    stall      the watchdog (control/watchdog.py) found a component busy without progress past its limit after
+               header step S; the process exits 75 right after (written only while the I/O thread is alive)
+               {"event": "stall", "step": S, "component": "train" | "boundary" | "io", "seconds": 12.3,
+                "limit": 10.0}
 
 Lifetime: the file is only ever appended to — never rewritten, archived or reset — with one exception made at
 open: a final line without its "\\n" (the trace of a crash in the middle of an append) carries no complete

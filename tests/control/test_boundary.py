@@ -312,3 +312,20 @@ def test_on_separate_disks_rank_1_takes_rank_0s_rollback_state_and_policy_and_ne
     assert b0.proxy.phase_start == b1.proxy.phase_start == 17 and b0.step == b1.step == 20
     assert list(disks[1].iterdir()) == []  # rank 1 read and wrote nothing on its own disk
     assert weights_of(disks[0], 20) == 20
+
+
+def test_a_failed_write_and_a_pivot_are_notices(tmp_path):
+    sent = []
+    cfg = make_cfg(checkpoint={"every": 4, "usr1": "step"})
+    b = make_boundary(tmp_path, cfg, fail={4}, notify=lambda kind, step, **detail: sent.append((kind, step, detail)))
+    new = configload.from_dict({**cfg.to_dict(), "policy": {"caps": {cfg.data.arms[0]: 0.2}}})
+
+    def ask(b):
+        if b.step == 5:
+            b.req.policy = new
+            b.req.ask_pivot(b.step, cfg.checkpoint.every, cfg.checkpoint.usr1)  # due at step 6
+
+    asyncio.run(drive(b, 8, on_step=ask))
+    assert [(kind, step) for kind, step, _ in sent] == [("write_error", 4), ("pivot", 6)]
+    assert "step_000004.bin" in sent[0][2]["error"] and sent[0][2]["disk_full"] is False
+    assert sent[1][2]["phase"] == 1 and sent[1][2]["caps"] == {cfg.data.arms[0]: 0.2}

@@ -1,0 +1,58 @@
+"""A loopback HTTP server that collects the notices a trainer POSTs (control/notify.py), for end-to-end tests.
+
+stdlib `http.server` on 127.0.0.1, port 0 (the kernel picks a free one), served on a daemon thread; `events`
+is every JSON body received, in arrival order.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+        self._cond = threading.Condition()
+        inbox = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802  (http.server's name)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                with inbox._cond:
+                    inbox.events.append(json.loads(body))
+                    inbox._cond.notify_all()
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:  # quiet: the test asserts on what arrived
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def kinds(self) -> list[str]:
+        return [e["event"] for e in self.events]
+
+    def wait_for(self, kind: str, timeout: float = 30.0) -> dict:
+        """The first event of `kind` received (now or within `timeout` seconds)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                found = [e for e in self.events if e["event"] == kind]
+                if found:
+                    return found[0]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no {kind!r} notice within {timeout}s; received {self.kinds()}")
+                self._cond.wait(remaining)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
