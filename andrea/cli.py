@@ -24,7 +24,8 @@ from pathlib import Path
 
 from andrea import configload
 from andrea.commands import operate
-from andrea.config import ConfigError, RunConfig
+from andrea.config import RunConfig
+from andrea.configcheck import ConfigError
 from andrea.rundir import checkpoint as ckpt, names
 
 DEFAULT_PRESET = "andrea-12m"

@@ -14,7 +14,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from andrea.config import SECTIONS, ConfigError, RunConfig, build, section_types, unknown_message
+from andrea.config import SECTIONS, RunConfig, section_types
+from andrea.configcheck import ConfigError, build, unknown_message
 from andrea.rundir.inspect import require_run_dir
 from andrea.rundir.names import CONFIG_NAME
 

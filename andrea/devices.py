@@ -15,7 +15,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from andrea.config import ConfigError
+from andrea.configcheck import ConfigError
 
 log = logging.getLogger("andrea.devices")
 

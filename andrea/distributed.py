@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import torch
 
 from andrea import memory
-from andrea.config import ConfigError
+from andrea.configcheck import ConfigError
 
 log = logging.getLogger("andrea.distributed")
 T = TypeVar("T")

@@ -38,7 +38,8 @@ import torch
 
 from andrea import generate as generation
 from andrea import memory
-from andrea.config import ConfigError, RunConfig, TrainConfig
+from andrea.config import RunConfig, TrainConfig
+from andrea.configcheck import ConfigError
 from andrea.data.store import DROPOUT_STREAM, rng_for
 from andrea.model import GPT, ModelMath, ParamSpec, bind_flat, decay_mask, init_weights, n_params, param_layout
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from andrea import config, configload
+from andrea import configload
+from andrea.configcheck import ConfigError
 from andrea.model import layout_for, n_params
 
 
@@ -23,10 +24,10 @@ def test_set_overrides_parse_toml_values():
 def test_mistyped_key_is_named_with_a_suggestion(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[train]\nlearning_rate = 0.1\nlr_decay_step = 5\n")
-    with pytest.raises(config.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         configload.load(config_file=bad)
     assert str(bad) in str(err.value) and "train.learning_rate" in str(err.value)
-    with pytest.raises(config.ConfigError, match=r"did you mean 'train.lr_decay_steps'"):
+    with pytest.raises(ConfigError, match=r"did you mean 'train.lr_decay_steps'"):
         configload.load(overrides=["train.lr_decay_step=5"])
 
 
@@ -38,7 +39,7 @@ def test_mistyped_key_is_named_with_a_suggestion(tmp_path):
     ("modle.n_layer=2", "unknown key 'modle'"),
 ])
 def test_bad_values_are_one_line(item, message):
-    with pytest.raises(config.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         configload.load(preset="andrea-tiny", overrides=[item])
     assert message in str(err.value) and "\n" not in str(err.value)
 
@@ -46,7 +47,7 @@ def test_bad_values_are_one_line(item, message):
 def test_broken_toml_names_the_file(tmp_path):
     bad = tmp_path / "broken.toml"
     bad.write_text("[train\nlr = ")
-    with pytest.raises(config.ConfigError, match="broken.toml: not valid TOML"):
+    with pytest.raises(ConfigError, match="broken.toml: not valid TOML"):
         configload.load(config_file=bad)
 
 

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from andrea import devices
-from andrea.config import ConfigError
+from andrea.configcheck import ConfigError
 from andrea.devices import CudaFacts, choose_device, choose_kernels
 
 NO_CUDA_BUILD = CudaFacts(False, None)

@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from andrea.config import ConfigError
+from andrea.configcheck import ConfigError
 from andrea.control.runtime import poison_steps
 from andrea.rundir.ledger import history
 from tests.runs import ROOT, Trainer, andrea, env, ledger, seed_data, train

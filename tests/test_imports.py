@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[1] / "andrea"
 
 # Lower layers never import higher ones. A module's layer is its package's, or its own where it has one.
 LAYERS = [
-    {"andrea.policy"},                                                   # caps, floors, target: pure numpy
-    {"andrea.config"},                                                   # the schema and its type checks
+    {"andrea.policy", "andrea.configcheck"},                             # pure: caps and floors; type checks
+    {"andrea.config", "andrea.configops"},                               # the schema
     {"andrea.rundir"},                                                   # the run directory's files
     {"andrea.configload", "andrea.progress"},                            # TOML layered; progress lines
     {"andrea.data", "andrea.kernels", "andrea.devices", "andrea.memory"},

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from andrea import cli, configload, memory
-from andrea.config import ConfigError
+from andrea.configcheck import ConfigError
 from andrea.distributed import check_batch
 from andrea.model import layout_for, n_params
 from andrea.rundir import checkpoint as ckpt, names

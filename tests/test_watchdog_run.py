@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from andrea.config import STALL_EXIT_CODE
+from andrea.configops import STALL_EXIT_CODE
 from tests.notices import Inbox
 from tests.runs import Launched, Trainer, launcher_argv, ledger, seed_data, train
 

@@ -23,7 +23,9 @@ import signal
 import time
 from pathlib import Path
 
-from andrea import config as config_mod, configload
+from andrea import configload
+from andrea.config import RunConfig
+from andrea.configcheck import ConfigError
 from andrea.control import pivot
 from andrea.control.guard import ledger_summary
 from andrea.data.manifest import data_status
@@ -147,7 +149,7 @@ def cmd_pivot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _n_params(cfg: config_mod.RunConfig) -> int:
+def _n_params(cfg: RunConfig) -> int:
     from andrea.model import layout_for, n_params
     return n_params(layout_for(cfg.model))
 
@@ -160,7 +162,7 @@ def cmd_branch(args: argparse.Namespace) -> int:
                           base_source=str(parent / CONFIG_NAME))
     n = _n_params(parent_cfg)
     if _n_params(cfg) != n:
-        raise config_mod.ConfigError(f"branch: the new configuration has {_n_params(cfg)} parameters, "
+        raise ConfigError(f"branch: the new configuration has {_n_params(cfg)} parameters, "
                                      f"{ckpt.checkpoint_name(step)} has {n}: a branch keeps the model")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise FileExistsError(f"{dest}: already exists and is not an empty directory")
@@ -252,7 +254,7 @@ def check_figure_path(out: str) -> Path:
     path = Path(out)
     problem = figure_format_problem(path)
     if problem is not None:
-        raise config_mod.ConfigError(f"{path}: {problem}")
+        raise ConfigError(f"{path}: {problem}")
     if path.is_dir():
         raise IsADirectoryError(f"{path}: is a directory (--out names the figure's file)")
     if not path.parent.is_dir():

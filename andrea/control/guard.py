@@ -48,7 +48,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from andrea.config import GuardConfig
+from andrea.configops import GuardConfig
 
 VERSION = 1
 HEALTHY, SUSPECT, INCIDENT = "healthy", "suspect", "incident"

@@ -17,7 +17,8 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from andrea.config import ConfigError, RunConfig
+from andrea.config import RunConfig
+from andrea.configcheck import ConfigError
 from andrea.rundir import checkpoint as ckpt, names
 from andrea.rundir.ledger import LedgerError, read_ledger
 

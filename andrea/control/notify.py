@@ -40,7 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from andrea.config import ConfigError, NotifyConfig
+from andrea.configcheck import ConfigError
+from andrea.configops import NotifyConfig
 
 log = logging.getLogger("andrea.notify")
 

@@ -17,7 +17,8 @@ import dataclasses
 from pathlib import Path
 
 from andrea import configload
-from andrea.config import ConfigError, RunConfig
+from andrea.config import RunConfig
+from andrea.configcheck import ConfigError
 from andrea.rundir import atomic, names, sidecars
 from andrea.rundir.ledger import marker
 

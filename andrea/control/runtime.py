@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 
 from andrea import export
-from andrea.config import ConfigError, RunConfig
+from andrea.config import RunConfig
+from andrea.configcheck import ConfigError
 from andrea.control import identity, notify, pivot, ranks, resume, rollback, shards, sharing, tensorboard, watchdog
 from andrea.control.boundary import Boundary, RunFailed
 from andrea.control.ledger import LedgerFeed

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from andrea.config import STALL_EXIT_CODE, WatchdogConfig
+from andrea.configops import STALL_EXIT_CODE, WatchdogConfig
 
 log = logging.getLogger("andrea.watchdog")
 

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from andrea.config import ConfigError, GuardConfig
+from andrea.configcheck import ConfigError
+from andrea.configops import GuardConfig
 from andrea.configload import load
 from andrea.control.guard import HEALTHY, INCIDENT, SUSPECT, Guard, GuardStateError, band, ledger_summary
 from andrea.rundir.checkpoint import retention_victims

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from andrea.config import GuardConfig
+from andrea.configops import GuardConfig
 from andrea.control.guard import INCIDENT, Guard
 from andrea.control.writer import CheckpointWriter
 from andrea.rundir import checkpoint as ckpt, names

@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from andrea import configload
-from andrea.config import NOTIFY_EVENTS, ConfigError, NotifyConfig
+from andrea.configcheck import ConfigError
+from andrea.configops import NOTIFY_EVENTS, NotifyConfig
 from andrea.control.notify import HOUR, Notifier, admit, chain, event, from_marker
 from tests.notices import Inbox
 from tests.runs import andrea

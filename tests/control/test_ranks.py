@@ -3,7 +3,7 @@ functions: no processes, no signals."""
 
 import pytest
 
-from andrea.config import ConfigError
+from andrea.configcheck import ConfigError
 from andrea.control import ranks
 from andrea.control.signals import Requests, boundary_action
 from andrea.distributed import World, check_batch, row_bounds, shard_bounds, shard_size

@@ -4,7 +4,8 @@ import threading
 
 import pytest
 
-from andrea.config import ConfigError, WatchdogConfig
+from andrea.configcheck import ConfigError
+from andrea.configops import WatchdogConfig
 from andrea.control.watchdog import Beats, Tracker, WatchedExecutor, limit
 
 
