@@ -6,7 +6,7 @@ PRESET ?= andrea-12m
 RUN_DIR ?= runs/$(PRESET)
 ARGS ?=
 
-.PHONY: train test faults mutants bench venv clean kernels-gpu-triton
+.PHONY: train test quick faults mutants bench venv clean kernels-gpu-triton
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +22,20 @@ train: venv
 
 # Two workers, one test file each at a time (pytest-xdist, --dist loadfile: a module's fixtures are built once):
 # most tests wait on single-threaded trainer processes, so one worker leaves a core idle (2 cores: 18.6 min
-# against 26.8 serially, 2026-12-02). More cores take up to 4 workers.
+# against 26.8 serially, 2026-12-02). More cores take up to 4 workers. --no-loadscope-reorder hands the files out
+# in collection order, the longest first (tests/conftest.py: HEAVY), so no worker is left alone on a long file at
+# the end.
 test: venv
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder -m "not slow" $(ARGS)
+
+# The development loop: the unit tests only (no trainer process, no compile check; ~1 min on 2 cores). `make test`
+# runs them too, with everything else.
+QUICK ?= tests/control tests/data/test_prepare.py tests/data/test_read.py tests/kernels/test_adamw.py \
+	tests/kernels/test_attention.py tests/kernels/test_cross_entropy.py tests/kernels/test_layernorm.py \
+	tests/test_checkpoint.py tests/test_config.py tests/test_devices.py tests/test_direct_io.py \
+	tests/test_imports.py tests/test_model.py tests/test_optimizer_step.py tests/test_spare.py
+quick: venv
+	$(PY) -m pytest -q -n auto --maxprocesses 2 --dist load -m "not slow" $(QUICK) $(ARGS)
 
 # The long fault campaign: >= 200 SIGKILLs and every bad input, printed as one table.
 faults: venv

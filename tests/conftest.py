@@ -1,4 +1,12 @@
-"""Test-wide set-up: the Triton interpreter must be chosen before triton is first imported."""
+"""Test-wide set-up: the Triton interpreter must be chosen before triton is first imported; the heaviest test
+files are collected first, so that pytest-xdist starts them first.
+
+`make test` runs pytest-xdist with `--dist loadfile --no-loadscope-reorder`: files are handed to the workers in
+collection order (xdist's default reorder would sort them by their number of tests, which starts a one-test file
+of minutes, such as tests/test_kernels_in_trainer.py, last, and leaves one worker alone on it at the end). With the
+longest files first (`HEAVY`, by CPU seconds measured on 2 cores), the last ones to start are short and the
+workers finish together. The order changes no test: a plain `pytest` runs the same tests, in this order.
+"""
 
 import os
 
@@ -7,6 +15,32 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 
 from tests.runs import train
+
+# Longest first (seconds of the file, trainer processes and their waits included; measured 2026-12-02, 2 cores). A
+# file not listed runs after these, in pytest's usual order; a listed name that no longer exists is skipped.
+HEAVY = [
+    "tests/faults/test_kill_anywhere.py",
+    "tests/test_guard_run.py",
+    "tests/kernels/test_compile.py",
+    "tests/test_kernels_in_trainer.py",
+    "tests/test_trunk.py",
+    "tests/faults/test_bad_inputs.py",
+    "tests/test_microbatch.py",
+    "tests/test_run_life.py",
+    "tests/test_bench_smoke.py",
+    "tests/test_distributed.py",
+    "tests/faults/test_signals.py",
+    "tests/test_signals.py",
+    "tests/test_run_integrity.py",
+    "tests/test_generation.py",
+    "tests/faults/test_full_disk.py",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(HEAVY)}
+    # sorted() is stable: the tests of a file, and the files not listed, keep their order
+    items[:] = sorted(items, key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(HEAVY)))
 
 
 @pytest.fixture(scope="session")

@@ -148,6 +148,7 @@ EXTRA_STEPS = 2
 MAKE_TARGETS = {
     "train": "-m andrea train --preset $(PRESET) --run-dir $(RUN_DIR) $(ARGS)",  # the README's first run runs it
     "test": "-m pytest",  # CI itself (.ci/run)
+    "quick": "-m pytest",  # the unit tests of `make test`, for the development loop
 }
 
 # bench scripts shown in the docs -> the test that runs them (each test's source names its script).
@@ -465,6 +466,10 @@ def test_the_make_commands_shown_exist_and_run_what_is_covered():
             if "ARGS" in variables:  # what ARGS adds is a valid train command line
                 cli.build_parser().parse_args(["train", "--run-dir", "x", *shlex.split(variables["ARGS"])])
             assert (ROOT / "andrea" / "presets" / f"{variables.get('PRESET', 'andrea-12m')}.toml").exists()
+        if target == "quick":  # the development loop's files exist (pytest would stop at a missing one)
+            quick = re.search(r"^QUICK \?= ((?:.*\\\n)*.*)$", (ROOT / "Makefile").read_text(), re.M)
+            paths = quick.group(1).replace("\\\n", " ").split()
+            assert paths and all((ROOT / p).exists() for p in paths), paths
 
 
 def _argparse_options(script: Path) -> set[str]:

@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -63,10 +64,18 @@ def error_line(result) -> str:
     return lines[-1]
 
 
-@pytest.fixture
-def run_with_checkpoints(prepared, tmp_path):
-    run = seed_data(prepared, tmp_path / "run")
+@pytest.fixture(scope="module")
+def trained_to_40(prepared, tmp_path_factory):
+    """Trained once per module; each test below gets its own copy (a run directory holds no path of its own)."""
+    run = seed_data(prepared, tmp_path_factory.mktemp("trained") / "run")
     assert train(run, "--steps", "40", "--checkpoint-every", "20").returncode == 0
+    return run
+
+
+@pytest.fixture
+def run_with_checkpoints(trained_to_40, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained_to_40, run, symlinks=True)
     return run
 
 
