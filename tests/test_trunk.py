@@ -87,7 +87,8 @@ def test_truncated_newest_checkpoint_falls_back_to_previous(run_with_checkpoints
     assert result.returncode == 0, result.stderr
     assert "step_000040.bin: truncated" in result.stderr
     assert [e["step"] for e in ledger(run) if e.get("event") == "resume"] == [20]
-    assert newest.stat().st_size == 1000  # left as found, for the operator to inspect
+    kept = run / "quarantine" / "step_000040.bin"  # out of the run's way (it commits step 40 again), never deleted
+    assert not newest.exists() and kept.stat().st_size == 1000
 
 
 def test_init_from_truncated_file_is_refused(run_with_checkpoints, tmp_path):
@@ -105,9 +106,8 @@ def test_checkpoint_of_another_model_is_refused(run_with_checkpoints, prepared, 
     run = run_with_checkpoints
     before = tree_digest(run)
     result = train(run, "--set", "model.n_layer=3", "--steps", "50")
-    assert result.returncode == 1
-    line = error_line(result)
-    assert "step_000040.bin" in line and "n_params=169728" in line and "this model has" in line
+    assert result.returncode == 2  # the run's identity: refused before any checkpoint is read
+    assert "model.n_layer from 2 to 3" in error_line(result)
     assert tree_digest(run) == before
     other = seed_data(prepared, tmp_path / "other")
     result = train(other, "--init-from", str(run / "step_000040.bin"), "--set", "model.n_embd=32", "--steps", "50")
