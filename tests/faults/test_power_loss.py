@@ -52,6 +52,7 @@ class Journal:
         self.real = {name: getattr(os, name) for name in ("open", "pwrite", "fsync", "rename")}
         self.taken: list[Path] = []
         self.unsynced: dict[int, list[tuple[int, int]]] = {}
+        self.published = False  # the checkpoint's own rename has happened
 
     def install(self, m: pytest.MonkeyPatch) -> None:
         for name in self.real:
@@ -105,13 +106,15 @@ class Journal:
         self.real["fsync"](fd)
         self.unsynced.pop(os.fstat(fd).st_ino, None)  # on the disk now, whatever happens next
         self.events.append(("fsync", path))
-        if self.stage == "after-dir-fsync" and path == str(self.run_dir):
+        if self.stage == "after-dir-fsync" and path == str(self.run_dir) and self.published:
             self.cut()
 
     def rename(self, src, dst):
         self.real["rename"](src, dst)
         self.events.append(("rename", str(src), str(dst)))
-        if self.stage == "after-rename":
+        # The checkpoint's own rename (its checksum companion's, durable before it, is not the commit point).
+        self.published = self.published or str(src).endswith(".bin" + names.TMP_SUFFIX)
+        if self.stage == "after-rename" and self.published:
             self.cut(lost_rename=(str(src), str(dst)))
 
     def before_rename(self) -> None:
