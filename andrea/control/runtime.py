@@ -36,7 +36,7 @@ import torch
 
 from andrea import export
 from andrea.config import ConfigError, RunConfig
-from andrea.control import identity, pivot, ranks, resume, rollback, shards, tensorboard
+from andrea.control import identity, pivot, ranks, replicator, resume, rollback, shards, tensorboard
 from andrea.control.boundary import Boundary, RunFailed
 from andrea.control.ledger import LedgerFeed
 from andrea.control.proxy import Batch, DataProxy
@@ -83,6 +83,7 @@ class TrainingRun:
         self.io = ThreadPoolExecutor(1, thread_name_prefix="andrea-io", initializer=on_device)
         self.train = ThreadPoolExecutor(1, thread_name_prefix="andrea-train", initializer=on_device)
         self.tb: tensorboard.TensorBoardLog | None = None  # log.tensorboard: the ledger's lines as scalars
+        self.replicator: replicator.Replicator | None = None  # checkpoint.replica: copies off the machine
         self.early = early
         self.preparing = False  # rank 0 is preparing data (a stop then ends the preparation, not a step)
         self.step_delay = float(os.environ.get("ANDREA_TEST_STEP_DELAY", "0") or 0)  # test hook: slow steps
@@ -214,6 +215,8 @@ class TrainingRun:
                 self.feed.on_flush = self.tb.add_records if self.tb is not None else None
                 atomic.write_atomic(self.run_dir / names.CONFIG_NAME, self.cfg.to_toml().encode())
             self.feed.flush(force_sync=True)
+            if self.world.leader:  # after the start marker is durable: the replica is claimed with it
+                self.replicator = replicator.start_for(self.cfg.checkpoint, self.run_dir, self.writer, self.tb)
             print(f"ready pid={os.getpid()} run_dir={self.run_dir} step={self.step} "
                   f"stop_at={stop_at} device={self.device} kernels={self.kernels}"
                   + (f" rank={self.world.rank}/{self.world.size}" if self.world.distributed else ""),
@@ -227,6 +230,8 @@ class TrainingRun:
             self.world.quiet()
             self.train.shutdown(wait=True)
             self.io.shutdown(wait=True)
+            if self.replicator is not None:  # bounded: checkpoint.replica_wait, then exit all the same
+                self.replicator.finish(self.cfg.checkpoint.replica_wait)
             if self.tb is not None:
                 self.tb.close()
             if hasattr(self, "ledger"):
@@ -241,7 +246,7 @@ class TrainingRun:
         b = self.boundary = Boundary(self.cfg, self.run_dir, step=self.step, proxy=proxy, trainer=trainer,
                                      writer=self.writer, guard=self.guard, feed=self.feed, req=self.req,
                                      records=records, progress=progress, train=self.train, io=self.io,
-                                     world=self.world, codec=self.codec, tb=self.tb)
+                                     world=self.world, codec=self.codec, tb=self.tb, replicator=self.replicator)
         try:
             while not await b.cross(stop_at):
                 await b.advance(lambda batch: self._step(trainer, records, batch))
