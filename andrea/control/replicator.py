@@ -229,6 +229,7 @@ class Replicator:
             self.uploading = step
             if not (self.run_dir / f"step_{step:06d}.bin").exists():
                 continue  # retention took it meanwhile
+            log.info("replica %s: uploading step %d", self.uri, step)
             try:
                 rep.upload_checkpoint(r, self.run_dir, step, self._ledger)
             except FileNotFoundError:

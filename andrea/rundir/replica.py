@@ -30,7 +30,9 @@ listing or GET shows); LocalStore writes a staging file and renames it. A checkp
 read for the upload and the upload is aborted when the bytes are not the ones its `.sum.json` recorded; once
 stored it is read back and hashed again (the replica holds exactly what a restore will check), and only then are
 its companions and its `.sum.json` published. Writes `RUN_DIR/.replica.json` (the replica's newest step and lag,
-for `andrea status`): {"uri", "step", "published", "local_step", "lag_steps", "lag_seconds", "error", "updated"}.
+for `andrea status`): {"uri", "step", "local_step", "lag_steps", "lag_seconds", "error", "updated"}.
+Test hook: `ANDREA_TEST_REPLICA_DELAY=<seconds>` sleeps after each piece of a file read for an upload (a slow
+store, and a window in which to kill the uploading process). Never set in production.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ FORMAT = 1
 CHUNK = 8 << 20  # bytes per read of a file being uploaded, and per multipart part
 SUM_RE = re.compile(r"^step_(\d{6,})\.sum\.json$")
 SIDECARS = (STATE_NAME, SAMPLES_NAME)
+UPLOAD_DELAY = float(os.environ.get("ANDREA_TEST_REPLICA_DELAY", "0") or 0)  # test hook (module docstring)
 EXTRA_MISSING = ("the replica needs the `replica` extra: pip install 'andrea[replica]' (obstore); or train without "
                  "one (--set checkpoint.replica=\"\")")
 
@@ -231,6 +234,8 @@ class Replica:
                     if check is not None:
                         check(piece)
                     sent += len(piece)
+                    if UPLOAD_DELAY:
+                        time.sleep(UPLOAD_DELAY)
                     yield piece
             if done is not None:
                 done()
