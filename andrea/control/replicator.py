@@ -21,11 +21,14 @@ newest checkpoint the replica holds is never deleted locally before a newer one 
 At a stop `finish(timeout)` asks for one last pass and waits for it at most `checkpoint.replica_wait` seconds; an
 upload still in flight then is abandoned (the store publishes nothing half-written) and the next start finishes it.
 The decisions (`retry_delay`, `upload_plan`, `Health`) are plain functions over plain data and an injected clock.
+Test hook: `ANDREA_TEST_REPLICA_BACKOFF=<seconds>`: the first retry's delay (1 s; doubling up to 60 s). Never set
+in production.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -37,6 +40,7 @@ from andrea.rundir.names import LEDGER_NAME
 from andrea.rundir.ledger import read_ledger
 
 log = logging.getLogger("andrea.replica")
+BACKOFF_BASE = float(os.environ.get("ANDREA_TEST_REPLICA_BACKOFF", "1") or 1)  # test hook (module docstring)
 
 
 # --- decisions ---------------------------------------------------------------------------------------------
@@ -309,7 +313,7 @@ def start_for(cfg, run_dir: Path, writer, tb=None) -> Replicator | None:
         except RuntimeError:  # TensorBoard already closed at the end of the run
             pass
     r = Replicator(cfg.replica, run_dir, keep_last=cfg.keep_last, keep_every=cfg.keep_every,
-                   on_lag=on_lag if tb is not None else None)
+                   on_lag=on_lag if tb is not None else None, base_delay=BACKOFF_BASE)
     spared = writer.protected
     writer.protected = lambda: (*spared(), *r.protected())
     return r.start()

@@ -31,7 +31,7 @@ read for the upload and the upload is aborted when the bytes are not the ones it
 stored it is read back and hashed again (the replica holds exactly what a restore will check), and only then are
 its companions and its `.sum.json` published. Writes `RUN_DIR/.replica.json` (the replica's newest step and lag,
 for `andrea status`): {"uri", "step", "local_step", "lag_steps", "lag_seconds", "error", "updated"}.
-Test hook: `ANDREA_TEST_REPLICA_DELAY=<seconds>` sleeps after each piece of a file read for an upload (a slow
+Test hook: `ANDREA_TEST_REPLICA_DELAY=<seconds>` sleeps after each piece of a `.bin` read for its upload (a slow
 store, and a window in which to kill the uploading process). Never set in production.
 """
 
@@ -234,7 +234,7 @@ class Replica:
                     if check is not None:
                         check(piece)
                     sent += len(piece)
-                    if UPLOAD_DELAY:
+                    if UPLOAD_DELAY and check is not None:  # a checkpoint's .bin
                         time.sleep(UPLOAD_DELAY)
                     yield piece
             if done is not None:
