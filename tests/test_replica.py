@@ -157,6 +157,16 @@ def test_retention_spares_the_newest_replicated_checkpoint(tmp_path):
     assert ckpt.retention_victims([10, 20, 30], keep_last=1, keep_every=0, protect=r.protected()) == [20]
 
 
+def test_finish_waits_for_a_pass_that_covers_every_commit(tmp_path):
+    run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
+    r = replicator(run, remote).start()
+    make_run(run, [20])
+    r.notify()
+    assert r.finish(60) is True and r.newest == 20
+    r.thread.join(60)
+    assert not r.thread.is_alive()
+
+
 def test_finish_waits_at_most_its_bound(tmp_path):
     run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
     gate = threading.Event()

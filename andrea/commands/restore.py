@@ -44,7 +44,7 @@ def check_target(run_dir: Path) -> bool:
 
 def restore(uri: str, run_dir: Path, out=None) -> int:
     resumed = check_target(run_dir)
-    replica = rep.Replica(uri)
+    replica = rep.Replica(uri, create=False)
     owner = replica.owner()
     listing = replica.listing()
     if owner is None:

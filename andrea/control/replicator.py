@@ -123,9 +123,9 @@ class Replicator:
         self.replica = replica
         self.pos = Position()
         self.uploading: int | None = None
-        self.passes = 0  # completed passes, successful or not
         self._cv = threading.Condition()
-        self._wanted = True  # a pass is asked for (the first one at start)
+        self._asked = 1  # passes asked for so far (a commit landed, the stop): the first one at start
+        self._served = 0  # the last ask a successful pass started after: caught up when it equals _asked
         self._stopping = False
         self.thread = threading.Thread(target=self._run, name="andrea-replica", daemon=True)
 
@@ -140,7 +140,7 @@ class Replicator:
     def notify(self, *_) -> None:
         """A commit landed (or anything worth a pass): never blocks (a done-callback of the commit future)."""
         with self._cv:
-            self._wanted = True
+            self._asked += 1
             self._cv.notify_all()
 
     def protected(self) -> list[int]:
@@ -148,19 +148,20 @@ class Replicator:
         return [s for s in (self.newest, self.uploading) if s is not None]
 
     def finish(self, timeout: float) -> bool:
-        """One last pass, waited for at most `timeout` seconds; True when the replica caught up."""
+        """One last pass, started after everything committed so far, waited for at most `timeout` seconds; True
+        when it succeeded (the replica holds the newest checkpoint)."""
         with self._cv:
-            target = self.passes + (2 if self._wanted else 1)  # a pass in flight may predate the last commit
-            self._wanted = True
+            self._asked += 1
+            ask = self._asked
             self._stopping = True
             self._cv.notify_all()
             deadline = self.clock() + timeout
-            while self.passes < target and self.thread.is_alive():
+            while self._served < ask and self.thread.is_alive():
                 left = deadline - self.clock()
                 if left <= 0:
                     break
                 self._cv.wait(min(left, 0.5))
-            caught_up = self.passes >= target and self.health.failures == 0
+            caught_up = self._served >= ask
         local = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
         if caught_up:
             log.info("replica %s: holds step %s", self.uri, self.newest)
@@ -173,18 +174,17 @@ class Replicator:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not (self._wanted and self.health.due(self.clock())):
-                    if self._stopping and not self._wanted:
+                while self._served >= self._asked or not self.health.due(self.clock()):
+                    if self._stopping and self._served >= self._asked:
                         return
-                    wait = self.health.next_try - self.clock() if self._wanted else None
+                    wait = None if self._served >= self._asked else self.health.next_try - self.clock()
                     self._cv.wait(None if wait is None else max(0.01, wait))
-                self._wanted = False
-            self.pass_once()
+                ask = self._asked
+            ok = self.pass_once()
             with self._cv:
-                self.passes += 1
+                if ok:
+                    self._served = max(self._served, ask)
                 self._cv.notify_all()
-                if self._stopping and not self._wanted:
-                    return
 
     def pass_once(self) -> bool:
         """One pass; store errors are recorded and said, never raised (the run goes on)."""
@@ -196,16 +196,12 @@ class Replicator:
             if line:
                 log.warning("%s", line)
             self._status()
-            with self._cv:
-                self._wanted = True  # retried when due
-            return False
+            return False  # asked again when due (Health.next_try)
         except Exception as e:  # noqa: BLE001  (a bug or a local read error: said, retried, never the run's end)
             self.uploading = None
             line = self.health.failed(rep.ReplicaError(f"replica {self.uri}: {type(e).__name__}: {e}"), self.clock())
             if line:
                 log.warning("%s", line)
-            with self._cv:
-                self._wanted = True
             return False
         line = self.health.succeeded()
         if line:
@@ -291,10 +287,12 @@ def check_at_start(uri: str, run_dir: Path, has_checkpoints: bool) -> str | None
     """Before a start writes anything: refuse (ReplicaError, one line) a replica that holds another run, a missing
     bucket, refused credentials, or (first start) an unreachable store; a warning line when a run that has
     checkpoints finds its store unreachable (training goes on, the replica catches up later)."""
-    replica = rep.Replica(uri, timeout_s=15)
     try:
+        replica = rep.Replica(uri, timeout_s=15, create=False)
         replica.check_owner(run_record(run_dir) if run_dir.is_dir() else None)
     except rep.ReplicaError as e:
+        if e.kind == "missing":
+            return None  # a plain path not made yet: an empty replica, made by the first pass
         if e.kind in ("unreachable", "other") and has_checkpoints:
             return f"{e}; training goes on and the replica catches up when the store is back"
         raise

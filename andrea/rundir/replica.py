@@ -63,7 +63,7 @@ EXTRA_MISSING = ("the replica needs the `replica` extra: pip install 'andrea[rep
 
 class ReplicaError(RuntimeError):
     """The store refused or could not be reached: one line naming the replica and the problem; `kind` is
-    bucket | credentials | unreachable | full | owner | corrupt | other."""
+    bucket | credentials | unreachable | full | owner | corrupt | missing | other."""
 
     def __init__(self, message: str, kind: str = "other"):
         super().__init__(message)
@@ -97,8 +97,9 @@ def classify(uri: str, e: BaseException) -> ReplicaError:
     return ReplicaError(f"replica {uri}: {first}", "other")
 
 
-def open_store(uri: str, timeout_s: float = 60.0):
-    """The obstore store for `uri` (an object-store URI or a plain path); ReplicaError for a bad one."""
+def open_store(uri: str, timeout_s: float = 60.0, create: bool = True):
+    """The obstore store for `uri` (an object-store URI or a plain path, made when `create`); ReplicaError for a
+    bad one ("missing": a plain path that does not exist and is not to be made)."""
     try:
         import obstore.store as stores
     except ImportError:
@@ -109,6 +110,8 @@ def open_store(uri: str, timeout_s: float = 60.0):
     try:
         if not is_uri(uri):
             path = Path(uri[len("file://"):] if uri.startswith("file://") else uri).expanduser().absolute()
+            if not create and not path.is_dir():
+                raise ReplicaError(f"replica {uri}: no such directory", "missing")
             path.mkdir(parents=True, exist_ok=True)
             return stores.LocalStore(str(path), mkdir=True)
         options = {"timeout": f"{int(timeout_s)}s", "connect_timeout": "5s"}
@@ -117,16 +120,18 @@ def open_store(uri: str, timeout_s: float = 60.0):
         if uri.startswith("memory://"):
             return stores.MemoryStore()
         return stores.from_url(uri, client_options=options, retry_config=retry)
-    except (OSError, ValueError, Exception) as e:  # noqa: BLE001  (obstore raises its own classes)
+    except ReplicaError:
+        raise
+    except Exception as e:  # noqa: BLE001  (obstore raises its own classes)
         raise ReplicaError(f"replica {uri}: not a usable location: {' '.join(str(e).split())[:200]}") from None
 
 
 class Replica:
     """The store behind one replica URI: object I/O, every failure a ReplicaError of one line."""
 
-    def __init__(self, uri: str, timeout_s: float = 60.0):
+    def __init__(self, uri: str, timeout_s: float = 60.0, create: bool = True):
         self.uri = uri
-        self.store = open_store(uri, timeout_s)
+        self.store = open_store(uri, timeout_s, create)
         import obstore
         self.obs = obstore
 
