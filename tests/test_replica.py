@@ -252,3 +252,39 @@ def test_train_refuses_a_bad_replica_in_one_line_before_writing(s3, tmp_path, mo
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and words in err and uri in err, err
     assert "wrong" not in err and not run_dir.exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs: a replica that fills up mid-upload (skipped where mounting is not allowed)."""
+    import subprocess
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_replica_mid_upload_is_one_line_and_loses_nothing(tmp_path, small_disk, caplog):
+    run = make_run(tmp_path / "run", [10])
+    big = np.random.default_rng(1).random(3 * 50_000, dtype=np.float32)  # 600 KB each: the second one does not fit
+    for step in (20, 30):
+        companion_path(run, step, "state").write_text("{}")
+        ckpt.commit_checkpoint(run, step, big)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with caplog.at_level(logging.WARNING, "andrea.replica"):
+        r = replicator(run, small_disk / "replica", keep_last=5)
+        assert not r.pass_once() and not r.pass_once()
+    assert [rec.message.count("full or over its quota") for rec in caplog.records] == [1], caplog.text
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != rep.STATUS_NAME} == before
+    listing = rep.Replica(str(small_disk / "replica")).listing()
+    for step in rep.published_steps(listing):  # what is published is whole
+        assert listing[checkpoint_name(step)] == (run / checkpoint_name(step)).stat().st_size
+    assert rep.published_steps(listing) == [30]  # newest first; the older one did not fit and is not published
+
+
+def test_without_the_extra_one_line_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "obstore.store", None)  # as if `andrea[replica]` were missing
+    with pytest.raises(rep.ReplicaError, match=r"pip install 'andrea\[replica\]'"):
+        rep.Replica(str(tmp_path / "replica"))

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
+import time
 
 import pytest
 
@@ -100,3 +102,27 @@ def test_replicate_survive_an_outage_and_a_kill_then_restore_to_the_same_bytes(s
     final = checkpoint_name(stop_at + 10)
     assert (run / final).read_bytes() == (reference / final).read_bytes()
     assert checksum.read(run / final)["regions"] == checksum.read(reference / final)["regions"]
+
+
+def test_sigterm_with_the_store_unreachable_trains_on_and_exits_0_within_the_bound(prepared, tmp_path):
+    """A run with checkpoints whose store cannot be reached at its start: one warning line, training goes on; a
+    SIGTERM then waits at most checkpoint.replica_wait for the replica and exits 0 with its final checkpoint."""
+    run = seed_data(prepared, tmp_path / "run")
+    assert train(run, "--steps", "5", *EVERY).returncode == 0
+    down = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+            "AWS_DEFAULT_REGION": "us-east-1", "ANDREA_TEST_STEP_DELAY": "0.05"}
+    p = Trainer(run, "--steps", "100000", *EVERY, "--set", f'checkpoint.replica="s3://{BUCKET}/down"',
+                "--set", "checkpoint.replica_wait=2", extra_env=down)
+    try:
+        p.wait_ready()
+        p.wait_for(lambda l: (committed(l) or 0) >= 15, 60)  # trains on
+        p.proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        assert p.wait_exit(60) == 0
+        waited = time.monotonic() - t0
+    finally:
+        p.kill()
+    out = p.output()
+    assert "stopping after 2s without it" in out and waited < 2 + 20, (waited, out[-2000:])
+    assert sum("cannot be reached" in line for line in out.splitlines()) == 2  # at the start, then once by the thread
+    assert ckpt.validate(run / checkpoint_name(max(s for s, _ in ckpt.list_checkpoints(run))), deep=True)
