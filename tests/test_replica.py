@@ -223,6 +223,12 @@ def test_a_replica_holding_another_run_is_refused_before_anything_is_written(tmp
         rp.check_at_start(str(remote), tmp_path / "fresh", has_checkpoints=False)
     assert not replicator(other, remote).pass_once()
     assert sorted(p.name for p in remote.iterdir()) == before
+    branch = make_run(tmp_path / "branch", [10], seed=1)  # the parent's start marker, then a branch marker
+    ledger = LossLedger(branch / LEDGER_NAME)
+    ledger.append([marker("branch", 10, parent="a")])
+    ledger.close()
+    with pytest.raises(rep.ReplicaError, match="already holds another run"):
+        rp.check_at_start(str(remote), branch, has_checkpoints=True)
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "x").write_text("not ours")
     with pytest.raises(rep.ReplicaError, match="not an andrea replica"):

@@ -171,6 +171,10 @@ def cmd_branch(args: argparse.Namespace) -> int:
     overrides = list(args.set or [])
     cfg = configload.load(base=parent_cfg.to_dict(), config_file=args.config, overrides=overrides,
                           base_source=str(parent / CONFIG_NAME))
+    if cfg.checkpoint.replica and cfg.checkpoint.replica == parent_cfg.checkpoint.replica:
+        cfg.checkpoint.replica = ""  # a branch is another run: never the parent's replica (--set gives it its own)
+        print(f"branch: checkpoint.replica not inherited from {parent} (a branch is another run; "
+              "--set checkpoint.replica=... gives it its own)")
     n = _n_params(parent_cfg)
     if _n_params(cfg) != n:
         raise config_mod.ConfigError(f"branch: the new configuration has {_n_params(cfg)} parameters, "

@@ -82,8 +82,7 @@ def restore(uri: str, run_dir: Path, out=None) -> int:
     for key in _run_keys(listing):
         fetched += _fetch(replica, run_dir, key, listing)
     record = run_record(run_dir)
-    if record is not None and (record.get("started"), record.get("identity")) != \
-            (owner.get("started"), owner.get("identity")):
+    if record is not None and any(record.get(k) != owner.get(k) for k in ("started", "identity", "branched")):
         raise rep.ReplicaError(f"replica {uri}: its ledger's start marker is not the run {rep.OWNER_KEY} names",
                                "owner")
     final = run_dir / checkpoint_name(step)

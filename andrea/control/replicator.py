@@ -93,13 +93,20 @@ class Health:
 
 
 def run_record(run_dir: Path) -> dict | None:
-    """This run's {"identity", "started"}: the newest `start` marker of its ledger (None before it has one)."""
+    """This run's {"identity", "started", "branched"}: the newest `start` marker of its ledger and the time of the
+    `branch` marker after it (an audit branch carries its parent's start marker, but is another run); None before
+    the run has a start marker."""
     try:
         entries = read_ledger(run_dir / LEDGER_NAME).entries
     except ValueError:
         return None
-    starts = [e for e in entries if e.get("event") == "start"]
-    return {"identity": starts[-1].get("identity"), "started": starts[-1].get("time")} if starts else None
+    starts = [i for i, e in enumerate(entries) if e.get("event") == "start"]
+    if not starts:
+        return None
+    start = entries[starts[-1]]
+    branches = [e for e in entries[starts[-1]:] if e.get("event") == "branch"]
+    return {"identity": start.get("identity"), "started": start.get("time"),
+            "branched": branches[-1].get("time") if branches else None}
 
 
 # --- the thread --------------------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ gives the plain-path replica the same semantics from the same code.
 
 Layout under the replica's prefix (the run directory's own names, rundir/names.py):
 
-    replica.json              {"format": 1, "identity": {...}, "started": T}: the run this replica belongs to (the
-                              `identity` and `time` of the ledger's `start` marker); written first, with
+    replica.json              {"format": 1, "identity": {...}, "started": T, "branched": B}: the run this replica
+                              belongs to (the `identity` and `time` of the ledger's `start` marker, and the time of
+                              the `branch` marker after it, null for a run that is no branch); written first, with
                               create-if-absent, and checked before anything else is written
     step_NNNNNN.bin           a checkpoint, byte for byte
     step_NNNNNN.<kind>.json   its companions (state, guard, ledger); `step_NNNNNN.sum.json` is uploaded LAST:
@@ -210,8 +211,7 @@ class Replica:
                 raise ReplicaError(f"replica {self.uri}: holds objects but no {OWNER_KEY}: not an andrea replica; "
                                    "choose an empty prefix", "owner")
             return None
-        if local is None or remote.get("started") != local.get("started") \
-                or remote.get("identity") != local.get("identity"):
+        if local is None or any(remote.get(k) != local.get(k) for k in ("started", "identity", "branched")):
             raise ReplicaError(f"replica {self.uri}: already holds another run (started at {remote.get('started')}, "
                                f"{_short(remote.get('identity'))}): choose another prefix, or `andrea restore` "
                                "that run", "owner")
