@@ -91,6 +91,8 @@ def test_a_pass_publishes_each_checkpoint_whole_with_companions_ledger_and_files
     for step in (20, 30):
         assert (remote / checkpoint_name(step)).read_bytes() == (run / checkpoint_name(step)).read_bytes()
     assert json.loads((run / rep.STATUS_NAME).read_text())["lag_steps"] == 0
+    (remote / "step_000040.bin").write_bytes(b"an upload a kill interrupted")  # no .sum.json: never published
+    assert r.pass_once() and not (remote / "step_000040.bin").exists() and r.newest == 30
 
 
 def test_the_ledger_is_never_replaced_by_a_shorter_copy(tmp_path):

@@ -10,8 +10,8 @@ then (`upload_plan`: every local checkpoint the replica's retention would keep t
 One pass (`sync`), in order: the owner check and claim of the replica (rundir/replica.py's `replica.json`, before
 anything else is written), run.toml, tokenizer.json, the sidecars and data/ (a data file already there at its size
 is never sent again), the checkpoints of the plan (each: `.bin` verified on the way and read back, companions,
-the ledger, then its `.sum.json`), the ledger, and the replica's retention (the run's keep_last / keep_every over
-its published checkpoints). Then `RUN_DIR/.replica.json` (`andrea status`) and TensorBoard's `replica/lag_steps`
+the ledger, then its `.sum.json`), the ledger, the replica's retention (the run's keep_last / keep_every over
+its published checkpoints), and the objects of checkpoints never published (an upload a kill interrupted). Then `RUN_DIR/.replica.json` (`andrea status`) and TensorBoard's `replica/lag_steps`
 and `replica/lag_s`.
 
 Retention with a replica: `protected()` names the newest replicated checkpoint and the one being uploaded; the
@@ -248,7 +248,9 @@ class Replicator:
         self._ledger()
         for step in remote_victims(pos.steps, self.keep_last, self.keep_every):
             rep.remove_checkpoint(r, step, listing)
-            pos.steps.remove(step)
+            pos.steps = [s for s in pos.steps if s != step]  # a new list: protected() reads it on the I/O thread
+        for step in rep.unpublished_steps(listing, pos.steps):  # what an interrupted upload left: never restored
+            rep.remove_checkpoint(r, step, listing)
 
     def _ledger(self) -> None:
         self.pos.ledger_size = rep.upload_ledger(self.replica, self.run_dir, self.pos.ledger_size)

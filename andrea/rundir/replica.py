@@ -56,6 +56,7 @@ STATUS_NAME = REPLICA_STATUS_NAME
 FORMAT = 1
 CHUNK = 8 << 20  # bytes per read of a file being uploaded, and per multipart part
 SUM_RE = re.compile(r"^step_(\d{6,})\.sum\.json$")
+STEP_RE = re.compile(r"^step_(\d{6,})\.(bin|[a-z]+\.json)$")
 SIDECARS = (STATE_NAME, SAMPLES_NAME)
 UPLOAD_DELAY = float(os.environ.get("ANDREA_TEST_REPLICA_DELAY", "0") or 0)  # test hook (module docstring)
 EXTRA_MISSING = ("the replica needs the `replica` extra: pip install 'andrea[replica]' (obstore); or train without "
@@ -279,6 +280,12 @@ def _short(identity) -> str:
 def published_steps(listing: dict[str, int]) -> list[int]:
     """The checkpoints the replica holds: those whose `.sum.json` is published, oldest first."""
     return sorted(int(m.group(1)) for key in listing if (m := SUM_RE.match(key)))
+
+
+def unpublished_steps(listing: dict[str, int], published: list[int]) -> list[int]:
+    """Steps with objects in the replica but no `.sum.json`: uploads that never finished."""
+    found = {int(m.group(1)) for key in listing if (m := STEP_RE.match(key))}
+    return sorted(found - set(published))
 
 
 def companion_keys(step: int, listing: dict[str, int] | None = None, run_dir: Path | None = None) -> list[str]:
