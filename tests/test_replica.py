@@ -296,3 +296,16 @@ def test_without_the_extra_one_line_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "obstore.store", None)  # as if `andrea[replica]` were missing
     with pytest.raises(rep.ReplicaError, match=r"pip install 'andrea\[replica\]'"):
         rep.Replica(str(tmp_path / "replica"))
+
+
+def test_tensorboard_gets_the_lag(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from andrea.control.tensorboard import TensorBoardLog
+    tb = TensorBoardLog(tmp_path, 0, 1.0, 10)
+    tb.add_replica(40, 20, 12.5)
+    tb.add_replica(50, 0, 0.0)
+    tb.close()
+    events = EventAccumulator(str(tmp_path / "tb")).Reload()
+    assert [(e.step, e.value) for e in events.Scalars("replica/lag_steps")] == [(40, 20.0), (50, 0.0)]
+    assert [(e.step, e.value) for e in events.Scalars("replica/lag_s")] == [(40, 12.5), (50, 0.0)]

@@ -1,7 +1,7 @@
 """The replicator: each committed checkpoint and the ledger copied to the run's replica on its own thread.
 
-Off the hot path. One `andrea-replica` thread reads committed files (never the staging buffers) and talks to the
-store (rundir/replica.py); the training loop only calls `notify()` when a commit lands, which sets a flag. A step
+Off the hot path. One `andrea-replica` thread (niced: on a busy CPU the training threads go first) reads committed
+files (never the staging buffers) and talks to the store (rundir/replica.py); the training loop only calls `notify()` when a commit lands, which sets a flag. A step
 never waits for the store: a slow store delays the replica, not training. A store that is down or refusing is
 said in ONE warning line when it starts failing (and again only when the problem changes), retried with
 exponential backoff (`retry_delay`), and told once more when it is back; what was missed meanwhile is uploaded
@@ -40,6 +40,7 @@ from andrea.rundir.names import LEDGER_NAME
 from andrea.rundir.ledger import read_ledger
 
 log = logging.getLogger("andrea.replica")
+NICE = 10  # the replica thread's niceness (Linux: per thread), above the trainer's own
 BACKOFF_BASE = float(os.environ.get("ANDREA_TEST_REPLICA_BACKOFF", "1") or 1)  # test hook (module docstring)
 
 
@@ -179,6 +180,10 @@ class Replicator:
         return caught_up
 
     def _run(self) -> None:
+        try:  # this thread alone, niced: under CPU contention the training threads go first
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+        except (AttributeError, OSError):
+            pass
         while True:
             with self._cv:
                 while self._served >= self._asked or not self.health.due(self.clock()):
