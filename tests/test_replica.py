@@ -194,10 +194,13 @@ def test_restore_takes_the_newest_verified_checkpoint_and_completes_when_run_aga
     target.mkdir()
     (target / RESTORING_NAME).write_text("{}")  # an interrupted restore: completed, not refused
     (target / "run.toml").write_text("half")
+    (target / "step_000030.bin.restore").write_text("an older attempt's staging file, of another checkpoint")
     assert restore(str(remote), target) == 0
     assert "restored step 10" in capsys.readouterr().out
     assert (target / checkpoint_name(10)).read_bytes() == (run / checkpoint_name(10)).read_bytes()
-    assert not (target / checkpoint_name(20)).exists() and not (target / RESTORING_NAME).exists()
+    assert sorted(p.name for p in target.glob("step_*")) == [f"step_000010.{k}" for k in
+                                                            ("bin", "ledger.json", "state.json", "sum.json")]
+    assert not (target / RESTORING_NAME).exists()
     for name in (LEDGER_NAME, "run.toml", "tokenizer.json", "data/manifest.json", "data/arm.train.bin"):
         assert (target / name).read_bytes() == (run / name).read_bytes(), name
     assert ckpt.validate(target / checkpoint_name(10), N, deep=True).checksum == ckpt.VERIFIED
@@ -309,3 +312,12 @@ def test_tensorboard_gets_the_lag(tmp_path):
     events = EventAccumulator(str(tmp_path / "tb")).Reload()
     assert [(e.step, e.value) for e in events.Scalars("replica/lag_steps")] == [(40, 20.0), (50, 0.0)]
     assert [(e.step, e.value) for e in events.Scalars("replica/lag_s")] == [(40, 12.5), (50, 0.0)]
+
+
+def test_train_refuses_a_directory_with_an_interrupted_restore(tmp_path, capsys):
+    target = tmp_path / "half"
+    target.mkdir()
+    (target / RESTORING_NAME).write_text("{}")
+    assert cli.main(["train", "--preset", "andrea-tiny", "--run-dir", str(target), "--steps", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run it again" in err and [p.name for p in target.iterdir()] == [RESTORING_NAME]

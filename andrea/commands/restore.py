@@ -69,6 +69,10 @@ def restore(uri: str, run_dir: Path, out=None) -> int:
         break
     if step is None:
         raise rep.ReplicaError(f"replica {uri}: no checkpoint verifies against its checksum ({skipped[0]})", "corrupt")
+    stem = checkpoint_name(step)[:-len(".bin")]
+    for stale in run_dir.glob("step_*"):  # an earlier, interrupted restore of another checkpoint: not this run's
+        if not stale.name.startswith(stem + "."):
+            stale.unlink()
     for key in rep.companion_keys(step, listing):
         fetched += _fetch(replica, run_dir, key, listing)
     fetched += _fetch(replica, run_dir, checksum.sum_path(run_dir / checkpoint_name(step)).name, listing)
