@@ -321,3 +321,30 @@ def test_train_refuses_a_directory_with_an_interrupted_restore(tmp_path, capsys)
     assert cli.main(["train", "--preset", "andrea-tiny", "--run-dir", str(target), "--steps", "0"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "run it again" in err and [p.name for p in target.iterdir()] == [RESTORING_NAME]
+
+
+def test_the_etag_is_checked_as_the_md5_of_what_was_sent():
+    import hashlib
+    parts = [hashlib.md5(b"a" * 10).digest(), hashlib.md5(b"b").digest()]
+    multi = hashlib.md5(b"".join(parts)).hexdigest() + "-2"
+    assert rep.etag_matches(f'"{multi}"', parts) and not rep.etag_matches(f'"{multi[:-1]}3"', parts)
+    assert rep.etag_matches(hashlib.md5(b"b").hexdigest(), parts[1:]) and not rep.etag_matches("inode-mtime", parts)
+    assert not rep.etag_matches(None, parts[:1])
+
+
+class Counting(rep.Replica):
+    read_backs = 0
+
+    def chunks(self, key):
+        Counting.read_backs += 1
+        return super().chunks(key)
+
+
+def test_s3_checks_the_etag_a_plain_path_reads_back(s3, tmp_path, monkeypatch):
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    run = make_run(tmp_path / "run", [10])
+    for uri, read_backs in ((f"s3://{BUCKET}/etag", 0), (str(tmp_path / "plain"), 1)):
+        Counting.read_backs = 0
+        rep.upload_checkpoint(Counting(uri), run, 10, lambda: None)
+        assert Counting.read_backs == read_backs, uri

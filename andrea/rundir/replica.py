@@ -29,7 +29,9 @@ Complete or absent. Each object is published whole by the store: an S3 object ap
 CompleteMultipartUpload succeeds (a process killed mid-upload leaves an incomplete multipart upload, which no
 listing or GET shows); LocalStore writes a staging file and renames it. A checkpoint's `.bin` is hashed as it is
 read for the upload and the upload is aborted when the bytes are not the ones its `.sum.json` recorded; once
-stored it is read back and hashed again (the replica holds exactly what a restore will check), and only then are
+stored, the store's own ETag vouches for what it received where it is an MD5 of the bytes (S3 without SSE-KMS: the
+MD5 of a single PUT, or of the parts' MD5s for a multipart upload, computed here as the parts are sent), and
+elsewhere (an encrypted object, GCS, Azure, a plain path) the object is read back and hashed again; only then are
 its companions and its `.sum.json` published. Writes `RUN_DIR/.replica.json` (the replica's newest step and lag,
 for `andrea status`): {"uri", "step", "local_step", "lag_steps", "lag_seconds", "error", "updated"}.
 Test hook: `ANDREA_TEST_REPLICA_DELAY=<seconds>` sleeps after each piece of a `.bin` read for its upload (a slow
@@ -39,6 +41,7 @@ store, and a window in which to kill the uploading process). Never set in produc
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import re
@@ -172,9 +175,11 @@ class Replica:
         except FileNotFoundError:
             return None
 
-    def put(self, key: str, data: bytes | Iterator[bytes], *, create: bool = False) -> None:
-        self._call(self.obs.put, self.store, key, data, mode="create" if create else "overwrite",
-                   chunk_size=CHUNK, max_concurrency=4)
+    def put(self, key: str, data: bytes | Iterator[bytes], *, create: bool = False) -> str | None:
+        """Store `data` as `key`; the store's ETag."""
+        result = self._call(self.obs.put, self.store, key, data, mode="create" if create else "overwrite",
+                            chunk_size=CHUNK, max_concurrency=4)
+        return (result or {}).get("e_tag")
 
     def delete(self, key: str) -> None:
         try:
@@ -228,9 +233,10 @@ class Replica:
 
     # --- files -------------------------------------------------------------------------------------------
     def put_file(self, key: str, path: Path, check: Callable[[bytes], None] | None = None,
-                 done: Callable[[], None] | None = None) -> int:
-        """Upload the file at `path` as `key`, streamed; `check(piece)` sees every piece read and `done()`
-        runs after the last one, before the upload completes: raising there aborts it (nothing published)."""
+                 done: Callable[[], None] | None = None) -> tuple[int, str | None]:
+        """Upload the file at `path` as `key`, streamed in CHUNK pieces (one multipart part each); `check(piece)`
+        sees every piece read and `done()` runs after the last one, before the upload completes: raising there
+        aborts it (nothing published). Returns (bytes sent, the store's ETag)."""
         sent = 0
 
         def pieces() -> Iterator[bytes]:
@@ -245,8 +251,8 @@ class Replica:
                     yield piece
             if done is not None:
                 done()
-        self.put(key, pieces())
-        return sent
+        etag = self.put(key, pieces())
+        return sent, etag
 
     def download(self, key: str, dest: Path, check: Callable[[bytes], None] | None = None) -> int:
         """Write object `key` to `dest` atomically (temporary name, fsync, rename, directory fsync)."""
@@ -308,8 +314,19 @@ def verifier(recorded: dict, what: str) -> tuple[Callable[[bytes], None], Callab
     return hasher.update, finish
 
 
+def etag_matches(etag: str | None, parts: list[bytes]) -> bool:
+    """Whether an S3 ETag is the MD5 of the bytes sent in `parts` (their MD5 digests, in order): a single PUT's
+    MD5, or a multipart upload's MD5 of the parts' MD5s + "-N". False for any other kind of ETag (an encrypted
+    object's, another store's, a local file's), which then calls for a read-back."""
+    tag = (etag or "").strip('"')
+    if tag.endswith(f"-{len(parts)}"):
+        return tag == hashlib.md5(b"".join(parts)).hexdigest() + f"-{len(parts)}"
+    return len(parts) == 1 and tag == parts[0].hex()
+
+
 def upload_checkpoint(replica: Replica, run_dir: Path, step: int, before_publish: Callable[[], None]) -> int:
-    """Upload `step_N.bin` (hashed on the way, read back and hashed again), then its companions, then
+    """Upload `step_N.bin` (hashed on the way against its `.sum.json`; the stored bytes checked by the store's
+    ETag where it is an MD5 of them, else read back and hashed again), then its companions, then
     `before_publish()` (the ledger), then its `.sum.json`: the publication. Returns the bytes sent."""
     name = checkpoint_name(step)
     local = run_dir / name
@@ -317,20 +334,26 @@ def upload_checkpoint(replica: Replica, run_dir: Path, step: int, before_publish
     if recorded is None:
         raise ReplicaError(f"{local}: no checksum (written before checksums existed): not replicated", "corrupt")
     feed, finish = verifier(recorded, f"{local}: changed while it was uploaded")
-    sent = replica.put_file(name, local, feed, finish)
-    feed, finish = verifier(recorded, f"replica {replica.uri}/{name}: read back")
-    for piece in replica.chunks(name):
+    parts: list[bytes] = []
+
+    def hashed(piece: bytes) -> None:
         feed(piece)
-    try:
-        finish()
-    except ReplicaError:
-        replica.delete(name)
-        raise
+        parts.append(hashlib.md5(piece).digest())  # one multipart part per piece (CHUNK)
+    sent, etag = replica.put_file(name, local, hashed, finish)
+    if not etag_matches(etag, parts):
+        feed, finish = verifier(recorded, f"replica {replica.uri}/{name}: read back")
+        for piece in replica.chunks(name):
+            feed(piece)
+        try:
+            finish()
+        except ReplicaError:
+            replica.delete(name)
+            raise
     for key in companion_keys(step, run_dir=run_dir):
-        sent += replica.put_file(key, run_dir / key)
+        sent += replica.put_file(key, run_dir / key)[0]
     before_publish()
     sum_file = checksum.sum_path(local)
-    sent += replica.put_file(sum_file.name, sum_file)
+    sent += replica.put_file(sum_file.name, sum_file)[0]
     return sent
 
 
