@@ -4,7 +4,8 @@ Off the hot path. One `andrea-replica` thread (niced: on a busy CPU the training
 files (never the staging buffers) and talks to the store (rundir/replica.py); the training loop only calls `notify()` when a commit lands, which sets a flag. A step
 never waits for the store: a slow store delays the replica, not training. A store that is down or refusing is
 said in ONE warning line when it starts failing (and again only when the problem changes), retried with
-exponential backoff (`retry_delay`), and told once more when it is back; what was missed meanwhile is uploaded
+exponential backoff (`retry_delay`), and told once more when it is back; passes start at most every
+MIN_INTERVAL seconds (commits landing faster coalesce: a bounded request rate, whatever the cadence); what was missed meanwhile is uploaded
 then (`upload_plan`: every local checkpoint the replica's retention would keep that it lacks, newest first).
 
 One pass (`sync`), in order: the owner check and claim of the replica (rundir/replica.py's `replica.json`, before
@@ -40,6 +41,7 @@ from andrea.rundir.names import LEDGER_NAME
 from andrea.rundir.ledger import read_ledger
 
 log = logging.getLogger("andrea.replica")
+MIN_INTERVAL = 2.0  # seconds between the starts of two passes: commits landing faster coalesce into one pass
 NICE = 10  # the replica thread's niceness (Linux: per thread), above the trainer's own
 BACKOFF_BASE = float(os.environ.get("ANDREA_TEST_REPLICA_BACKOFF", "1") or 1)  # test hook (module docstring)
 
@@ -123,7 +125,8 @@ class Position:
 class Replicator:
     def __init__(self, uri: str, run_dir: Path, *, keep_last: int, keep_every: int,
                  clock: Callable[[], float] = time.monotonic, on_lag: Callable[[int, int, float], None] | None = None,
-                 base_delay: float = 1.0, max_delay: float = 60.0, replica: rep.Replica | None = None):
+                 base_delay: float = 1.0, max_delay: float = 60.0, replica: rep.Replica | None = None,
+                 min_interval: float = MIN_INTERVAL):
         self.uri, self.run_dir = uri, run_dir
         self.keep_last, self.keep_every = keep_last, keep_every
         self.clock, self.on_lag = clock, on_lag
@@ -135,6 +138,8 @@ class Replicator:
         self._asked = 1  # passes asked for so far (a commit landed, the stop): the first one at start
         self._served = 0  # the last ask a successful pass started after: caught up when it equals _asked
         self._stopping = False
+        self.min_interval = min_interval
+        self._last_start: float | None = None
         self.thread = threading.Thread(target=self._run, name="andrea-replica", daemon=True)
 
     @property
@@ -186,17 +191,27 @@ class Replicator:
             pass
         while True:
             with self._cv:
-                while self._served >= self._asked or not self.health.due(self.clock()):
+                while self._served >= self._asked or not self._due():
                     if self._stopping and self._served >= self._asked:
                         return
-                    wait = None if self._served >= self._asked else self.health.next_try - self.clock()
+                    wait = None if self._served >= self._asked else self._next() - self.clock()
                     self._cv.wait(None if wait is None else max(0.01, wait))
                 ask = self._asked
+                self._last_start = self.clock()
             ok = self.pass_once()
             with self._cv:
                 if ok:
                     self._served = max(self._served, ask)
                 self._cv.notify_all()
+
+    def _next(self) -> float:
+        """When the next pass may start: after the backoff of a failure, and (unless stopping) `min_interval` after
+        the previous pass started."""
+        spaced = 0.0 if self._stopping or self._last_start is None else self._last_start + self.min_interval
+        return max(self.health.next_try, spaced)
+
+    def _due(self) -> bool:
+        return self.clock() >= self._next()
 
     def pass_once(self) -> bool:
         """One pass; store errors are recorded and said, never raised (the run goes on)."""

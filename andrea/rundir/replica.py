@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from andrea.rundir import checksum
-from andrea.rundir.atomic import fsync_dir, write_atomic
+from andrea.rundir.atomic import fsync_dir
 from andrea.rundir.names import (ARCHIVE_DIR, CONFIG_NAME, DATA_DIR, LEDGER_NAME, MANIFEST_NAME, SAMPLES_NAME,
                                  REPLICA_STATUS_NAME, STATE_NAME, TOKENIZER_NAME, checkpoint_name, tmp_path)
 
@@ -392,9 +392,12 @@ def run_files(run_dir: Path) -> list[str]:
 
 
 def write_status(run_dir: Path, record: dict) -> None:
-    """`.replica.json` (the replica's newest step and lag; format in the module docstring)."""
-    write_atomic(run_dir / STATUS_NAME, (json.dumps({**record, "updated": round(time.time(), 3)}, indent=1)
-                                         + "\n").encode())
+    """`.replica.json` (the replica's newest step and lag; format in the module docstring): atomic (temporary name,
+    rename) but not fsynced, an advisory file rewritten every pass that must not compete with the run's fsyncs."""
+    path = run_dir / STATUS_NAME
+    tmp = tmp_path(path)
+    tmp.write_bytes((json.dumps({**record, "updated": round(time.time(), 3)}, indent=1) + "\n").encode())
+    os.replace(tmp, path)
 
 
 def read_status(run_dir: Path) -> dict | None:
