@@ -7,6 +7,7 @@
     sample   generate text from a checkpoint
     export   a checkpoint as a Hugging Face GPT-2 directory (model.safetensors, config, tokenizer) or npz
     ctl      talk to a running trainer: checkpoint | stop | status
+    restore  bring a run back from its replica (checkpoint.replica) onto an empty disk
     status, pivot, branch, compare, plot: a run's life (andrea/commands/operate.py, with ctl)
 
 Every user error is one line on stderr, `andrea: error: …`, and a non-zero exit: 2 for a bad configuration
@@ -45,10 +46,11 @@ def user_errors() -> tuple[type[Exception], ...]:
     from andrea.data.sources import DataError
     from andrea.policy import PolicyError
     from andrea.rundir.ledger import LedgerError
+    from andrea.rundir.replica import ReplicaError
     from andrea.rundir.runlock import RunLockedError
     from andrea.rundir.sidecars import SidecarError
     return (ckpt.CheckpointError, DataError, RunLockedError, BanditStateError, PolicyError, SidecarError,
-            LedgerError, RunFailed, OSError)
+            LedgerError, RunFailed, ReplicaError, OSError)
 
 
 def resolve_config(args: argparse.Namespace, run_dir: Path | None) -> RunConfig:
@@ -81,6 +83,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         from andrea.control.identity import check_resume
         saved = run_dir / names.CONFIG_NAME
         check_resume(run_dir, cfg, configload.run_config(run_dir) if saved.exists() else None)
+    if (run_dir / names.RESTORING_NAME).exists():
+        raise OSError(f"{run_dir}: an interrupted `andrea restore` ({names.RESTORING_NAME}): run it again to complete "
+                      "the run directory before training")
+    if cfg.checkpoint.replica and os.environ.get("RANK", "0") == "0":  # before anything is written (rank 0)
+        from andrea.control.replicator import check_at_start
+        warning = check_at_start(cfg.checkpoint.replica, run_dir, bool(run_dir.is_dir()
+                                                                        and ckpt.list_checkpoints(run_dir)))
+        if warning:
+            log.warning("%s", warning)
     init_from = Path(args.init_from) if args.init_from else None
     # Everything that can be refused is refused before the run directory is created or written to.
     check_init_from(init_from)
@@ -249,6 +260,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_restore(args: argparse.Namespace) -> int:
+    from andrea.commands.restore import restore
+    return restore(args.replica, Path(args.run_dir))
+
+
 def add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="a TOML file (sections model, train, checkpoint, data, policy, sample)")
     p.add_argument("--preset", help=f"a shipped preset: {', '.join(configload.preset_names())}")
@@ -310,6 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["safetensors", "npz"], default="safetensors",
                    help="safetensors: HF GPT2LMHeadModel names (default); npz: andrea's layout names")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("restore", help="bring a run back from its replica onto an empty disk")
+    p.add_argument("replica", metavar="REPLICA", help="the run's checkpoint.replica: s3://bucket/prefix or a path")
+    p.add_argument("--run-dir", required=True, help="the directory to restore into (absent or empty)")
+    p.set_defaults(func=cmd_restore)
 
     operate.add_commands(sub)
     return parser

@@ -137,6 +137,15 @@ class CheckpointConfig:
     on_write_error: str = "retry"
     """retry: warn loudly and try again at the next cadence; stop: exit non-zero at once (every rank, at the same
     step)."""
+    replica: str = ""
+    """Where each committed checkpoint, the ledger, the sidecars, run.toml, the tokenizer and the data are copied, off
+    the training thread: an object-store URI (`s3://bucket/prefix`; gs://, az:// too) or a plain path (a second
+    disk); empty: no replica. S3 endpoint and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION (never written here). `andrea restore` brings a run back from it
+    (docs/operating.md#a-replica-off-the-machine); needs `andrea[replica]`."""
+    replica_wait: float = 120.0
+    """Seconds a stop (SIGTERM, the step target) waits for the replica to take the last checkpoint before exiting 0;
+    what is missing then is uploaded by the next start."""
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.keep_last < 1 or self.keep_every < 0:
@@ -145,6 +154,8 @@ class CheckpointConfig:
             raise ConfigError(f"checkpoint.usr1={self.usr1!r} must be 'step' or 'cadence'")
         if self.on_write_error not in ("retry", "stop"):
             raise ConfigError(f"checkpoint.on_write_error={self.on_write_error!r} must be 'retry' or 'stop'")
+        if self.replica_wait < 0:
+            raise ConfigError(f"checkpoint.replica_wait={self.replica_wait} must be >= 0 seconds")
 
 
 @dataclass

@@ -63,6 +63,9 @@ CALLS: dict[str, list[Call]] = {
                 Call(("compare", BAD, "{run}", "--out", "{out}/compare.png"))],
     "plot": [Call(("plot", BAD, "--out", "{out}/loss.png"))],
     # --run-dir as for train: where the data is prepared (absent, or any directory).
+    # REPLICA: a plain path that is not there / not a replica; --run-dir: a directory that is not empty.
+    "restore": [Call(("restore", BAD, "--run-dir", "{out}/restored"), nonrun="not an andrea replica"),
+                Call(("restore", "{run}", "--run-dir", BAD), kinds=("nonrun",), nonrun="not empty")],
     "prepare": [Call(("prepare", *TINY, "--run-dir", "{out}/run", "--config", BAD), subprocess=True, nonrun=READ)],
 }
 

@@ -15,14 +15,14 @@ ROOT = Path(__file__).resolve().parents[1] / "andrea"
 LAYERS = [
     {"andrea.policy", "andrea.configcheck"},                             # pure: caps and floors; type checks
     {"andrea.config", "andrea.configops"},                               # the schema
-    {"andrea.rundir"},                                                   # the run directory's files
+    {"andrea.rundir", "andrea.rundir.replica"},                          # the run directory's files (and its replica)
     {"andrea.configload", "andrea.progress"},                            # TOML layered; progress lines
     {"andrea.data", "andrea.kernels", "andrea.devices", "andrea.memory"},
     {"andrea.model", "andrea.distributed", "andrea.trainer", "andrea.zero", "andrea.generate", "andrea.audit",
      "andrea.export", "andrea.plots", "andrea.configdoc",
      "andrea.kernels.compile_check"},                                    # compiles the presets' launches
-    {"andrea.control"},
-    {"andrea.commands"},
+    {"andrea.control", "andrea.control.replicator"},
+    {"andrea.commands", "andrea.commands.restore"},
     {"andrea.cli", "andrea.__main__"},
 ]
 

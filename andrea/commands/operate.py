@@ -29,7 +29,7 @@ from andrea.configcheck import ConfigError
 from andrea.control import pivot
 from andrea.control.guard import ledger_summary
 from andrea.data.manifest import data_status
-from andrea.rundir import checkpoint as ckpt, inspect, sidecars
+from andrea.rundir import checkpoint as ckpt, inspect, replica, sidecars
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.names import (CONFIG_NAME, DATA_DIR, LEDGER_NAME, NEXT_POLICY_NAME, STATE_NAME, TOKENIZER_NAME,
                                  companions)
@@ -54,8 +54,21 @@ def run_status(run_dir: Path) -> dict:
                "shares": state.get("shares"), "state_step": state.get("step"),
                "target": (state.get("policy") or {}).get("target"), "target_loss": state.get("target_loss"),
                "guard": ledger_summary(entries),  # incidents, rollbacks, the remedy in force (control/guard.py)
-               "data": data_status(run_dir)})  # per arm: tokens, source bytes, epochs (andrea/data/manifest.py)
+               "data": data_status(run_dir),  # per arm: tokens, source bytes, epochs (andrea/data/manifest.py)
+               "replica": replica_status(run_dir, st)})  # checkpoint.replica's newest step and lag, or null
     return st
+
+
+def replica_status(run_dir: Path, st: dict) -> dict | None:
+    """What the replicator last recorded (`.replica.json`: its newest step, lag, last error), the lag in steps
+    measured again against the newest local checkpoint; None for a run without a replica."""
+    rec = replica.read_status(run_dir)
+    if rec is None:
+        return None
+    local = [s for s, _ in ckpt.list_checkpoints(run_dir)]
+    if local and (rec.get("step") or 0) < local[-1]:
+        rec["lag_steps"] = local[-1] - (rec.get("step") or 0)
+    return rec
 
 
 def print_status(run_dir: Path) -> int:
@@ -160,6 +173,10 @@ def cmd_branch(args: argparse.Namespace) -> int:
     overrides = list(args.set or [])
     cfg = configload.load(base=parent_cfg.to_dict(), config_file=args.config, overrides=overrides,
                           base_source=str(parent / CONFIG_NAME))
+    if cfg.checkpoint.replica and cfg.checkpoint.replica == parent_cfg.checkpoint.replica:
+        cfg.checkpoint.replica = ""  # a branch is another run: never the parent's replica (--set gives it its own)
+        print(f"branch: checkpoint.replica not inherited from {parent} (a branch is another run; "
+              "--set checkpoint.replica=... gives it its own)")
     n = _n_params(parent_cfg)
     if _n_params(cfg) != n:
         raise ConfigError(f"branch: the new configuration has {_n_params(cfg)} parameters, "

@@ -62,7 +62,7 @@ class Boundary:
 
     def __init__(self, cfg: RunConfig, run_dir: Path, *, step: int, proxy: DataProxy, trainer, writer,
                  guard: Guard, feed: LedgerFeed, req: Requests, records: StepRecords, progress: Progress,
-                 train: Executor, io: Executor, world: World | None = None, codec=None, tb=None,
+                 train: Executor, io: Executor, world: World | None = None, codec=None, tb=None, replicator=None,
                  evaluate: Callable = audit.evaluate, sample: Callable = audit.sample_audits,
                  notify: Callable[..., None] = lambda kind, step, **detail: None):
         self.cfg, self.run_dir = cfg, run_dir
@@ -74,6 +74,7 @@ class Boundary:
         self.train, self.io = train, io  # the training thread (the model's only user) and the FIFO I/O thread
         self.world = world or World()
         self.codec, self.tb = codec, tb
+        self.replicator = replicator  # control/replicator.py: told of each commit, uploads on its own thread
         self.evaluate, self.sample = evaluate, sample
         self.notify = notify  # control/notify.py: Notifier.send (a pivot, a failed write)
 
@@ -222,6 +223,8 @@ class Boundary:
         commit.add_done_callback(lambda fut: self._landed(fut, step))
         if self.tb is not None:
             commit.add_done_callback(self.tb.on_commit)
+        if self.replicator is not None:
+            commit.add_done_callback(self.replicator.notify)
         if self.req.checkpoint_at is not None and step >= self.req.checkpoint_at:
             self.req.checkpoint_at, self.req.landing = None, step
             commit.add_done_callback(lambda _: setattr(self.req, "landing", None))

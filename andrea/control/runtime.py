@@ -38,7 +38,8 @@ import torch
 from andrea import export
 from andrea.config import RunConfig
 from andrea.configcheck import ConfigError
-from andrea.control import identity, notify, pivot, ranks, resume, rollback, shards, sharing, tensorboard, watchdog
+from andrea.control import (identity, notify, pivot, ranks, replicator, resume, rollback, shards, sharing, tensorboard,
+                            watchdog)
 from andrea.control.boundary import Boundary, RunFailed
 from andrea.control.ledger import LedgerFeed
 from andrea.control.proxy import Batch, DataProxy
@@ -88,6 +89,7 @@ class TrainingRun:
                                               initializer=on_device)
         self.notifier = notify.Notifier(cfg.notify, run_dir, self.world.rank)
         self.tb: tensorboard.TensorBoardLog | None = None  # log.tensorboard: the ledger's lines as scalars
+        self.replicator: replicator.Replicator | None = None  # checkpoint.replica: copies off the machine
         self.early = early
         self.preparing = False  # rank 0 is preparing data (a stop then ends the preparation, not a step)
         self.step_delay = float(os.environ.get("ANDREA_TEST_STEP_DELAY", "0") or 0)  # test hook: slow steps
@@ -225,6 +227,8 @@ class TrainingRun:
                                                   self.notifier.lines)
                 atomic.write_atomic(self.run_dir / names.CONFIG_NAME, self.cfg.to_toml().encode())
             self.feed.flush(force_sync=True)
+            if self.world.leader:  # after the start marker is durable: the replica is claimed with it
+                self.replicator = replicator.start_for(self.cfg.checkpoint, self.run_dir, self.writer, self.tb)
             print(f"ready pid={os.getpid()} run_dir={self.run_dir} step={self.step} "
                   f"stop_at={stop_at} device={self.device} kernels={self.kernels}"
                   + (f" rank={self.world.rank}/{self.world.size}" if self.world.distributed else ""),
@@ -238,6 +242,8 @@ class TrainingRun:
             self.world.quiet()
             self.train.shutdown(wait=True)
             self.io.shutdown(wait=True)
+            if self.replicator is not None:  # bounded: checkpoint.replica_wait, then exit all the same
+                self.replicator.finish(self.cfg.checkpoint.replica_wait)
             if self.tb is not None:
                 self.tb.close()
             if hasattr(self, "ledger"):
@@ -253,7 +259,8 @@ class TrainingRun:
         b = self.boundary = Boundary(self.cfg, self.run_dir, step=self.step, proxy=proxy, trainer=trainer,
                                      writer=self.writer, guard=self.guard, feed=self.feed, req=self.req,
                                      records=records, progress=progress, train=self.train, io=self.io,
-                                     world=self.world, codec=self.codec, tb=self.tb, notify=self.notifier.send)
+                                     world=self.world, codec=self.codec, tb=self.tb, notify=self.notifier.send,
+                                     replicator=self.replicator)
         dog = watchdog.Watchdog(self.cfg.watchdog, self.beats, self.on_stall).start()
         watched = self.beats.watch
         try:

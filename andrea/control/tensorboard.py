@@ -12,6 +12,8 @@ each checkpoint's bandit state and commit result. Tags, all with the header step
     data/share/<arm>       the bandit's mixture at each checkpoint (the `shares` of step_S.state.json)
     checkpoint/stall_s     the training loop's stall for the snapshot of step S
     checkpoint/commit_s    the I/O thread's time to commit step_S.bin (ledger fsync and sidecars included)
+    replica/lag_steps      after each replica pass (control/replicator.py), at the newest local checkpoint's step:
+    replica/lag_s          the steps and seconds by which the replica's newest checkpoint trails it (0: caught up)
 
 Thread: one `andrea-tb` thread owns the SummaryWriter (which queues to its own file-writer thread). The event
 loop only submits to that thread's unbounded queue, so a slow or stalled disk under tb/ delays the scalars,
@@ -65,6 +67,11 @@ class TensorBoardLog:
         result = fut.result()
         if result.error is None:
             self.thread.submit(self._guard, self._scalar, "checkpoint/commit_s", result.seconds, result.step)
+
+    def add_replica(self, step: int, lag_steps: int, lag_s: float) -> None:
+        """The replica's lag after a pass (called on the replicator's thread: only submits)."""
+        self.thread.submit(self._guard, self._scalar, "replica/lag_steps", lag_steps, step)
+        self.thread.submit(self._guard, self._scalar, "replica/lag_s", lag_s, step)
 
     def close(self) -> None:
         """Flush and close (waits for the queue: called once, at the end of the run)."""

@@ -23,6 +23,9 @@ integrity checks and a replica agree on them.
       train.lock, train.pid    one trainer per directory (rundir/runlock.py)
       .share-probe.<nonce>     for a moment at a torchrun start: does every rank see this directory
                                (control/sharing.py)
+      .replica.json            the replica's newest step and lag, for `status` (control/replicator.py through
+                               rundir/replica.py, when checkpoint.replica is set)
+      restore.partial          an `andrea restore` in progress (commands/restore.py): train refuses, restore resumes
 Any file written atomically passes through `<name>.tmp` (rundir/atomic.py, rundir/checkpoint.py).
 """
 
@@ -45,6 +48,8 @@ TB_DIR = "tb"
 SPARE_NAME = "spare.ckpt"
 LOCK_NAME = "train.lock"
 PID_NAME = "train.pid"
+REPLICA_STATUS_NAME = ".replica.json"
+RESTORING_NAME = "restore.partial"
 TMP_SUFFIX = ".tmp"
 PROBE_PREFIX = ".share-probe."
 
@@ -52,7 +57,8 @@ CHECKPOINT_RE = re.compile(r"^step_(\d{6,})\.bin$")
 COMPANION_RE = re.compile(r"^step_\d{6,}\.[a-z]+\.json$")
 # The temporary names of andrea's own atomic writes (`<name>.tmp`), in the run directory and in data/: a start
 # removes exactly these, never a user's `notes.tmp`.
-OWN_FILES = {STATE_NAME, SAMPLES_NAME, CONFIG_NAME, NEXT_POLICY_NAME, TOKENIZER_NAME, PID_NAME}
+OWN_FILES = {STATE_NAME, SAMPLES_NAME, CONFIG_NAME, NEXT_POLICY_NAME, TOKENIZER_NAME, PID_NAME,
+             REPLICA_STATUS_NAME}
 DATA_FILE_RE = re.compile(r"^(manifest\.json|[\w.-]+\.plan\.json)$")
 
 

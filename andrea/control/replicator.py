@@ -1,0 +1,346 @@
+"""The replicator: each committed checkpoint and the ledger copied to the run's replica on its own thread.
+
+Off the hot path. One `andrea-replica` thread (niced: on a busy CPU the training threads go first) reads committed
+files (never the staging buffers) and talks to the store (rundir/replica.py); the training loop only calls `notify()` when a commit lands, which sets a flag. A step
+never waits for the store: a slow store delays the replica, not training. A store that is down or refusing is
+said in ONE warning line when it starts failing (and again only when the problem changes), retried with
+exponential backoff (`retry_delay`), and told once more when it is back; passes start at most every
+MIN_INTERVAL seconds (commits landing faster coalesce: a bounded request rate, whatever the cadence); what was missed meanwhile is uploaded
+then (`upload_plan`: every local checkpoint the replica's retention would keep that it lacks, newest first).
+
+One pass (`sync`), in order: the owner check and claim of the replica (rundir/replica.py's `replica.json`, before
+anything else is written), run.toml, tokenizer.json, the sidecars and data/ (a data file already there at its size
+is never sent again), the checkpoints of the plan (each: `.bin` verified on the way and read back, companions,
+the ledger, then its `.sum.json`), the ledger, the replica's retention (the run's keep_last / keep_every over
+its published checkpoints), and the objects of checkpoints never published (an upload a kill interrupted). Then `RUN_DIR/.replica.json` (`andrea status`) and TensorBoard's `replica/lag_steps`
+and `replica/lag_s`.
+
+Retention with a replica: `protected()` names the newest replicated checkpoint and the one being uploaded; the
+writer's retention spares them (with the divergence guard's known-good checkpoint, control/runtime.py), so the
+newest checkpoint the replica holds is never deleted locally before a newer one is replicated.
+
+At a stop `finish(timeout)` asks for one last pass and waits for it at most `checkpoint.replica_wait` seconds; an
+upload still in flight then is abandoned (the store publishes nothing half-written) and the next start finishes it.
+The decisions (`retry_delay`, `upload_plan`, `Health`) are plain functions over plain data and an injected clock.
+Test hook: `ANDREA_TEST_REPLICA_BACKOFF=<seconds>`: the first retry's delay (1 s; doubling up to 60 s). Never set
+in production.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from andrea.rundir import checkpoint as ckpt, replica as rep
+from andrea.rundir.names import LEDGER_NAME
+from andrea.rundir.ledger import read_ledger
+
+log = logging.getLogger("andrea.replica")
+MIN_INTERVAL = 2.0  # seconds between the starts of two passes: commits landing faster coalesce into one pass
+NICE = 10  # the replica thread's niceness (Linux: per thread), above the trainer's own
+BACKOFF_BASE = float(os.environ.get("ANDREA_TEST_REPLICA_BACKOFF", "1") or 1)  # test hook (module docstring)
+
+
+# --- decisions ---------------------------------------------------------------------------------------------
+def retry_delay(failures: int, base: float = 1.0, cap: float = 60.0) -> float:
+    """Seconds before the next try after `failures` consecutive failed passes: base·2^(failures-1), capped."""
+    return 0.0 if failures <= 0 else min(cap, base * 2.0 ** min(failures - 1, 30))
+
+
+def upload_plan(local: Iterable[int], remote: Iterable[int], keep_last: int, keep_every: int) -> list[int]:
+    """Local checkpoints to upload, newest first: those the replica lacks and its retention would keep."""
+    remote = set(remote)
+    missing = set(local) - remote
+    doomed = set(ckpt.retention_victims(remote | missing, keep_last, keep_every))
+    return sorted(missing - doomed, reverse=True)
+
+
+def remote_victims(remote: Iterable[int], keep_last: int, keep_every: int) -> list[int]:
+    """The replica's retention: the run's own rule over its published checkpoints."""
+    return ckpt.retention_victims(remote, keep_last, keep_every)
+
+
+@dataclass
+class Health:
+    """Failing or not, and what to say: one line when the store starts failing or the problem changes, one when
+    it is back. `clock` is injected (tests run it without sleeping)."""
+    base: float = 1.0
+    cap: float = 60.0
+    failures: int = 0
+    next_try: float = 0.0
+    said: str | None = None  # the kind of problem last said
+    error: str | None = None
+
+    def failed(self, e: rep.ReplicaError, now: float) -> str | None:
+        """Record a failed pass; the warning line to log, or None when this problem was already said."""
+        self.failures += 1
+        self.next_try = now + retry_delay(self.failures, self.base, self.cap)
+        self.error = str(e)
+        if self.said == e.kind:
+            return None
+        self.said = e.kind
+        return f"{e}; training goes on, the replica retries with backoff and catches up when it can"
+
+    def succeeded(self) -> str | None:
+        back = self.failures > 0
+        self.failures, self.next_try, self.said, self.error = 0, 0.0, None, None
+        return "replica reachable again: caught up" if back else None
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_try
+
+
+def run_record(run_dir: Path) -> dict | None:
+    """This run's {"identity", "started", "branched"}: the newest `start` marker of its ledger and the time of the
+    `branch` marker after it (an audit branch carries its parent's start marker, but is another run); None before
+    the run has a start marker."""
+    try:
+        entries = read_ledger(run_dir / LEDGER_NAME).entries
+    except ValueError:
+        return None
+    starts = [i for i, e in enumerate(entries) if e.get("event") == "start"]
+    if not starts:
+        return None
+    start = entries[starts[-1]]
+    branches = [e for e in entries[starts[-1]:] if e.get("event") == "branch"]
+    return {"identity": start.get("identity"), "started": start.get("time"),
+            "branched": branches[-1].get("time") if branches else None}
+
+
+# --- the thread --------------------------------------------------------------------------------------------
+@dataclass
+class Position:
+    """What the replica holds, as this process last saw it."""
+    steps: list[int] = field(default_factory=list)
+    ledger_size: int | None = None
+    sent: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (size, mtime_ns) uploaded
+    claimed: bool = False
+
+
+class Replicator:
+    def __init__(self, uri: str, run_dir: Path, *, keep_last: int, keep_every: int,
+                 clock: Callable[[], float] = time.monotonic, on_lag: Callable[[int, int, float], None] | None = None,
+                 base_delay: float = 1.0, max_delay: float = 60.0, replica: rep.Replica | None = None,
+                 min_interval: float = MIN_INTERVAL):
+        self.uri, self.run_dir = uri, run_dir
+        self.keep_last, self.keep_every = keep_last, keep_every
+        self.clock, self.on_lag = clock, on_lag
+        self.health = Health(base_delay, max_delay)
+        self.replica = replica
+        self.pos = Position()
+        self.uploading: int | None = None
+        self._cv = threading.Condition()
+        self._asked = 1  # passes asked for so far (a commit landed, the stop): the first one at start
+        self._served = 0  # the last ask a successful pass started after: caught up when it equals _asked
+        self._stopping = False
+        self.min_interval = min_interval
+        self._last_start: float | None = None
+        self.thread = threading.Thread(target=self._run, name="andrea-replica", daemon=True)
+
+    @property
+    def newest(self) -> int | None:
+        return self.pos.steps[-1] if self.pos.steps else None
+
+    def start(self) -> Replicator:
+        self.thread.start()
+        return self
+
+    def notify(self, *_) -> None:
+        """A commit landed (or anything worth a pass): never blocks (a done-callback of the commit future)."""
+        with self._cv:
+            self._asked += 1
+            self._cv.notify_all()
+
+    def protected(self) -> list[int]:
+        """Steps local retention must keep: the newest replicated one and the one being uploaded."""
+        return [s for s in (self.newest, self.uploading) if s is not None]
+
+    def finish(self, timeout: float) -> bool:
+        """One last pass, started after everything committed so far, waited for at most `timeout` seconds; True
+        when it succeeded (the replica holds the newest checkpoint)."""
+        with self._cv:
+            self._asked += 1
+            ask = self._asked
+            self._stopping = True
+            self._cv.notify_all()
+            deadline = self.clock() + timeout
+            while self._served < ask and self.thread.is_alive():
+                left = deadline - self.clock()
+                if left <= 0:
+                    break
+                self._cv.wait(min(left, 0.5))
+            caught_up = self._served >= ask
+        local = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
+        if caught_up:
+            log.info("replica %s: holds step %s", self.uri, self.newest)
+        else:
+            log.warning("replica %s: stopping after %.0fs without it (holds step %s, the newest checkpoint is %s); "
+                        "the next start uploads what is missing", self.uri, timeout, self.newest,
+                        local[-1] if local else None)
+        return caught_up
+
+    def _run(self) -> None:
+        try:  # this thread alone, niced: under CPU contention the training threads go first
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+        except (AttributeError, OSError):
+            pass
+        while True:
+            with self._cv:
+                while self._served >= self._asked or not self._due():
+                    if self._stopping and self._served >= self._asked:
+                        return
+                    wait = None if self._served >= self._asked else self._next() - self.clock()
+                    self._cv.wait(None if wait is None else max(0.01, wait))
+                ask = self._asked
+                self._last_start = self.clock()
+            ok = self.pass_once()
+            with self._cv:
+                if ok:
+                    self._served = max(self._served, ask)
+                self._cv.notify_all()
+
+    def _next(self) -> float:
+        """When the next pass may start: after the backoff of a failure, and (unless stopping) `min_interval` after
+        the previous pass started."""
+        spaced = 0.0 if self._stopping or self._last_start is None else self._last_start + self.min_interval
+        return max(self.health.next_try, spaced)
+
+    def _due(self) -> bool:
+        return self.clock() >= self._next()
+
+    def pass_once(self) -> bool:
+        """One pass; store errors are recorded and said, never raised (the run goes on)."""
+        try:
+            self.sync()
+        except rep.ReplicaError as e:
+            self.uploading = None
+            line = self.health.failed(e, self.clock())
+            if line:
+                log.warning("%s", line)
+            self._status()
+            return False  # asked again when due (Health.next_try)
+        except Exception as e:  # noqa: BLE001  (a bug or a local read error: said, retried, never the run's end)
+            self.uploading = None
+            line = self.health.failed(rep.ReplicaError(f"replica {self.uri}: {type(e).__name__}: {e}"), self.clock())
+            if line:
+                log.warning("%s", line)
+            return False
+        line = self.health.succeeded()
+        if line:
+            log.warning("replica %s: %s (step %s)", self.uri, line, self.newest)
+        self._status()
+        return True
+
+    # --- one pass ------------------------------------------------------------------------------------------
+    def sync(self) -> None:
+        if self.replica is None:
+            self.replica = rep.Replica(self.uri)
+        r, pos = self.replica, self.pos
+        if not pos.claimed:
+            record = run_record(self.run_dir)
+            if record is None:
+                return  # no start marker yet: nothing of this run to claim a replica with
+            r.claim(record)
+            pos.claimed = True
+        listing = r.listing()
+        pos.steps = rep.published_steps(listing)
+        pos.ledger_size = listing.get(LEDGER_NAME)
+        self._files(listing)
+        local = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
+        for step in upload_plan(local, pos.steps, self.keep_last, self.keep_every):
+            self.uploading = step
+            if not (self.run_dir / f"step_{step:06d}.bin").exists():
+                continue  # retention took it meanwhile
+            log.info("replica %s: uploading step %d", self.uri, step)
+            try:
+                rep.upload_checkpoint(r, self.run_dir, step, self._ledger)
+            except FileNotFoundError:
+                continue  # released by retention while it was read: a newer one is there
+            pos.steps = sorted(set(pos.steps) | {step})
+            self.uploading = None
+            log.info("replica %s: step %d published", self.uri, step)
+        self.uploading = None
+        self._ledger()
+        for step in remote_victims(pos.steps, self.keep_last, self.keep_every):
+            rep.remove_checkpoint(r, step, listing)
+            pos.steps = [s for s in pos.steps if s != step]  # a new list: protected() reads it on the I/O thread
+        for step in rep.unpublished_steps(listing, pos.steps):  # what an interrupted upload left: never restored
+            rep.remove_checkpoint(r, step, listing)
+
+    def _ledger(self) -> None:
+        self.pos.ledger_size = rep.upload_ledger(self.replica, self.run_dir, self.pos.ledger_size)
+
+    def _files(self, listing: dict[str, int]) -> None:
+        """run.toml, tokenizer.json, sidecars, archive/, data/: what changed since this process sent it; a data
+        or archive file the replica holds at its size is not sent again."""
+        for key in rep.run_files(self.run_dir):
+            path = self.run_dir / key
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            signature = (st.st_size, st.st_mtime_ns)
+            if self.pos.sent.get(key) == signature:
+                continue
+            if "/" in key and listing.get(key) == st.st_size:  # data/ and archive/ files are written once
+                self.pos.sent[key] = signature
+                continue
+            self.replica.put_file(key, path)
+            self.pos.sent[key] = signature
+
+    def _status(self) -> None:
+        local = [(s, p) for s, p in ckpt.list_checkpoints(self.run_dir)]
+        newest_local = local[-1][0] if local else None
+        behind = [p for s, p in local if self.newest is None or s > self.newest]
+        try:
+            lag_s = max(0.0, time.time() - min(p.stat().st_mtime for p in behind)) if behind else 0.0
+        except FileNotFoundError:
+            lag_s = 0.0
+        lag_steps = (newest_local or 0) - (self.newest or 0) if behind else 0
+        try:
+            rep.write_status(self.run_dir, {"uri": self.uri, "step": self.newest, "local_step": newest_local,
+                                            "lag_steps": lag_steps, "lag_seconds": round(lag_s, 1),
+                                            "error": self.health.error})
+        except OSError as e:
+            log.debug("%s: %s", rep.STATUS_NAME, e)
+        if self.on_lag is not None and newest_local is not None:
+            self.on_lag(newest_local, lag_steps, lag_s)
+
+
+def check_at_start(uri: str, run_dir: Path, has_checkpoints: bool) -> str | None:
+    """Before a start writes anything: refuse (ReplicaError, one line) a replica that holds another run, a missing
+    bucket, refused credentials, or (first start) an unreachable store; a warning line when a run that has
+    checkpoints finds its store unreachable (training goes on, the replica catches up later)."""
+    try:
+        replica = rep.Replica(uri, timeout_s=15, create=False)
+        replica.check_owner(run_record(run_dir) if run_dir.is_dir() else None)
+    except rep.ReplicaError as e:
+        if e.kind == "missing":
+            return None  # a plain path not made yet: an empty replica, made by the first pass
+        if e.kind in ("unreachable", "other") and has_checkpoints:
+            return f"{e}; training goes on and the replica catches up when the store is back"
+        raise
+    return None
+
+
+def start_for(cfg, run_dir: Path, writer, tb=None) -> Replicator | None:
+    """The run's replicator when `checkpoint.replica` is set (rank 0): started, told nothing yet, and wired into
+    the writer's retention (the newest replicated checkpoint and the one uploading are spared)."""
+    if not cfg.replica:
+        return None
+
+    def on_lag(step: int, lag_steps: int, lag_s: float) -> None:
+        try:
+            tb.add_replica(step, lag_steps, lag_s)
+        except RuntimeError:  # TensorBoard already closed at the end of the run
+            pass
+    r = Replicator(cfg.replica, run_dir, keep_last=cfg.keep_last, keep_every=cfg.keep_every,
+                   on_lag=on_lag if tb is not None else None, base_delay=BACKOFF_BASE)
+    spared = writer.protected
+    writer.protected = lambda: (*spared(), *r.protected())
+    return r.start()

