@@ -34,6 +34,10 @@ HEAVY = [
     "tests/test_run_integrity.py",
     "tests/test_generation.py",
     "tests/faults/test_full_disk.py",
+    "tests/test_watchdog_run.py",
+    "tests/test_replica_run.py",
+    "tests/test_gpu_check.py",
+    "tests/test_integrity.py",
 ]
 
 

@@ -27,10 +27,13 @@ def install() -> None:
 
 
 def take() -> str | None:
-    """The name of the first signal received while installed (the caller's handlers are in place by now)."""
+    """The name of the first signal received while installed (the caller's handlers are in place by now), once:
+    a later call, or one in a process that never installed (a command run in process), gets None."""
     global _installed
-    _installed = False
-    return signal.Signals(_received[0]).name if _received else None
+    installed, _installed = _installed, False
+    received = _received[:1]
+    _received.clear()
+    return signal.Signals(received[0]).name if installed and received else None
 
 
 def release() -> None:

@@ -145,6 +145,7 @@ def test_the_boundary_tells_the_guard_of_a_failed_commit():
     from andrea.control.boundary import Boundary
     run = Boundary.__new__(Boundary)  # only the commit callback: no loop, no trainer
     run.guard = Guard(GuardConfig(confirm_steps=5))
+    run.notify = lambda kind, step, **detail: None  # the operator's notices (control/notify.py): not this test's
     run.guard.on_checkpoint(20, names.checkpoint_name(20))
     loop = asyncio.new_event_loop()
     try:
