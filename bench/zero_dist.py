@@ -82,6 +82,7 @@ def worker(rank: int, size: int, port: int, args, results) -> None:
     trainer = ZeroTrainer(cfg, device, "torch" if device.type == "cpu" else "triton", world)
     rows = timed_steps(trainer, batches(cfg, args.steps + 1), device, spent)
     results.put((rank, rows))
+    world.barrier()  # no rank tears its group down while a peer's gloo threads still talk to it (a SIGABRT, seen once)
     world.close()
 
 
