@@ -99,6 +99,9 @@ class TrainConfig:
     activation_checkpointing: str = "none"
     """none | blocks (blocks: keep only each transformer block's input and recompute the block in the backward:
     the same bytes, less activation memory, ~1/3 more compute)"""
+    peak_tflops: float = 0.0
+    """Peak dense TFLOP/s of one device, for MFU (andrea/mfu.py); 0 = the table's for a GPU it lists (A100, H100,
+    H200, L4, L40S, RTX 3090/4090, bf16). On a CPU or an unlisted GPU MFU is reported as unknown unless set."""
 
     def __post_init__(self) -> None:
         mb = self.micro_batch_size
@@ -120,6 +123,8 @@ class TrainConfig:
             raise ConfigError("train.beta1 and train.beta2 must be in [0, 1)")
         if self.eval_every < 1 or self.log_every < 1 or self.eval_batches < 1:
             raise ConfigError("train.eval_every, eval_batches and log_every must be >= 1")
+        if not self.peak_tflops >= 0:
+            raise ConfigError(f"train.peak_tflops={self.peak_tflops} must be >= 0 (0: the device table's)")
 
 
 @dataclass
@@ -288,10 +293,28 @@ class LogConfig:
     """Also write the ledger's records as TensorBoard scalars under RUN_DIR/tb/ (andrea/control/tensorboard.py)."""
     flush_secs: float = 30.0
     """Longest time a TensorBoard scalar waits in memory before it is written to RUN_DIR/tb/."""
+    wandb: bool = False
+    """Also stream the ledger's settled history to Weights & Biases, one W&B run per andrea run across restarts
+    (andrea/control/wandb_log.py; needs `pip install 'andrea[wandb]'` and, online, WANDB_API_KEY in the
+    environment)."""
+    wandb_project: str = "andrea"
+    """The W&B project."""
+    wandb_entity: str = ""
+    """The W&B entity (user or team); empty: the API key's default."""
+    wandb_name: str = ""
+    """The W&B run's display name; empty: the run directory's name."""
+    wandb_mode: str = "online"
+    """online | offline (offline: files under RUN_DIR/wandb/ only, uploaded later with `wandb sync`)."""
+    wandb_timeout_s: float = 30.0
+    """Longest wait for W&B when it starts and when the process ends (what it has not sent is sent next time)."""
 
     def __post_init__(self) -> None:
         if not self.flush_secs > 0:
             raise ConfigError(f"log.flush_secs={self.flush_secs} must be > 0")
+        if self.wandb_mode not in ("online", "offline"):
+            raise ConfigError(f"log.wandb_mode={self.wandb_mode!r} must be online or offline")
+        if not self.wandb_timeout_s > 0:
+            raise ConfigError(f"log.wandb_timeout_s={self.wandb_timeout_s} must be > 0")
 
 
 @dataclass

@@ -12,22 +12,31 @@ log = logging.getLogger("andrea.progress")
 
 
 class Progress:
+    """The training loop's progress: step, loss, lr, tokens/s since this process started, and the model FLOP/s
+    and MFU over the last steps (andrea/mfu.py) — MFU as a percentage, or `no_peak` (the reason, said once at
+    the start: a CPU, a GPU not in the table) when there is no peak to measure against."""
+
     def __init__(self, start: int, stop: int, tokens_per_step: int, log_every: int):
         self.start, self.stop, self.tokens_per_step, self.log_every = start, stop, tokens_per_step, log_every
         self.t0 = time.monotonic()
         self.bar = tqdm(total=stop, initial=start, unit="step", dynamic_ncols=True) if sys.stderr.isatty() else None
 
-    def update(self, step: int, loss: float, lr: float) -> None:
+    def update(self, step: int, loss: float, lr: float, flops: float | None = None, mfu: float | None = None) -> None:
         done = step - self.start
         elapsed = max(time.monotonic() - self.t0, 1e-9)
         tok_s = done * self.tokens_per_step / elapsed
+        model = "" if flops is None else f"{flops / 1e12:.3g} TFLOP/s mfu " + ("no_peak" if mfu is None
+                                                                              else f"{100 * mfu:.1f}%")
         if self.bar is not None:
             self.bar.n = step
-            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
+            extra = {"tflops": f"{flops / 1e12:.3g}", "mfu": "no_peak" if mfu is None else f"{100 * mfu:.1f}%"} \
+                if flops is not None else {}
+            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", **extra, refresh=False)
             self.bar.refresh()
         elif step % self.log_every == 0:
             eta = (self.stop - step) * elapsed / max(done, 1)
-            log.info("step %d/%d loss %.4f lr %.3e %.0f tok/s eta %s", step, self.stop, loss, lr, tok_s,
+            log.info("step %d/%d loss %.4f lr %.3e %.0f tok/s %seta %s", step, self.stop, loss, lr, tok_s,
+                     model + " " if model else "",
                      time.strftime("%H:%M:%S", time.gmtime(eta)) if eta < 86400 else f"{eta / 86400:.1f}d")
 
     def close(self) -> None:

@@ -19,7 +19,7 @@
 #                  (attention at T 256 / 1024 and head dim 64 in fp32/bf16/fp16 by the FlashAttention 2x rule,
 #                  AdamW vs torch.optim.AdamW, cross-entropy, LayerNorm, bit-identical reruns).
 #   train          (2) bench/gpu_train.py: the real `andrea train` on CUDA, andrea-12m then andrea-120m: tokens/s
-#                  from its ledger, MFU (bench/mfu.py), peak memory vs `andrea info`, one SIGUSR1 checkpoint,
+#                  from its ledger, MFU (andrea/mfu.py), peak memory vs `andrea info`, one SIGUSR1 checkpoint,
 #                  SIGTERM's exit 0, bit-exact resume.
 #   kernels_bench  (3) bench/kernels.py --only attention adamw: attention vs SDPA's flash backend (bf16, causal,
 #                  the presets' head dim 64 at T 256, 1024, 4096), AdamW's GB/s (both presets' sizes) vs torch's

@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mfu import model_flops_per_token, mfu  # noqa: E402  (beside this file, on sys.path as a script's folder)
+from andrea.mfu import mfu, model_flops_per_token, table_peak  # noqa: E402
 from train import ReferenceLoop, batches  # noqa: E402
 
 from andrea import configload  # noqa: E402
@@ -177,7 +177,7 @@ def bench_preset(args, preset: str, device: torch.device) -> dict:
         seconds = timed(side, timed_data, args.warmup, device)
         tps = tokens * args.steps / seconds
         res["sides"][side_name] = {"tokens_per_s": tps, "warmup_s": warm_s, "ms_per_step": 1e3 * seconds / args.steps,
-                                   "mfu_bf16": mfu(tps, fpt, name, "bf16"),
+                                   "mfu_bf16": mfu(tps, fpt, table_peak(name, "bf16")),
                                    "profile": profile(side, prof_data, args.warmup + args.steps, device)}
     res["compile_and_warmup_s"] = res["sides"]["peer"]["warmup_s"]
     res["andrea_train_tokens_per_s"] = andrea_train_tps(args.andrea_json, preset)

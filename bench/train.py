@@ -11,7 +11,7 @@ noisy machine slows all of them alike, and the order of the subjects reverses ev
 CPU the subject that runs second after another one's step measured 1-2% slower or faster than when first.
 Warm-up steps are excluded; tokens/s = batch x block / median step time.
 The first step's losses are reported beside each other as a parity check (same init, same batch: they agree to
-float rounding). On CUDA the model-FLOPs utilisation of every row is reported, both presets: bench/mfu.py's
+float rounding). On CUDA the model-FLOPs utilisation of every row is reported, both presets: andrea/mfu.py's
 (6·N + 12·L·H·Q·T) FLOPs per token (PaLM's estimate, as nanoGPT's) x tokens/s / the device's dense bf16 peak
 ("unknown" for a device not in its table).
 Target: andrea >= 1.0x the reference on CPU. Timings describe this machine; nothing here fails on them.
@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from andrea import configload  # noqa: E402
 from andrea.config import ModelConfig, RunConfig  # noqa: E402
 from andrea.trainer import Trainer, lr_at, resolve_device  # noqa: E402
-from mfu import model_flops_per_token, mfu  # noqa: E402  (beside this file, on sys.path as a script's folder)
+from andrea.mfu import mfu, model_flops_per_token, table_peak  # noqa: E402
 
 CPU_BATCH = 8  # keeps the default CPU run to about a minute on 2 cores; the preset's batch on CUDA
 
@@ -173,7 +173,7 @@ def bench_preset(preset: str, device: torch.device, batch_size: int, warmup: int
                    first_loss=losses[name][0],
                    last_loss=losses[name][-1], warmup_s=times[name][:warmup], step_s=times[name][warmup:])
         if device.type == "cuda":  # bf16 autocast on both sides: against the bf16 peak
-            row["mfu"] = mfu(tokens / med, model_flops_per_token(cfg.model, n), name, "bf16")
+            row["mfu"] = mfu(tokens / med, model_flops_per_token(cfg.model, n), table_peak(name, "bf16"))
             row["achieved_flops"] = model_flops_per_token(cfg.model, n) * tokens / med
         rows.append(row)
     return dict(preset=preset, n_params=n, device=name, reference_adamw=subjects[ref_name].impl, rows=rows)

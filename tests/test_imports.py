@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1] / "andrea"
 
 # Lower layers never import higher ones. A module's layer is its package's, or its own where it has one.
 LAYERS = [
-    {"andrea.policy", "andrea.configcheck"},                             # pure: caps and floors; type checks
+    {"andrea.policy", "andrea.configcheck", "andrea.mfu"},               # pure: caps and floors; type checks; MFU
     {"andrea.config", "andrea.configops"},                               # the schema
     {"andrea.rundir", "andrea.rundir.replica"},                          # the run directory's files (and its replica)
     {"andrea.configload", "andrea.progress"},                            # TOML layered; progress lines

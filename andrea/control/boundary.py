@@ -44,6 +44,7 @@ from andrea.control.proxy import Batch, DataProxy
 from andrea.control.records import StepRecord, StepRecords
 from andrea.control.signals import Requests, boundary_action
 from andrea.distributed import World
+from andrea.mfu import Meter
 from andrea.progress import Progress
 from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars
 from andrea.rundir.ledger import marker
@@ -62,9 +63,9 @@ class Boundary:
 
     def __init__(self, cfg: RunConfig, run_dir: Path, *, step: int, proxy: DataProxy, trainer, writer,
                  guard: Guard, feed: LedgerFeed, req: Requests, records: StepRecords, progress: Progress,
-                 train: Executor, io: Executor, world: World | None = None, codec=None, tb=None, replicator=None,
+                 train: Executor, io: Executor, world: World | None = None, codec=None, views=None, replicator=None,
                  evaluate: Callable = audit.evaluate, sample: Callable = audit.sample_audits,
-                 notify: Callable[..., None] = lambda kind, step, **detail: None):
+                 notify: Callable[..., None] = lambda kind, step, **detail: None, meter: Meter | None = None):
         self.cfg, self.run_dir = cfg, run_dir
         self.step, self.proxy = step, proxy
         self.start = step  # the audits of this step ran before: in the previous process, or the first timeline
@@ -73,10 +74,12 @@ class Boundary:
         self.records, self.progress = records, progress
         self.train, self.io = train, io  # the training thread (the model's only user) and the FIFO I/O thread
         self.world = world or World()
-        self.codec, self.tb = codec, tb
+        self.codec = codec
+        self.views = views  # control/views.py: TensorBoard and W&B, when on
         self.replicator = replicator  # control/replicator.py: told of each commit, uploads on its own thread
         self.evaluate, self.sample = evaluate, sample
         self.notify = notify  # control/notify.py: Notifier.send (a pivot, a failed write)
+        self.meter = meter  # andrea/mfu.py: tokens/s and MFU over the last steps, in each step entry
 
     # --- the sequence ------------------------------------------------------------------------------------
     async def cross(self, stop_at: int) -> bool:
@@ -111,11 +114,18 @@ class Boundary:
                 await self.pivot()
             if self.step != self.start:
                 await self.audit()
+            if self.views is not None:
+                self.views.settle(self.settled_step())
             if action.stop:
                 return True
             if self.req.failed:
                 raise RunFailed(self.req.failed)
             return False
+
+    def settled_step(self) -> int | None:
+        """The newest step no resume or rollback can go below: the newest committed checkpoint, and with the guard
+        on its known-good point (a rollback returns there, not to a tentative checkpoint). None before either."""
+        return self.guard.good["step"] if self.cfg.guard.enabled else self.writer.last_committed
 
     async def advance(self, run_step: Callable[[Batch], int]) -> None:
         """Step S + 1: `run_step(batch)` on the training thread (it pushes its record and returns the new header
@@ -167,10 +177,13 @@ class Boundary:
             if not finite:
                 continue
             self.proxy.observe(r.step, r.seq_losses)
-            self.feed.lines.append({"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
-                                    "tokens": r.step * tokens_per_step, "time": round(time.time(), 3),
-                                    "phase": self.proxy.phase})
-            self.progress.update(r.step, r.loss, r.lr)
+            entry = {"step": r.step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
+                     "tokens": r.step * tokens_per_step, "time": round(time.time(), 3), "phase": self.proxy.phase}
+            _, flops, utilisation = self.meter.observe(r.step, time.monotonic()) if self.meter else (None,) * 3
+            if utilisation is not None:
+                entry["mfu"] = round(utilisation, 5)
+            self.feed.lines.append(entry)
+            self.progress.update(r.step, r.loss, r.lr, flops=flops, mfu=utilisation)
 
     def record_micro_batch(self) -> None:
         """`micro_batch_size = "auto"` chose at its first step: a ledger marker, and run.toml holds the number (a
@@ -206,8 +219,8 @@ class Boundary:
         fence = await asyncio.get_running_loop().run_in_executor(self.train, self.trainer.snapshot,
                                                                  writer.staging[slot])
         writer.stall_seconds.append(time.perf_counter() - t0)
-        if self.tb is not None:
-            self.tb.add_checkpoint(step, state, writer.stall_seconds[-1])
+        if self.views is not None:
+            self.views.add_checkpoint(step, state, writer.stall_seconds[-1])
 
         def before_commit() -> None:  # on the I/O thread: what the `.bin` vouches for is durable before it
             self.feed.ledger.sync()
@@ -221,8 +234,8 @@ class Boundary:
 
         commit = writer.start_commit(slot, step, fence, before_commit)
         commit.add_done_callback(lambda fut: self._landed(fut, step))
-        if self.tb is not None:
-            commit.add_done_callback(self.tb.on_commit)
+        if self.views is not None:
+            commit.add_done_callback(self.views.on_commit)
         if self.replicator is not None:
             commit.add_done_callback(self.replicator.notify)
         if self.req.checkpoint_at is not None and step >= self.req.checkpoint_at:
@@ -318,6 +331,8 @@ class Boundary:
         await loop.run_in_executor(self.train, trainer.load, payload)
         g.apply(plan)
         self.step, trainer.lr_scale = plan.to_step, plan.lr_scale
+        if self.meter is not None:  # the steps replayed from G are not a rate over the ones abandoned
+            self.meter.reset()
         info = ckpt.CheckpointInfo(self.run_dir / names.checkpoint_name(plan.to_step), plan.to_step, trainer.n)
         self.proxy = resume.restore_proxy(self.cfg, self.run_dir, self.proxy.arms, info,
                                           sharing.json_reader(self.world))

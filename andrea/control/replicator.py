@@ -328,7 +328,7 @@ def check_at_start(uri: str, run_dir: Path, has_checkpoints: bool) -> str | None
     return None
 
 
-def start_for(cfg, run_dir: Path, writer, tb=None) -> Replicator | None:
+def start_for(cfg, run_dir: Path, writer, views=None) -> Replicator | None:
     """The run's replicator when `checkpoint.replica` is set (rank 0): started, told nothing yet, and wired into
     the writer's retention (the newest replicated checkpoint and the one uploading are spared)."""
     if not cfg.replica:
@@ -336,11 +336,11 @@ def start_for(cfg, run_dir: Path, writer, tb=None) -> Replicator | None:
 
     def on_lag(step: int, lag_steps: int, lag_s: float) -> None:
         try:
-            tb.add_replica(step, lag_steps, lag_s)
+            views.add_replica(step, lag_steps, lag_s)
         except RuntimeError:  # TensorBoard already closed at the end of the run
             pass
     r = Replicator(cfg.replica, run_dir, keep_last=cfg.keep_last, keep_every=cfg.keep_every,
-                   on_lag=on_lag if tb is not None else None, base_delay=BACKOFF_BASE)
+                   on_lag=on_lag if views is not None else None, base_delay=BACKOFF_BASE)
     spared = writer.protected
     writer.protected = lambda: (*spared(), *r.protected())
     return r.start()

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import torch
 
-from andrea import export
+from andrea import export, mfu
 from andrea.config import RunConfig
 from andrea.configcheck import ConfigError
 from andrea.control import (identity, notify, pivot, ranks, replicator, resume, rollback, shards, sharing, tensorboard,
-                            watchdog)
+                            views, wandb_log, watchdog)
 from andrea.control.boundary import Boundary, RunFailed
 from andrea.control.ledger import LedgerFeed
 from andrea.control.proxy import Batch, DataProxy
@@ -88,7 +88,7 @@ class TrainingRun:
         self.train = watchdog.WatchedExecutor(self.beats, "train", thread_name_prefix="andrea-train",
                                               initializer=on_device)
         self.notifier = notify.Notifier(cfg.notify, run_dir, self.world.rank)
-        self.tb: tensorboard.TensorBoardLog | None = None  # log.tensorboard: the ledger's lines as scalars
+        self.views: views.Views | None = None  # log.tensorboard, log.wandb: the ledger's lines as scalars
         self.replicator: replicator.Replicator | None = None  # checkpoint.replica: copies off the machine
         self.early = early
         self.preparing = False  # rank 0 is preparing data (a stop then ends the preparation, not a step)
@@ -177,11 +177,14 @@ class TrainingRun:
         info = None if imported else self.world.broadcast(
             resume.resume_point(self.run_dir, self.init_from, trainer.n) if self.world.leader else None)
         self.open_ledger(info)
+        self.meter = self.mfu_meter(trainer.n)
+        measure = {"flops_per_token": self.meter.flops_token, "peak_flops": self.meter.peak.flops,
+                   "peak": self.meter.peak.source}  # what the step entries' `mfu` is measured against
         if info is None:
             proxy = DataProxy(self.cfg, arms)
             self.feed.lines.append(marker("start", 0, n_params=trainer.n, seed=self.cfg.train.seed,
                                           identity=identity.identity(self.cfg, identity.tokenizer_sha256(self.run_dir)),
-                                          **(imported or {})))
+                                          **measure, **(imported or {})))
         else:  # on separate disks rank 0 reads and validates, and sends the others theirs (control/sharing.py)
             payload = await sharing.payload_everywhere(
                 self.world, lambda: ckpt.read_payload(info.path, trainer.n)[1], trainer.n, self.train)
@@ -189,7 +192,7 @@ class TrainingRun:
             self._resumed = info.step
             proxy = resume.restore_proxy(self.cfg, self.run_dir, arms, info, sharing.json_reader(self.world))
             origin = info.path.name if info.path.parent == self.run_dir else str(info.path.resolve())
-            self.feed.lines.append(marker("resume", info.step, phase=proxy.phase, **{"from": origin}))
+            self.feed.lines.append(marker("resume", info.step, phase=proxy.phase, **measure, **{"from": origin}))
         self.writer = shards.writer_for(self.world, self.run_dir, trainer, self.device, self.io,
                                        keep_last=self.cfg.checkpoint.keep_last,
                                        keep_every=self.cfg.checkpoint.keep_every)
@@ -204,6 +207,17 @@ class TrainingRun:
         self.writer.protected = self.guard.protected  # retention never deletes the known-good checkpoint
         trainer.lr_scale, proxy.data_offset = self.guard.remedy["lr_scale"], self.guard.remedy["data_offset"]
         return trainer, proxy
+
+    def mfu_meter(self, n_params: int) -> mfu.Meter:
+        """MFU of this process (andrea/mfu.py): the model's FLOPs per token against the peak of every rank's device
+        (bf16: the autocast the trainer runs under on CUDA), over the last `max(train.log_every, 10)` steps."""
+        tc, m = self.cfg.train, self.cfg.model
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else ""
+        peak = mfu.device_peak(self.device.type, name, "bf16", tc.peak_tflops, self.world.size)
+        if peak.flops is None:
+            log.info("MFU is not measured: %s", peak.source)
+        return mfu.Meter(mfu.model_flops_per_token(m, n_params), peak, tc.batch_size * m.block_size,
+                         span=max(tc.log_every, 10))
 
     # --- the loop ------------------------------------------------------------------------------------------
     async def main(self, stop_at: int, out=sys.stdout) -> int:
@@ -222,13 +236,16 @@ class TrainingRun:
                             stale.relative_to(self.run_dir))
             trainer, proxy = await self.start()
             if self.world.leader:
-                self.tb = tensorboard.open_log(self.cfg.log, self.run_dir, self.step, self.cfg.train.log_every)
-                self.feed.on_flush = notify.chain(self.tb.add_records if self.tb is not None else None,
+                log_every = self.cfg.train.log_every
+                self.views = views.open_views(
+                    tensorboard.open_log(self.cfg.log, self.run_dir, self.step, log_every),
+                    wandb_log.open_log(self.cfg.log, self.run_dir, self.cfg.to_dict(), log_every))
+                self.feed.on_flush = notify.chain(self.views.add_records if self.views is not None else None,
                                                   self.notifier.lines)
                 atomic.write_atomic(self.run_dir / names.CONFIG_NAME, self.cfg.to_toml().encode())
             self.feed.flush(force_sync=True)
             if self.world.leader:  # after the start marker is durable: the replica is claimed with it
-                self.replicator = replicator.start_for(self.cfg.checkpoint, self.run_dir, self.writer, self.tb)
+                self.replicator = replicator.start_for(self.cfg.checkpoint, self.run_dir, self.writer, self.views)
             print(f"ready pid={os.getpid()} run_dir={self.run_dir} step={self.step} "
                   f"stop_at={stop_at} device={self.device} kernels={self.kernels}"
                   + (f" rank={self.world.rank}/{self.world.size}" if self.world.distributed else ""),
@@ -244,8 +261,8 @@ class TrainingRun:
             self.io.shutdown(wait=True)
             if self.replicator is not None:  # bounded: checkpoint.replica_wait, then exit all the same
                 self.replicator.finish(self.cfg.checkpoint.replica_wait)
-            if self.tb is not None:
-                self.tb.close()
+            if self.views is not None:  # each bounded (log.wandb_timeout_s)
+                self.views.close(self.boundary.settled_step() if self.boundary is not None else None)
             if hasattr(self, "ledger"):
                 self.ledger.close()
             lock.release()
@@ -259,8 +276,8 @@ class TrainingRun:
         b = self.boundary = Boundary(self.cfg, self.run_dir, step=self.step, proxy=proxy, trainer=trainer,
                                      writer=self.writer, guard=self.guard, feed=self.feed, req=self.req,
                                      records=records, progress=progress, train=self.train, io=self.io,
-                                     world=self.world, codec=self.codec, tb=self.tb, notify=self.notifier.send,
-                                     replicator=self.replicator)
+                                     world=self.world, codec=self.codec, views=self.views, notify=self.notifier.send,
+                                     replicator=self.replicator, meter=self.meter)
         dog = watchdog.Watchdog(self.cfg.watchdog, self.beats, self.on_stall).start()
         watched = self.beats.watch
         try:

@@ -1,14 +1,10 @@
 """TensorBoard scalars for a run (`log.tensorboard = true`): the ledger's records, written under RUN_DIR/tb/.
 
 Fed with exactly the dicts the runtime hands to the ledger (control/ledger.py: step entries and markers), plus
-each checkpoint's bandit state and commit result. Tags, all with the header step as global step:
+each checkpoint's bandit state and commit result. Tags, all with the header step as global step (stored as
+float32): the ledger's scalars as control/scalars.py names them (train/loss, lr, grad_norm, mfu, tokens_per_s;
+val/loss, val/target_loss, val/<arm>; tasks/acc, tasks/acc_norm), and
 
-    train/loss, train/lr, train/grad_norm   every step entry, the ledger's values (stored as float32)
-    train/tokens_per_s     every `train.log_every` steps: ledger tokens / ledger time since the last point
-                           (reset at a start/resume marker, so downtime never counts)
-    val/loss               an `eval` marker's val_loss (the mean over arms)
-    val/target_loss        its target_loss (policy.target's weighting of the arms: the objective of the mixture)
-    val/<arm>              its per-arm held-out losses
     data/share/<arm>       the bandit's mixture at each checkpoint (the `shares` of step_S.state.json)
     checkpoint/stall_s     the training loop's stall for the snapshot of step S
     checkpoint/commit_s    the I/O thread's time to commit step_S.bin (ledger fsync and sidecars included)
@@ -37,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from andrea.config import LogConfig
+from andrea.control.scalars import LedgerScalars
 from andrea.rundir.names import TB_DIR
 
 log = logging.getLogger("andrea.tensorboard")
@@ -49,7 +46,7 @@ class TensorBoardLog:
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="andrea-tb")
         self.writer = None
         self.failed = False
-        self.rate_from: tuple[float, int] | None = None  # (ledger time, tokens) of the last tokens/s point
+        self.scalars = LedgerScalars(log_every)
         self.thread.submit(self._guard, self._open, start_step + 1, flush_secs)
 
     # --- called on the event loop: never blocks ------------------------------------------------------------
@@ -98,31 +95,11 @@ class TensorBoardLog:
 
     def _records(self, lines: list[dict[str, Any]]) -> None:
         for e in lines:
-            event, step = e.get("event"), e["step"]
-            if event is None:
-                for key in ("loss", "lr", "grad_norm"):
-                    self._scalar(f"train/{key}", e[key], step)
-                self._rate(e)
-            elif event in ("start", "resume", "branch"):
-                self.rate_from = None
-            elif event == "rollback":  # the guard went back to step G in this process: hide what follows G
+            if e.get("event") == "rollback":  # the guard went back to step G in this process: hide what follows G
                 self.writer.close()
-                self._open(step + 1, self.flush_secs)
-                self.rate_from = None
-            elif event == "eval":
-                self._scalar("val/loss", e["val_loss"], step)
-                if e.get("target_loss") is not None:  # policy.target's objective (absent before it existed)
-                    self._scalar("val/target_loss", e["target_loss"], step)
-                for arm, value in e.get("arms", {}).items():
-                    self._scalar(f"val/{arm}", value, step)
-
-    def _rate(self, e: dict[str, Any]) -> None:
-        if self.rate_from is None:
-            self.rate_from = (e["time"], e["tokens"])
-        elif e["step"] % self.log_every == 0 and e["time"] > self.rate_from[0]:
-            t0, tokens0 = self.rate_from
-            self._scalar("train/tokens_per_s", (e["tokens"] - tokens0) / (e["time"] - t0), e["step"])
-            self.rate_from = (e["time"], e["tokens"])
+                self._open(e["step"] + 1, self.flush_secs)
+            for tag, value in self.scalars.of(e):
+                self._scalar(tag, value, e["step"])
 
     def _checkpoint(self, step: int, shares: dict[str, float], stall_s: float) -> None:
         for arm, share in shares.items():

@@ -25,6 +25,8 @@ integrity checks and a replica agree on them.
                                (control/sharing.py)
       .replica.json            the replica's newest step and lag, for `status` (control/replicator.py through
                                rundir/replica.py, when checkpoint.replica is set)
+      .wandb.json              the W&B run's id and the newest step logged to it (control/wandb_log.py)
+      wandb/                   W&B's own files when log.wandb is on (offline runs, logs)
       restore.partial          an `andrea restore` in progress (commands/restore.py): train refuses, restore resumes
 Any file written atomically passes through `<name>.tmp` (rundir/atomic.py, rundir/checkpoint.py).
 """
@@ -50,6 +52,8 @@ LOCK_NAME = "train.lock"
 PID_NAME = "train.pid"
 REPLICA_STATUS_NAME = ".replica.json"
 RESTORING_NAME = "restore.partial"
+WANDB_STATE_NAME = ".wandb.json"
+WANDB_DIR = "wandb"
 TMP_SUFFIX = ".tmp"
 PROBE_PREFIX = ".share-probe."
 
@@ -58,7 +62,7 @@ COMPANION_RE = re.compile(r"^step_\d{6,}\.[a-z]+\.json$")
 # The temporary names of andrea's own atomic writes (`<name>.tmp`), in the run directory and in data/: a start
 # removes exactly these, never a user's `notes.tmp`.
 OWN_FILES = {STATE_NAME, SAMPLES_NAME, CONFIG_NAME, NEXT_POLICY_NAME, TOKENIZER_NAME, PID_NAME,
-             REPLICA_STATUS_NAME}
+             REPLICA_STATUS_NAME, WANDB_STATE_NAME}
 DATA_FILE_RE = re.compile(r"^(manifest\.json|[\w.-]+\.plan\.json)$")
 
 
