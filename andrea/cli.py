@@ -157,6 +157,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     """The JSON on stdout; the device-memory estimate (andrea/memory.py) also as one line on stderr."""
     from andrea import memory
+    from andrea.mfu import model_flops_per_token
     from andrea.model import layout_for, n_params
     overrides = list(args.set or [])
     if args.micro_batch_size is not None:
@@ -171,6 +172,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     est = memory.estimate(cfg.model, n, memory.micro_batch_rows(tc.micro_batch_size, tc.batch_size),
                           activation_checkpointing=tc.activation_checkpointing, device=args.device)
     print(json.dumps({"preset": args.preset, "n_params": n, "checkpoint_bytes": ckpt.checkpoint_bytes(n),
+                      "flops_per_token": model_flops_per_token(cfg.model, n),  # andrea/mfu.py (PaLM's 6N + 12LHQT)
+                      "flops_per_step": model_flops_per_token(cfg.model, n) * tc.batch_size * cfg.model.block_size,
                       "memory": est.as_dict(),
                       "params": [{"name": p.name, "shape": list(p.shape), "offset": p.offset} for p in layout]},
                      indent=1))

@@ -8,8 +8,9 @@ from tests.runs import seed_data, train
 
 # The guard off: the rerun's lower lr moves the gradient norm, and whether the guard then gates step 40 depends on
 # the trajectory (the CPU, the data); this test is about what reaches TensorBoard, not about the guard.
+# A peak of 0.01 TFLOP/s per device (train.peak_tflops): MFU on a CPU, which has none of its own.
 FLAGS = ["--checkpoint-every", "20", "--set", "log.tensorboard=true", "--set", "train.eval_every=20",
-         "--set", "guard.enabled=false"]
+         "--set", "guard.enabled=false", "--set", "train.peak_tflops=0.01"]
 
 
 def scalars(run) -> dict[str, dict[int, float]]:
@@ -42,7 +43,7 @@ def test_tensorboard_scalars_equal_the_ledger_across_a_resume(prepared, tmp_path
     assert any(first_run[e["step"]] != e["loss"] for e in steps if 20 < e["step"] <= 40)  # really superseded
     tb = scalars(run)
     arms = ["stdlib-docstrings", "stdlib-code", "pydoc-topics"]
-    expected_tags = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "val/loss",
+    expected_tags = {"train/loss", "train/lr", "train/grad_norm", "train/mfu", "train/tokens_per_s", "val/loss",
                      "val/target_loss", "checkpoint/stall_s", "checkpoint/commit_s"}
     expected_tags |= {f"val/{a}" for a in arms} | {f"data/share/{a}" for a in arms}
     assert set(tb) == expected_tags
@@ -59,6 +60,12 @@ def test_tensorboard_scalars_equal_the_ledger_across_a_resume(prepared, tmp_path
     assert all(v > 0 for v in tb["checkpoint/commit_s"].values())
     assert abs(sum(tb[f"data/share/{a}"][60] for a in arms) - 1) < 1e-6
     assert tb["train/tokens_per_s"] and all(v > 0 for v in tb["train/tokens_per_s"].values())
+    # MFU: in every step entry once a process has two steps to measure over, against the configured peak
+    assert tb["train/mfu"] == {e["step"]: float(np.float32(e["mfu"])) for e in steps if "mfu" in e}
+    assert {e["step"] for e in steps if "mfu" not in e} == {1, 21}  # each process's first step
+    starts = [e for e in entries if e.get("event") in ("start", "resume")]
+    assert [e["peak"] for e in starts] == ["train.peak_tflops=0.01 x 1"] * 2 and starts[0]["peak_flops"] == 1e10
+    assert all(0 < e["mfu"] < 10 for e in steps if "mfu" in e)
     assert set(tb["train/tokens_per_s"]) <= set(range(10, 61, 10))
 
 

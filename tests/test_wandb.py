@@ -146,6 +146,9 @@ def test_the_offline_run_equals_the_ledgers_history_through_a_rollback_and_a_res
     assert marked["event/rollback"] == 20 and marked["event/rollback_from"] == 45
     assert marked["event/incident"] == 45 and marked["event/resume"] == 40 and marked["event/start"] == 0
     assert {row["_step"] for row in rows if "checkpoint/commit_s" in row} == {20, 40, 60}
+    # A CPU has no peak: no MFU anywhere, and the start marker says why
+    assert not any("mfu" in e for e in entries) and not any("train/mfu" in row for row in rows)
+    assert next(e for e in entries if e.get("event") == "start")["peak"].startswith("cpu: no peak")
 
 
 def view_config(**kw):

@@ -32,7 +32,7 @@ from andrea.data.manifest import data_status
 from andrea.rundir import checkpoint as ckpt, inspect, replica, sidecars
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.names import (CONFIG_NAME, DATA_DIR, LEDGER_NAME, NEXT_POLICY_NAME, STATE_NAME, TOKENIZER_NAME,
-                                 companions)
+                                 WANDB_STATE_NAME, companions)
 from andrea.rundir.ledger import LossLedger, ema, history, marker, read_ledger
 from andrea.rundir.runlock import RunLock, is_locked, read_pid
 
@@ -55,8 +55,20 @@ def run_status(run_dir: Path) -> dict:
                "target": (state.get("policy") or {}).get("target"), "target_loss": state.get("target_loss"),
                "guard": ledger_summary(entries),  # incidents, rollbacks, the remedy in force (control/guard.py)
                "data": data_status(run_dir),  # per arm: tokens, source bytes, epochs (andrea/data/manifest.py)
-               "replica": replica_status(run_dir, st)})  # checkpoint.replica's newest step and lag, or null
+               "replica": replica_status(run_dir, st),  # checkpoint.replica's newest step and lag, or null
+               "mfu": mfu_status(entries, steps),
+               "wandb": sidecars.read_json(run_dir / WANDB_STATE_NAME)})  # the W&B run's id, its newest step
     return st
+
+
+def mfu_status(entries: list[dict], steps: list[dict]) -> dict | None:
+    """The newest step entry's MFU and what it is measured against (the newest start or resume marker says: the
+    FLOPs per token, the peak and where it came from; null `value` with the reason where there is no peak)."""
+    measured = next((e for e in reversed(entries) if e.get("event") in ("start", "resume") and "peak" in e), None)
+    if measured is None:
+        return None
+    return {"value": steps[-1].get("mfu") if steps else None, "flops_per_token": measured["flops_per_token"],
+            "peak_flops": measured["peak_flops"], "peak": measured["peak"]}
 
 
 def replica_status(run_dir: Path, st: dict) -> dict | None:

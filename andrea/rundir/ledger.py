@@ -14,10 +14,14 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
     tokens     training tokens seen up to and including this update
     time       Unix time at which the control plane recorded the entry
     phase      policy phase (0 until the first pivot)
+    mfu        model-FLOPs utilisation over the last max(log_every, 10) steps (andrea/mfu.py); absent on a device
+               without a known peak and for a process's first step
 
   marker (has an "event" key; always has "step" and "time"):
     start   a new run began at step 0            {"event": "start", "step": 0, "n_params": ..., "seed": ...}
     resume  training continues from a checkpoint {"event": "resume", "step": 40, "from": "step_000040.bin"}
+            — both also say what `mfu` is measured against: {"flops_per_token": F, "peak_flops": P | null,
+              "peak": "NVIDIA H200 bf16 989.4 TFLOP/s x 1" | "cpu: no peak to measure against (...)"}
             — step entries above 40 written before this marker are superseded by the entries after it
             (a `start` marker likewise supersedes every entry before it: the run began again from step 0)
     eval    validation loss                      {"event": "eval", "step": 500, "val_loss": ..., "arms": {...}}
