@@ -55,6 +55,8 @@ def train(run_dir: Path, args, replica: str | None, env: dict) -> float:
            "--set", "train.eval_every=100000"]
     if replica:
         cmd += ["--set", f'checkpoint.replica="{replica}"']
+    if args.trainer_cpus:
+        cmd = ["taskset", "-c", args.trainer_cpus, *cmd]
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if result.returncode != 0:
         raise SystemExit(f"train failed:\n{result.stderr[-2000:]}")
@@ -137,10 +139,14 @@ def main() -> int:
                    help="replicate the timed runs to a plain directory instead of the S3 server (no server CPU)")
     p.add_argument("--server-nice", type=int, default=10,
                    help="niceness of the local S3 server: its CPU stands for a remote store's, not the trainer's")
+    p.add_argument("--server-cpus", default=None,
+                   help="run the S3 server on these CPUs only (taskset -c), e.g. 1: a core of its own, as a remote "
+                        "store's would be")
+    p.add_argument("--trainer-cpus", default=None, help="run the trainer on these CPUs only (taskset -c)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="andrea-bench-replica-") as tmp:
         work = Path(tmp)
-        server = S3Server(work / "s3", nice=args.server_nice).start()
+        server = S3Server(work / "s3", nice=args.server_nice, cpus=args.server_cpus).start()
         try:
             steps = steps_bench(args, server, work)
             upload = upload_bench(args, server, work)
@@ -148,7 +154,8 @@ def main() -> int:
             server.stop()
     ratio = steps["with"] / steps["without"]
     print(f"## Replica cost ({args.preset}, {args.steps} steps, checkpoint every {args.every}, "
-          f"{args.repeats} repeat(s), {'a plain directory' if args.to_path else 'local SeaweedFS'})\n")
+          f"{args.repeats} repeat(s), {'a plain directory' if args.to_path else 'local SeaweedFS'}; server CPUs "
+          f"{args.server_cpus or 'any'}, trainer CPUs {args.trainer_cpus or 'any'})\n")
     print("| run | steps/s (best) | median | each, in run order |\n|---|---|---|---|")
     for label in ("without", "with"):
         print(f"| {label} replica | {steps[label]:.2f} | {steps['median'][label]:.2f} | "

@@ -5,7 +5,7 @@ Lance endpoints off), with one access key and one bucket created at start-up by 
 no CreateBucket), and buckets never created on the fly (`-s3.autoCreateBucket=false`: a missing bucket stays
 missing). `start()` waits on a readiness condition, a signed LIST of the bucket answering, with a deadline;
 `stop()` ends the server's process group (weed ignores SIGTERM for a while: SIGKILL after a bounded wait).
-`nice` runs the server at that niceness (bench/replica.py). `env()` is what a client needs: AWS_ENDPOINT_URL, the key, the region. Reads and writes only its data directory.
+`nice` runs the server at that niceness and `cpus` on those CPUs only (`taskset -c`; bench/replica.py). `env()` is what a client needs: AWS_ENDPOINT_URL, the key, the region. Reads and writes only its data directory.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def free_port_pair() -> int:
 
 
 class S3Server:
-    def __init__(self, data_dir: Path, nice: int = 0):
-        self.dir, self.nice = data_dir, nice
+    def __init__(self, data_dir: Path, nice: int = 0, cpus: str | None = None):
+        self.dir, self.nice, self.cpus = data_dir, nice, cpus
         self.dir.mkdir(parents=True, exist_ok=True)
         self.ports = {k: free_port_pair() for k in ("s3", "master", "volume", "filer", "admin")}
         self.proc: subprocess.Popen | None = None
@@ -68,6 +68,8 @@ class S3Server:
                 "-master.telemetry=false"]
         if self.nice:  # bench/replica.py: the store's CPU is not the trainer's (in production it is elsewhere)
             argv = ["nice", "-n", str(self.nice), *argv]
+        if self.cpus:  # bench/replica.py: the store on cores of its own, as a remote store would be
+            argv = ["taskset", "-c", self.cpus, *argv]
         env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "S3_BUCKET": BUCKET}
         self.log = open(self.dir.parent / f"{self.dir.name}.weed.log", "ab")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
