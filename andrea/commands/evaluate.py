@@ -24,15 +24,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from andrea import configload, devices
+from andrea.config import RunConfig
 from andrea.configcheck import ConfigError
+from andrea.data.codec import TextCodec
 from andrea.evaltasks import TaskFile, TaskScore, read_tasks, score_tasks, trainer_forward
 from andrea.export import pick_checkpoint, tokenizer_source
+from andrea.model import layout_for, n_params
 from andrea.progress import CountProgress
 from andrea.rundir import checkpoint as ckpt
+from andrea.trainer import Trainer
 
 log = logging.getLogger("andrea.eval")
-DEFAULT_BATCH_ROWS = 32  # rows per forward: 8 HellaSwag examples; logits 32 x 1024 x 50257 fp32 = 6.6 GB at GPT-2's
+DEFAULT_BATCH_ROWS = 32  # rows per forward (8 HellaSwag examples); logits (32, ~100, V): 0.64 GB fp32 at V = 50257
 
 
 @dataclass(frozen=True)
@@ -58,10 +64,6 @@ class Evaluation:
 def evaluate_run(run_dir: Path, tasks_path: Path, step: int | None = None, *, device: str | None = None,
                  batch_size: int = DEFAULT_BATCH_ROWS, show_progress: bool = True) -> Evaluation:
     """Score a run's checkpoint on a tasks file (module docstring); `device` None: the run's train.device."""
-    import torch
-
-    from andrea.data.codec import TextCodec
-    from andrea.trainer import Trainer
     cfg = configload.run_config(run_dir)  # no such directory / not a run: one line naming it
     tasks = read_tasks(tasks_path)
     path = pick_checkpoint(run_dir, _n_params(cfg), step, purpose="evaluate")
@@ -90,8 +92,7 @@ def evaluate_run(run_dir: Path, tasks_path: Path, step: int | None = None, *, de
     return Evaluation(header_step, path, tasks, device_type, score)
 
 
-def _n_params(cfg) -> int:
-    from andrea.model import layout_for, n_params
+def _n_params(cfg: RunConfig) -> int:
     return n_params(layout_for(cfg.model))
 
 
