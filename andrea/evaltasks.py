@@ -264,16 +264,23 @@ def row_logprobs(logits: torch.Tensor, idx: torch.Tensor, scored: torch.Tensor) 
 # --- scoring ------------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def score_tasks(model_forward: ModelForward, codec: Encoder, tasks: Sequence[Task], block_size: int,
-                batch_size: int = 32, progress: Callable[[int], None] | None = None) -> TaskScore:
+                batch_size: int = 32, progress: Callable[[int], None] | None = None,
+                where: str = "tasks") -> TaskScore:
     """Score every example (module docstring) with `model_forward` (idx (B, T) int64 on CPU → logits (B, T, V);
     it moves idx to its device) and `codec` (the run's tokenizer: anything with encode(str) -> list[int]).
 
     `batch_size` bounds the rows per forward (logits of batch_size x block_size x V floats); `progress`, if given,
-    is called with the number of examples done after each forward. Runs under torch.no_grad(); the caller puts the
-    model in eval mode (`trainer_forward` does)."""
+    is called with the number of examples done after each forward; `where` names the file in errors. Runs under
+    torch.no_grad(); the caller puts the model in eval mode (`trainer_forward` does)."""
     if block_size < 2:
         raise ValueError(f"block_size {block_size}: scoring needs room for a context token and an ending token")
-    per_task = [task_rows(*encode_task(t, codec), block_size) for t in tasks]
+    per_task = []
+    for t in tasks:
+        context, endings = encode_task(t, codec)
+        if not context:  # the first ending token would have nothing to be predicted from
+            raise TaskFileError(f"{where}:{t.line}: 'ctx' {_shown(t.context)} encodes to no tokens with this "
+                                "tokenizer")
+        per_task.append(task_rows(context, endings, block_size))
     out: list[ExampleScore] = []
     for batch in plan_batches([len(r) for r in per_task], max(1, batch_size)):
         rows = [row for i in batch for row in per_task[i]]

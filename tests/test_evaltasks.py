@@ -123,6 +123,17 @@ def test_score_tasks_sums_each_endings_own_bigrams_with_a_leading_space():
     assert [e.line for e in score.examples] == [1, 3] and [e.label for e in score.examples] == [1, 0]
 
 
+def test_a_context_the_tokenizer_encodes_to_nothing_is_named_by_its_line():
+    class DropsSpaces(ByteCodec):
+        def encode(self, text: str) -> list[int]:
+            return [b for b in text.encode() if b != 32]
+
+    forward, _ = bigram()
+    with pytest.raises(ev.TaskFileError, match=r"^t\.jsonl:4: 'ctx' \"  \" encodes to no tokens"):
+        ev.score_tasks(forward, DropsSpaces(), [task("a", ["b", "c"]), task("  ", ["b", "c"], line=4)], 64,
+                       where="t.jsonl")
+
+
 def random_gpt() -> Trainer:
     """The tiny preset's GPT with weights ~ N(0, 0.3): far-from-uniform logits, so a padding leak would show."""
     trainer = Trainer(configload.load(preset="andrea-tiny"), torch.device("cpu"))
@@ -179,6 +190,23 @@ def test_truncation_scores_the_rightmost_window_and_batch_size_changes_nothing()
     wide = ev.score_tasks(forward, codec, long, block_size=32, batch_size=8)
     flat = lambda s: [lp for e in s.examples for lp in e.logprob]  # noqa: E731
     assert flat(wide) == pytest.approx(flat(score), abs=1e-4)
+
+
+def test_scoring_a_live_trainer_between_steps_changes_none_of_its_training_bytes():
+    # What a periodic eval at a step boundary must guarantee: weights, moments and gradient untouched, and the next
+    # step exactly the step it would have been (train_step sets train mode again).
+    cfg = configload.load(preset="andrea-tiny")
+    x = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.model.block_size),
+                      generator=torch.Generator().manual_seed(0))
+    plain, scored = Trainer(cfg, torch.device("cpu")), Trainer(cfg, torch.device("cpu"))
+    for t in (plain, scored):
+        t.train_step(0, x, x.roll(-1, dims=1))
+    before = scored.state.buffer.clone(), scored.state.grad.clone()
+    ev.score_tasks(ev.trainer_forward(scored), ByteCodec(), varied_tasks(6), cfg.model.block_size)
+    assert torch.equal(scored.state.buffer, before[0]) and torch.equal(scored.state.grad, before[1])
+    for t in (plain, scored):
+        t.train_step(1, x, x.roll(-1, dims=1))
+    assert torch.equal(plain.state.buffer, scored.state.buffer)
 
 
 # --- bad input: one line naming the file (and line), exit 1 ---------------------------------------------------------

@@ -82,7 +82,7 @@ def evaluate_run(run_dir: Path, tasks_path: Path, step: int | None = None, *, de
     t0 = time.monotonic()
     try:
         score = score_tasks(trainer_forward(trainer), codec, tasks.tasks, cfg.model.block_size, batch_size,
-                            progress)
+                            progress, where=str(tasks_path))
     finally:
         if progress is not None:
             progress.close()
