@@ -209,6 +209,21 @@ def test_scoring_a_live_trainer_between_steps_changes_none_of_its_training_bytes
     assert torch.equal(plain.state.buffer, scored.state.buffer)
 
 
+def test_progress_off_a_terminal_is_a_log_line_of_examples_done(monkeypatch, caplog):
+    import logging
+
+    from andrea.progress import CountProgress
+    monkeypatch.setattr(CountProgress, "LOG_SECONDS", 0.0)
+    progress = CountProgress(8, "eval", "examples")  # pytest's stderr is no terminal: no bar
+    forward, _ = bigram()
+    with caplog.at_level(logging.INFO, logger="andrea.progress"):
+        ev.score_tasks(forward, ByteCodec(), varied_tasks(8), 64, batch_size=12, progress=progress)
+    progress.close()
+    assert progress.bar is None and progress.done == 8
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eval: ")]
+    assert lines and lines[-1].startswith("eval: 8 of 8 examples (100 %)"), lines
+
+
 # --- bad input: one line naming the file (and line), exit 1 ---------------------------------------------------------
 GOOD = json.dumps({"ctx": "A man", "endings": ["walks.", "runs."], "label": 0})
 
