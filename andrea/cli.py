@@ -6,6 +6,7 @@
     verify   validate checkpoints (a run directory or one file)
     sample   generate text from a checkpoint
     export   a checkpoint as a Hugging Face GPT-2 directory (model.safetensors, config, tokenizer) or npz
+    eval     a checkpoint's multiple-choice accuracy on a HellaSwag-format tasks file (andrea/commands/evaluate.py)
     ctl      talk to a running trainer: checkpoint | stop | status
     restore  bring a run back from its replica (checkpoint.replica) onto an empty disk
     status, pivot, branch, compare, plot: a run's life (andrea/commands/operate.py, with ctl)
@@ -263,6 +264,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from andrea.commands.evaluate import cmd_eval as evaluate
+    return evaluate(args)
+
+
 def cmd_restore(args: argparse.Namespace) -> int:
     from andrea.commands.restore import restore
     return restore(args.replica, Path(args.run_dir))
@@ -329,6 +335,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["safetensors", "npz"], default="safetensors",
                    help="safetensors: HF GPT2LMHeadModel names (default); npz: andrea's layout names")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("eval", help="a checkpoint's multiple-choice accuracy on a HellaSwag-format tasks file")
+    p.add_argument("run_dir")
+    p.add_argument("--tasks", required=True, metavar="FILE.jsonl",
+                   help="JSON Lines: ctx, endings, label per line (HellaSwag's format, e.g. hellaswag_val.jsonl)")
+    p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest valid checkpoint)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary line")
+    p.add_argument("--batch-size", type=int, default=32, metavar="ROWS",
+                   help="rows (example endings) per forward (default 32)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default: the run's train.device")
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("restore", help="bring a run back from its replica onto an empty disk")
     p.add_argument("replica", metavar="REPLICA", help="the run's checkpoint.replica: s3://bucket/prefix or a path")

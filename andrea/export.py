@@ -129,7 +129,9 @@ def tokenizer_files(path: Path, block_size: int) -> tuple[dict[str, bytes], int]
             "special_tokens_map.json": _json(special)}, codec.eot
 
 
-def pick_checkpoint(run_dir: Path, n: int, step: int | None) -> Path:
+def pick_checkpoint(run_dir: Path, n: int, step: int | None, purpose: str = "export") -> Path:
+    """step_S.bin when `step` is given (present; read_payload validates it), else the newest checkpoint that passes
+    deep validation, newer invalid ones skipped with a warning. `purpose` words the refusals (`andrea eval` too)."""
     if step is not None:
         path = run_dir / names.checkpoint_name(step)
         if not path.exists():
@@ -139,10 +141,10 @@ def pick_checkpoint(run_dir: Path, n: int, step: int | None) -> Path:
         return path
     info, skipped = ckpt.newest_valid(run_dir, n)
     if info is None:
-        raise ExportError(f"{skipped[0]} (no valid checkpoint to export)" if skipped
-                          else f"{run_dir}: no step_NNNNNN.bin checkpoint to export")
+        raise ExportError(f"{skipped[0]} (no valid checkpoint to {purpose})" if skipped
+                          else f"{run_dir}: no step_NNNNNN.bin checkpoint to {purpose}")
     for line in skipped:
-        log.warning("skipping invalid checkpoint, exporting an older one: %s", line)
+        log.warning("skipping invalid checkpoint, taking an older one to %s: %s", purpose, line)
     return info.path
 
 

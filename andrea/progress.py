@@ -78,3 +78,32 @@ class ByteProgress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+class CountProgress:
+    """Items done out of a known total (`andrea eval`'s examples): a tqdm bar on a terminal, a log line every
+    LOG_SECONDS otherwise. Called with the number of items each piece of work finished."""
+
+    LOG_SECONDS = 10.0
+
+    def __init__(self, total: int, what: str, unit: str):
+        self.total, self.what, self.unit, self.done = total, what, unit, 0
+        self.t0 = self.last_log = time.monotonic()
+        self.bar = tqdm(total=total, unit=unit, dynamic_ncols=True, desc=what) if sys.stderr.isatty() else None
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.bar is not None:
+            self.bar.update(n)
+        elif now - self.last_log >= self.LOG_SECONDS:
+            self.last_log = now
+            rate = self.done / max(now - self.t0, 1e-9)
+            eta = (self.total - self.done) / rate if rate > 0 else 0.0
+            log.info("%s: %d of %d %s (%.0f %%), %.1f %s/s, eta %s", self.what, self.done, self.total, self.unit,
+                     100 * self.done / max(self.total, 1), rate, self.unit,
+                     time.strftime("%H:%M:%S", time.gmtime(eta)) if eta < 86400 else f"{eta / 86400:.1f}d")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -52,6 +52,9 @@ CALLS: dict[str, list[Call]] = {
     "verify": [Call(("verify", BAD), nonrun="no step_NNNNNN.bin checkpoints")],
     "sample": [Call(("sample", BAD, "--prompt", "x"))],
     "export": [Call(("export", BAD, "--out", "{out}/export"))],
+    # The run is checked before the tasks file is read: here the tasks path is never opened.
+    "eval": [Call(("eval", BAD, "--tasks", "{out}/tasks.jsonl")),
+             Call(("eval", "{run}", "--tasks", BAD), nonrun="is a directory")],
     "ctl": [Call(("ctl", BAD, action)) for action in ("status", "checkpoint", "stop")],
     "status": [Call(("status", BAD))],
     "pivot": [Call(("pivot", BAD, "--policy", "{policy}")), Call(("pivot", "{run}", "--policy", BAD), nonrun=READ)],

@@ -137,6 +137,7 @@ PLACEHOLDERS = {
     "loss.png": "new:loss.png",
     "compare.png": "new:compare.png",
     "/data/": "corpus_dir",       # (a path prefix inside corpus.toml)
+    "hellaswag_val.jsonl": "tasks",  # eval --tasks: the shipped tests/tasks/memorized.jsonl (nothing downloaded)
 }
 # The only other rewrite: `train` and `prepare` with `--preset andrea-12m|andrea-120m` run as `--preset andrea-tiny`
 # with `--steps` two past the run's newest checkpoint (a CPU test cannot train the big presets). `info --preset
@@ -252,6 +253,8 @@ class Workspace:
             value.write_text(readme_corpus_example().replace("/data/", self.resolve("/data/")))
         elif name == "corpus_dir":
             value = f"{self.corpus}/"
+        elif name == "tasks":
+            value = ROOT / "tests" / "tasks" / "memorized.jsonl"
         else:
             raise AssertionError(f"no fixture {name!r}")
         for p in {"RUN_DIR", "runs/andrea-12m"} if name == "run" else {placeholder}:
@@ -366,9 +369,16 @@ def check_compare(args, out, err, block):
         assert Path(flag(args, "--out")).read_bytes()[:4] == b"\x89PNG"
 
 
+def check_eval(args, out, err, block):
+    fields = out.split()
+    n = sum(1 for line in Path(flag(args, "--tasks")).read_text().splitlines() if line.strip())
+    assert fields[:4] == ["step", str(ckpt.list_checkpoints(args[1])[-1][0]), "examples", str(n)], out
+    assert all(0.0 <= float(fields[fields.index(k) + 1]) <= 1.0 for k in ("acc", "acc_norm", "acc_norm_chars")), out
+
+
 CHECKS = {"train": check_train, "prepare": check_prepare, "verify": check_verify, "sample": check_sample,
           "status": check_status, "plot": check_plot, "info": check_info, "export": check_export,
-          "pivot": check_pivot, "branch": check_branch, "compare": check_compare}
+          "pivot": check_pivot, "branch": check_branch, "compare": check_compare, "eval": check_eval}
 
 
 # --- 1. the configuration reference ---------------------------------------------------------------------------------

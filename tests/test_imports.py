@@ -19,7 +19,7 @@ LAYERS = [
     {"andrea.configload", "andrea.progress"},                            # TOML layered; progress lines
     {"andrea.data", "andrea.kernels", "andrea.devices", "andrea.memory"},
     {"andrea.model", "andrea.distributed", "andrea.trainer", "andrea.zero", "andrea.generate", "andrea.audit",
-     "andrea.export", "andrea.plots", "andrea.configdoc",
+     "andrea.export", "andrea.evaltasks", "andrea.plots", "andrea.configdoc",
      "andrea.kernels.compile_check"},                                    # compiles the presets' launches
     {"andrea.control", "andrea.control.replicator"},
     {"andrea.commands", "andrea.commands.restore"},
