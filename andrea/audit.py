@@ -1,10 +1,12 @@
-"""Read-only looks at the model between steps: validation loss and sample audits.
+"""Read-only looks at the model between steps: validation loss, sample audits and the task audit (`eval.tasks`).
 
-Both run on the training thread at a step boundary and leave training's state and randomness untouched:
+All run on the training thread at a step boundary and leave training's state and randomness untouched:
 evaluation uses a fixed set of held-out windows per arm (drawn from the EVAL stream keyed by the seed only,
 so every eval of a run scores the same text), and sampling draws from its own generators keyed by
 (seed, step, prompt). Cost is bounded: `train.eval_batches` forward passes per arm; per sample audit, one batched
-prefill of all prompts and `sample.max_new_tokens - 1` one-token forwards through a KV cache (andrea/generate.py).
+prefill of all prompts and `sample.max_new_tokens - 1` one-token forwards through a KV cache (andrea/generate.py);
+per task audit, one forward per `eval.batch_rows` endings of the first `eval.limit` examples (no gradient, eval
+mode: the next step sets train mode again).
 
 Sample randomness: prompt p at step S samples from its own torch generator seeded from (seed, S, SAMPLE_STREAM,
 a 64-bit hash of p's text), so a prompt's draws do not depend on which other prompts are configured or their
@@ -14,10 +16,12 @@ order (its text can differ from a batch of one only by float rounding; see andre
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from andrea import evaltasks
 from andrea.config import RunConfig
 from andrea.data.store import EVAL_STREAM, SAMPLE_STREAM, ArmTokens, TextCodec, rng_for, rows
 from andrea.trainer import Trainer
@@ -56,3 +60,36 @@ def sample_audits(trainer: Trainer, codec: TextCodec, cfg: RunConfig, step: int)
     new = trainer.generate(prompts, sc.max_new_tokens, temperature=sc.temperature, top_k=sc.top_k,
                            generators=generators)
     return [{"step": step, "prompt": p, "text": codec.decode(ids)} for p, ids in zip(sc.prompts, new)]
+
+
+class TaskAudit:
+    """`eval.tasks` during training: the file read and tokenized once at the start (a bad file refuses the start),
+    then scored on the live model at a step boundary (andrea/evaltasks.py; its `tasks` marker fields)."""
+
+    def __init__(self, path: Path, codec: TextCodec, cfg: RunConfig):
+        taskfile = evaltasks.read_tasks(path)
+        self.path, self.sha256 = path, taskfile.sha256
+        self.tasks = taskfile.tasks[:cfg.eval.limit] if cfg.eval.limit else taskfile.tasks
+        self.codec = _Memo(codec)  # every audit scores the same text: its tokens once
+        self.block_size, self.batch_rows = cfg.model.block_size, cfg.eval.batch_rows
+        for task in self.tasks:  # an encoding problem (a context of no tokens) is said now, not at step 5,000
+            if not evaltasks.encode_task(task, self.codec)[0]:
+                raise evaltasks.TaskFileError(f"{path}:{task.line}: 'ctx' encodes to no tokens with this tokenizer")
+
+    def __call__(self, trainer: Trainer) -> dict:
+        score = evaltasks.score_tasks(evaltasks.trainer_forward(trainer), self.codec, self.tasks, self.block_size,
+                                      self.batch_rows, where=str(self.path))
+        return {"acc": score.acc, "acc_norm": score.acc_norm, "acc_norm_chars": score.acc_norm_chars,
+                "examples": len(self.tasks), "tasks": self.path.name, "sha256": self.sha256}
+
+
+class _Memo:
+    """An encoder that remembers: the task audit encodes the same contexts and endings at every step."""
+
+    def __init__(self, codec):
+        self.codec, self.seen = codec, {}
+
+    def encode(self, text: str) -> list[int]:
+        if text not in self.seen:
+            self.seen[text] = self.codec.encode(text)
+        return self.seen[text]

@@ -286,6 +286,27 @@ class SampleConfig:
 
 
 @dataclass
+class EvalConfig:
+    """A multiple-choice task audit during training (andrea/evaltasks.py; `andrea eval` scores one checkpoint)."""
+
+    tasks: str = ""
+    """A tasks file in HellaSwag's JSON Lines format (ctx, endings, label), scored on the live model at every
+    `every` steps, its accuracies a `tasks` marker in .loss.json; empty: off. Resolved to an absolute path when the
+    run starts (run.toml keeps that), and read then: a bad file refuses the start in one line."""
+    every: int = 0
+    """Task-audit cadence in steps; 0 means equal to checkpoint.every."""
+    limit: int = 0
+    """Score the file's first `limit` examples only (0: all): a bound on the audit's cost (HellaSwag's 10,042
+    examples are ~40,000 rows, minutes of a 120M model's forwards)."""
+    batch_rows: int = 32
+    """Rows (one per ending) per forward: the audit's logits are batch_rows x block_size x vocab floats."""
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.limit < 0 or self.batch_rows < 1:
+            raise ConfigError("eval.every and eval.limit must be >= 0, eval.batch_rows >= 1")
+
+
+@dataclass
 class LogConfig:
     """Where a run's records go besides the ledger (which is always written)."""
 
@@ -325,6 +346,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)

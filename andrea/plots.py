@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend chosen first: no display on servers)
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
-from andrea.rundir.ledger import ema, history  # noqa: E402
+from andrea.rundir.ledger import ema, history, live_markers  # noqa: E402
 
 EMA_LABEL = "loss EMA (β=0.99, bias-corrected, at its mean step)"
 
@@ -41,12 +41,7 @@ def smoothed(xs: list[int], ys: list[float]) -> tuple[list[float], list[float]]:
 
 
 def live_evals(entries: list[dict]) -> list[dict]:
-    """The `eval` markers a later start/resume/branch/rollback did not supersede (ledger.history's rule).
-
-    An eval is offered to `history` as if it were a step entry (its "event" key dropped), among the markers.
-    """
-    return history([{k: v for k, v in e.items() if k != "event"} if e["event"] == "eval" else e
-                    for e in entries if "event" in e])
+    return live_markers(entries, "eval")
 
 
 EVENT_STYLE = {"resume": ("tab:gray", ":"), "pivot": ("tab:red", "--"), "branch": ("tab:purple", "-."),
@@ -75,7 +70,15 @@ def plot_run(run_dir: Path, entries: list[dict], out: Path) -> None:
                        label=None if e["event"] in labelled else e["event"])
             labelled.add(e["event"])
     ax.set(xlabel="step", ylabel="loss", title=str(run_dir))
-    ax.legend()
+    ax.legend(loc="upper left")
+    scored = live_markers(entries, "tasks")
+    if scored:  # eval.tasks: accuracy on its own axis (a higher line is better, unlike the loss)
+        acc = ax.twinx()
+        for key, marker in (("acc", "^-"), ("acc_norm", "v-")):
+            acc.plot([e["step"] for e in scored], [e[key] for e in scored], marker, ms=3, color="tab:brown",
+                     alpha=1.0 if key == "acc_norm" else 0.5, label=f"{scored[-1]['tasks']} {key}")
+        acc.set(ylabel="task accuracy", ylim=(0, 1))
+        acc.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -23,7 +23,7 @@ from andrea.cli import main as cli_main
 from andrea.commands.evaluate import evaluate_run
 from andrea.rundir import names
 from andrea.trainer import Trainer
-from tests.runs import ROOT, train
+from tests.runs import ROOT, seed_data, train
 
 TASKS = ROOT / "tests" / "tasks" / "memorized.jsonl"
 STEPS = 300  # at 300 tiny-preset steps the run has memorized every example (acc 1.0); at 100, 0.4; at 150, 0.8
@@ -310,9 +310,36 @@ def run(tmp_path_factory) -> Path:
         corpus += lines
     (root / "corpus.txt").write_text("\n".join(corpus) + "\n")
     result = train(root / "run", "--steps", str(STEPS), "--set", "data.arms=[]",
-                   "--set", f"data.sources=[{{name='tasks', path='{root / 'corpus.txt'}'}}]")
+                   "--set", f"data.sources=[{{name='tasks', path='{root / 'corpus.txt'}'}}]",
+                   "--set", f"eval.tasks='{TASKS}'", "--set", "eval.every=100")  # the task audit while training
     assert result.returncode == 0, result.stderr
     return root / "run"
+
+
+def test_the_task_audit_while_training_scores_what_eval_scores_on_that_steps_checkpoint(run, tmp_path):
+    from andrea.commands.operate import run_status
+    from andrea.rundir.ledger import read_ledger
+    audits = [e for e in read_ledger(run / names.LEDGER_NAME).entries if e.get("event") == "tasks"]
+    assert [e["step"] for e in audits] == list(range(100, STEPS + 1, 100))
+    for e in audits:  # the live model at step S is step_S.bin's weights: the same scores to the bit
+        offline = evaluate_run(run, TASKS, e["step"], show_progress=False).score
+        assert (e["acc"], e["acc_norm"], e["acc_norm_chars"]) == (offline.acc, offline.acc_norm,
+                                                                   offline.acc_norm_chars)
+        assert (e["examples"], e["tasks"], e["sha256"]) == (42, TASKS.name, ev.read_tasks(TASKS).sha256)
+    assert audits[-1]["acc"] >= 0.8
+    status = run_status(run)["tasks"]
+    assert status["step"] == STEPS and status["acc"] == audits[-1]["acc"]
+    assert cli_main(["plot", str(run), "--out", str(tmp_path / "loss.png")]) == 0  # accuracy on its own axis
+
+
+def test_a_bad_tasks_file_refuses_the_start_in_one_line_before_a_step(prepared, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"ctx": "a", "endings": ["b"], "label": 0}\n')
+    result = train(seed_data(prepared, tmp_path / "run"), "--steps", "5", "--set", f"eval.tasks='{bad}'")
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and str(bad) in errors[0] and ":1:" in errors[0], result.stderr
+    assert not list((tmp_path / "run").glob("step_*.bin"))
 
 
 def test_a_run_that_memorized_the_file_scores_far_above_chance_and_eval_prints_it(run, capsys):

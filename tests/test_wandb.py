@@ -69,9 +69,12 @@ def test_a_step_is_released_once_nothing_can_supersede_it_and_its_markers_have_c
     rows = Rows(logged_through=-1, log_every=10)
     rows.add([marker("start", 0)] + [entry(s) for s in range(1, 21)])
     assert [s for s, _ in rows.settle(20)] == list(range(1, 20))  # 20's eval may still come
-    rows.add([marker("eval", 20, val_loss=3.5, arms={"a": 3.5}), entry(21)])
+    rows.add([marker("eval", 20, val_loss=3.5, arms={"a": 3.5}),
+              marker("tasks", 20, acc=0.5, acc_norm=0.75, acc_norm_chars=0.7, examples=4, tasks="t.jsonl"),
+              entry(21)])
     released = dict(rows.settle(20))
     assert list(released) == [20] and released[20]["val/loss"] == 3.5 and released[20]["val/a"] == 3.5
+    assert (released[20]["tasks/acc"], released[20]["tasks/acc_norm"]) == (0.5, 0.75)
     assert rows.settle(21, final=True)[0][0] == 21  # the process ends: nothing more comes at 21
 
 

@@ -33,7 +33,7 @@ from andrea.rundir import checkpoint as ckpt, inspect, replica, sidecars
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.names import (CONFIG_NAME, DATA_DIR, LEDGER_NAME, NEXT_POLICY_NAME, STATE_NAME, TOKENIZER_NAME,
                                  WANDB_STATE_NAME, companions)
-from andrea.rundir.ledger import LossLedger, ema, history, marker, read_ledger
+from andrea.rundir.ledger import LossLedger, ema, history, live_markers, marker, read_ledger
 from andrea.rundir.runlock import RunLock, is_locked, read_pid
 
 
@@ -57,6 +57,7 @@ def run_status(run_dir: Path) -> dict:
                "data": data_status(run_dir),  # per arm: tokens, source bytes, epochs (andrea/data/manifest.py)
                "replica": replica_status(run_dir, st),  # checkpoint.replica's newest step and lag, or null
                "mfu": mfu_status(entries, steps),
+               "tasks": (live_markers(entries, "tasks") or [None])[-1],  # eval.tasks: the newest score
                "wandb": sidecars.read_json(run_dir / WANDB_STATE_NAME)})  # the W&B run's id, its newest step
     return st
 

@@ -11,7 +11,7 @@ proxy and the next batch — and at each boundary (`cross`) does, in this order:
     3. an incident the guard declared: roll back to its known-good point (the files: control/rollback.py), S goes
        back, and the boundary is crossed again from there;
     4. a pivot, once its checkpoint is taken (control/pivot.py archives after that commit, on the FIFO I/O thread);
-    5. eval and sample audits when due (never at the step a process or a rollback started from: they ran in the
+    5. eval, sample and task audits when due (never at the step a process or a rollback started from: they ran in the
        timeline that first reached it);
     6. stop, or fail when a write error's policy says so.
 Between boundaries `advance` launches step S + 1 on the training thread and meanwhile takes finished records and
@@ -65,7 +65,8 @@ class Boundary:
                  guard: Guard, feed: LedgerFeed, req: Requests, records: StepRecords, progress: Progress,
                  train: Executor, io: Executor, world: World | None = None, codec=None, views=None, replicator=None,
                  evaluate: Callable = audit.evaluate, sample: Callable = audit.sample_audits,
-                 notify: Callable[..., None] = lambda kind, step, **detail: None, meter: Meter | None = None):
+                 notify: Callable[..., None] = lambda kind, step, **detail: None, meter: Meter | None = None,
+                 tasks: Callable | None = None):
         self.cfg, self.run_dir = cfg, run_dir
         self.step, self.proxy = step, proxy
         self.start = step  # the audits of this step ran before: in the previous process, or the first timeline
@@ -80,6 +81,7 @@ class Boundary:
         self.evaluate, self.sample = evaluate, sample
         self.notify = notify  # control/notify.py: Notifier.send (a pivot, a failed write)
         self.meter = meter  # andrea/mfu.py: tokens/s and MFU over the last steps, in each step entry
+        self.tasks = tasks  # eval.tasks: audit.TaskAudit, scored at its cadence
 
     # --- the sequence ------------------------------------------------------------------------------------
     async def cross(self, stop_at: int) -> bool:
@@ -292,6 +294,11 @@ class Boundary:
         if step > 0 and step % every == 0 and self.codec is not None and cfg.sample.prompts:
             audits = await loop.run_in_executor(self.train, self.sample, self.trainer, self.codec, cfg, step)
             self.io.submit(self._write_audits, audits)
+        if self.tasks is not None and step > 0 and step % (cfg.eval.every or cfg.checkpoint.every) == 0:
+            score = await loop.run_in_executor(self.train, self.tasks, self.trainer)
+            self.feed.lines.append(marker("tasks", step, **score))
+            log.info("step %d tasks %s: acc %.4f acc_norm %.4f (%d examples)", step, score["tasks"], score["acc"],
+                     score["acc_norm"], score["examples"])
 
     def _write_audits(self, audits: list[dict]) -> None:
         try:

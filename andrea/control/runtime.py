@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from andrea import export, mfu
+from andrea import audit, export, mfu
 from andrea.config import RunConfig
 from andrea.configcheck import ConfigError
 from andrea.control import (identity, notify, pivot, ranks, replicator, resume, rollback, shards, sharing, tensorboard,
@@ -171,6 +171,7 @@ class TrainingRun:
         trainer = await loop.run_in_executor(self.train, trainer_for, self.world, self.cfg, self.device, self.kernels)
         codec, arms = await loop.run_in_executor(self.train, self.prepare_data)
         self.codec = codec
+        self.tasks = self.task_audit(codec) if self.world.leader else None
         # --init-from weights (safetensors, npz, a GPT-2 directory): loaded now, step 0, m = v = 0 (export.py)
         imported = await loop.run_in_executor(self.train, export.load_init_weights, self.init_from, trainer,
                                               self.run_dir)
@@ -207,6 +208,15 @@ class TrainingRun:
         self.writer.protected = self.guard.protected  # retention never deletes the known-good checkpoint
         trainer.lr_scale, proxy.data_offset = self.guard.remedy["lr_scale"], self.guard.remedy["data_offset"]
         return trainer, proxy
+
+    def task_audit(self, codec) -> audit.TaskAudit | None:
+        """eval.tasks, made absolute (run.toml keeps it so, whatever the next start's working directory), read
+        and tokenized now: a missing or bad file refuses the start before a step is trained."""
+        if not self.cfg.eval.tasks:
+            return None
+        path = Path(self.cfg.eval.tasks).expanduser().absolute()
+        self.cfg.eval.tasks = str(path)
+        return audit.TaskAudit(path, codec, self.cfg)
 
     def mfu_meter(self, n_params: int) -> mfu.Meter:
         """MFU of this process (andrea/mfu.py): the model's FLOPs per token against the peak of every rank's device
@@ -277,7 +287,8 @@ class TrainingRun:
                                      writer=self.writer, guard=self.guard, feed=self.feed, req=self.req,
                                      records=records, progress=progress, train=self.train, io=self.io,
                                      world=self.world, codec=self.codec, views=self.views, notify=self.notifier.send,
-                                     replicator=self.replicator, meter=self.meter)
+                                     replicator=self.replicator, meter=self.meter,
+                                     tasks=self.tasks)
         dog = watchdog.Watchdog(self.cfg.watchdog, self.beats, self.on_stall).start()
         watched = self.beats.watch
         try:

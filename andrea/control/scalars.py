@@ -9,7 +9,8 @@ files, no clock (the rate comes from the entries' own `time`).
     val/loss               an `eval` marker's val_loss (the mean over arms)
     val/target_loss        its target_loss (policy.target's weighting of the arms: the objective of the mixture)
     val/<arm>              its per-arm held-out losses
-    tasks/acc, tasks/acc_norm   a `tasks` marker's multiple-choice accuracies (andrea/evaltasks.py)
+    tasks/acc, tasks/acc_norm, tasks/acc_norm_chars   a `tasks` marker's multiple-choice accuracies
+                           (eval.tasks: andrea/audit.py's TaskAudit, andrea/evaltasks.py)
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class LedgerScalars:
                 out.append(("val/target_loss", e["target_loss"]))
             return out + [(f"val/{arm}", value) for arm, value in e.get("arms", {}).items()]
         elif event == "tasks":
-            return [(f"tasks/{key}", e[key]) for key in ("acc", "acc_norm") if e.get(key) is not None]
+            return [(f"tasks/{key}", e[key]) for key in ("acc", "acc_norm", "acc_norm_chars") if key in e]
         return []
 
     def _rate(self, e: dict[str, Any]) -> list[tuple[str, float]]:

@@ -3,7 +3,7 @@
 Fed with exactly the dicts the runtime hands to the ledger (control/ledger.py: step entries and markers), plus
 each checkpoint's bandit state and commit result. Tags, all with the header step as global step (stored as
 float32): the ledger's scalars as control/scalars.py names them (train/loss, lr, grad_norm, mfu, tokens_per_s;
-val/loss, val/target_loss, val/<arm>; tasks/acc, tasks/acc_norm), and
+val/loss, val/target_loss, val/<arm>; tasks/acc, acc_norm, acc_norm_chars), and
 
     data/share/<arm>       the bandit's mixture at each checkpoint (the `shares` of step_S.state.json)
     checkpoint/stall_s     the training loop's stall for the snapshot of step S

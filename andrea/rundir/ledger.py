@@ -25,6 +25,9 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
             — step entries above 40 written before this marker are superseded by the entries after it
             (a `start` marker likewise supersedes every entry before it: the run began again from step 0)
     eval    validation loss                      {"event": "eval", "step": 500, "val_loss": ..., "arms": {...}}
+    tasks   the task audit (eval.tasks, andrea/evaltasks.py): multiple-choice accuracies of the live model
+            {"event": "tasks", "step": 500, "acc": 0.31, "acc_norm": 0.33, "acc_norm_chars": 0.32,
+             "examples": 1000, "tasks": "hellaswag_val.jsonl", "sha256": "..."}
     pivot   a new data policy (docs/operating.md)          {"event": "pivot", "step": ..., "phase": k, ...}
     branch  an audit branch starts here          {"event": "branch", "step": S, "parent": DIR}
     micro_batch  train.micro_batch_size = "auto" chose the rows per pass at the first step after step S (also
@@ -305,6 +308,13 @@ def history(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif "event" not in e:
             kept.append(e)
     return kept
+
+
+def live_markers(entries: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    """The `event` markers (eval, tasks) that a later start/resume/branch/rollback did not supersede (`history`'s
+    rule), without their "event" key: each is offered to `history` as if it were a step entry, among the markers."""
+    return history([{k: v for k, v in e.items() if k != "event"} if e["event"] == event else e
+                    for e in entries if "event" in e])
 
 
 def last_step(entries: list[dict[str, Any]]) -> int | None:
