@@ -14,6 +14,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from andrea.config import RunConfig
 from andrea.control.proxy import DataProxy
 from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars
@@ -22,24 +24,25 @@ from andrea.rundir.ledger import LedgerError, ledger_problem, marker, unreadable
 log = logging.getLogger("andrea.run")
 
 
-def resume_point(run_dir: Path, init_from: Path | None, n: int) -> ckpt.CheckpointInfo | None:
-    """The checkpoint to start from: `--init-from`'s (validated deep), else the newest valid one in `run_dir`,
-    else None (a fresh start). Refuses what would silently bury a run: checkpoints newer than `--init-from`'s
-    (two timelines in one directory), or checkpoints none of which fits this model."""
+def resume_point(run_dir: Path, init_from: Path | None, n: int) -> tuple[ckpt.CheckpointInfo, np.ndarray] | None:
+    """The checkpoint to start from and its payload, checked as read (`ckpt.load`: the file is read once):
+    `--init-from`'s, else the newest valid one in `run_dir`, else None (a fresh start). Refuses what would
+    silently bury a run: checkpoints newer than `--init-from`'s (two timelines in one directory), or checkpoints
+    none of which fits this model."""
     if init_from is not None:
-        info = ckpt.validate(init_from, n, deep=True)
+        info, payload = ckpt.load(init_from, n)
         newer = [p.name for s, p in ckpt.list_checkpoints(run_dir) if s > info.step]
         if newer:
             raise ckpt.CheckpointError(f"{run_dir}: holds checkpoints newer than {info.path.name} "
                                        f"({newer[-1]}); use `andrea branch` or move them away first")
-        return info
-    info, skipped = ckpt.newest_valid(run_dir, n)
+        return info, payload
+    info, payload, skipped = ckpt.newest_loaded(run_dir, n)
     if info is None and skipped:  # e.g. a forgotten --preset
         raise ckpt.CheckpointError(f"{skipped[0]} (no checkpoint in {run_dir} fits this model; "
                                    "refusing to start over in a run directory that holds checkpoints)")
     for line in skipped:
         log.warning("skipping invalid checkpoint, resuming from an older one: %s", line)
-    return info
+    return (info, payload) if info is not None else None
 
 
 def set_aside_newer(run_dir: Path, info: ckpt.CheckpointInfo) -> None:

@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from andrea import audit, export, mfu
@@ -175,8 +176,10 @@ class TrainingRun:
         # --init-from weights (safetensors, npz, a GPT-2 directory): loaded now, step 0, m = v = 0 (export.py)
         imported = await loop.run_in_executor(self.train, export.load_init_weights, self.init_from, trainer,
                                               self.run_dir)
-        info = None if imported else self.world.broadcast(
-            resume.resume_point(self.run_dir, self.init_from, trainer.n) if self.world.leader else None)
+        # rank 0 picks the checkpoint (reading and checking it once) and tells the others which
+        found = resume.resume_point(self.run_dir, self.init_from, trainer.n) \
+            if self.world.leader and not imported else None
+        info = None if imported else self.world.broadcast(found[0] if found is not None else None)
         self.open_ledger(info)
         self.meter = self.mfu_meter(trainer.n)
         measure = {"flops_per_token": self.meter.flops_token, "peak_flops": self.meter.peak.flops,
@@ -187,8 +190,9 @@ class TrainingRun:
                                           identity=identity.identity(self.cfg, identity.tokenizer_sha256(self.run_dir)),
                                           **measure, **(imported or {})))
         else:  # on separate disks rank 0 reads and validates, and sends the others theirs (control/sharing.py)
-            payload = await sharing.payload_everywhere(
-                self.world, lambda: ckpt.read_payload(info.path, trainer.n)[1], trainer.n, self.train)
+            def read() -> np.ndarray:  # rank 0 has it; another rank of a shared directory reads its own
+                return found[1] if found is not None else ckpt.read_payload(info.path, trainer.n)[1]
+            payload = await sharing.payload_everywhere(self.world, read, trainer.n, self.train)
             await loop.run_in_executor(self.train, trainer.load, payload)
             self._resumed = info.step
             proxy = resume.restore_proxy(self.cfg, self.run_dir, arms, info, sharing.json_reader(self.world))

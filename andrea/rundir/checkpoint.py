@@ -184,28 +184,44 @@ def _check_image(path: Path, image: np.ndarray, step: int, n: int, recorded: dic
     return CheckpointInfo(path, step, n, VERIFIED if recorded is not None else UNVERIFIABLE)
 
 
-def read_payload(path: str | Path, n_params: int) -> tuple[int, np.ndarray]:
-    """Validated (deep) read: (step, float32 array of 3·n_params = [w | m | v]), checked against the checksum
-    in the memory it is returned in (one read of the file: what was checked is what the caller gets)."""
+def load(path: str | Path, n_params: int) -> tuple[CheckpointInfo, np.ndarray]:
+    """Validated (deep) read: the checkpoint's info and [w | m | v] (float32, 3·n_params), checked against the
+    checksum in the memory it is returned in (one read of the file: what was checked is what the caller gets)."""
     path = Path(path)
     info = validate(path, n_params)
     recorded = _recorded_checksum(path)
     image = np.fromfile(path, dtype=np.uint8)
     if len(image) != checkpoint_bytes(n_params):
         raise CheckpointError(f"{path}: changed size while it was read ({len(image)} bytes)")
-    _check_image(path, image, info.step, n_params, recorded)
-    return info.step, image[HEADER.size:].view("<f4")
+    return _check_image(path, image, info.step, n_params, recorded), image[HEADER.size:].view("<f4")
+
+
+def read_payload(path: str | Path, n_params: int) -> tuple[int, np.ndarray]:
+    """`load`'s (step, [w | m | v])."""
+    info, payload = load(path, n_params)
+    return info.step, payload
 
 
 def newest_valid(run_dir: str | Path, n_params: int) -> tuple[CheckpointInfo | None, list[str]]:
     """The newest checkpoint that passes deep validation, and one line per newer file that was skipped."""
+    (info, _), skipped = _newest(run_dir, lambda path: (validate(path, n_params, deep=True), None))
+    return info, skipped
+
+
+def newest_loaded(run_dir: str | Path, n_params: int) -> tuple[CheckpointInfo | None, np.ndarray | None, list[str]]:
+    """`newest_valid` with the payload it checked (`load`): a start reads its checkpoint once."""
+    (info, payload), skipped = _newest(run_dir, lambda path: load(path, n_params))
+    return info, payload, skipped
+
+
+def _newest(run_dir, check) -> tuple[tuple, list[str]]:
     skipped = []
     for _, path in reversed(list_checkpoints(run_dir)):
         try:
-            return validate(path, n_params, deep=True), skipped
+            return check(path), skipped
         except CheckpointError as e:
             skipped.append(str(e))
-    return None, skipped
+    return (None, None), skipped
 
 
 def write_regions(path: str | Path, regions: Iterable[tuple[int, memoryview | bytes]], size: int) -> None:
