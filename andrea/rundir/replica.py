@@ -21,7 +21,7 @@ Layout under the replica's prefix (the run directory's own names, rundir/names.p
     step_NNNNNN.<kind>.json   its companions (state, guard, ledger); `step_NNNNNN.sum.json` is uploaded LAST:
                               a checkpoint is in the replica exactly when its `.sum.json` is (its *publication*)
     .loss.json                the ledger, whole: replaced only by a longer copy, never by an older, shorter one
-    .state.json, .samples.json, archive/phase-K/*   the sidecars
+    .state.json, .samples.json, .wandb.json, archive/phase-K/*   the sidecars
     run.toml, tokenizer.json, data/*                the configuration, the tokenizer and the prepared data
                               (data/manifest.json last; a data file already there at its size is not sent again)
 
@@ -52,7 +52,8 @@ from pathlib import Path
 from andrea.rundir import checksum
 from andrea.rundir.atomic import fsync_dir
 from andrea.rundir.names import (ARCHIVE_DIR, CONFIG_NAME, DATA_DIR, LEDGER_NAME, MANIFEST_NAME, SAMPLES_NAME,
-                                 REPLICA_STATUS_NAME, STATE_NAME, TOKENIZER_NAME, checkpoint_name, tmp_path)
+                                 REPLICA_STATUS_NAME, STATE_NAME, TOKENIZER_NAME, WANDB_STATE_NAME, checkpoint_name,
+                                 tmp_path)
 
 OWNER_KEY = "replica.json"
 STATUS_NAME = REPLICA_STATUS_NAME
@@ -60,7 +61,7 @@ FORMAT = 1
 CHUNK = 8 << 20  # bytes per read of a file being uploaded, and per multipart part
 SUM_RE = re.compile(r"^step_(\d{6,})\.sum\.json$")
 STEP_RE = re.compile(r"^step_(\d{6,})\.(bin|[a-z]+\.json)$")
-SIDECARS = (STATE_NAME, SAMPLES_NAME)
+SIDECARS = (STATE_NAME, SAMPLES_NAME, WANDB_STATE_NAME)  # .wandb.json: a restored run goes on in its W&B run
 UPLOAD_DELAY = float(os.environ.get("ANDREA_TEST_REPLICA_DELAY", "0") or 0)  # test hook (module docstring)
 EXTRA_MISSING = ("the replica needs the `replica` extra: pip install 'andrea[replica]' (obstore); or train without "
                  "one (--set checkpoint.replica=\"\")")
