@@ -137,8 +137,12 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.token_loss = ops.token_loss
         # Registration order below IS the checkpoint's parameter order; do not reorder.
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        # The embeddings are built uninitialised (_weight: no normal_, as Linear and LayerNorm's init costs nothing
+        # here): every GPT is built on the meta device or has its weights loaded (init_weights, load_state_dict),
+        # and normal_ on a meta tensor runs a torch._refs function whose first call imports torch._dynamo, 1.5 s
+        # of CPU in every process that builds a model.
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd, _weight=torch.empty(cfg.vocab_size, cfg.n_embd))
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd, _weight=torch.empty(cfg.block_size, cfg.n_embd))
         self.drop = nn.Dropout(cfg.dropout)
         self.h = nn.ModuleList(Block(cfg, ops.attention, ops.layer_norm) for _ in range(cfg.n_layer))
         self.ln_f = LayerNorm(cfg.n_embd, cfg.bias, ops.layer_norm)
