@@ -131,14 +131,23 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def _embedding(n: int, dim: int) -> nn.Embedding:
+    """nn.Embedding(n, dim); on the meta device (the trainer's and layout_for's builds) without its normal_ init,
+    which has no values to fill there: normal_ on a meta tensor runs a torch._refs function whose first call imports
+    torch._dynamo, 1.5 s of CPU in every process that builds a model. Elsewhere, torch's init as ever."""
+    if torch.get_default_device().type == "meta":
+        return nn.Embedding(n, dim, _weight=torch.empty(n, dim))
+    return nn.Embedding(n, dim)
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: ModelMath = ModelMath()):
         super().__init__()
         self.cfg = cfg
         self.token_loss = ops.token_loss
         # Registration order below IS the checkpoint's parameter order; do not reorder.
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.wte = _embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = _embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.h = nn.ModuleList(Block(cfg, ops.attention, ops.layer_norm) for _ in range(cfg.n_layer))
         self.ln_f = LayerNorm(cfg.n_embd, cfg.bias, ops.layer_norm)

@@ -4,7 +4,7 @@ files are collected first, so that pytest-xdist starts them first.
 `make test` runs pytest-xdist with `--dist loadfile --no-loadscope-reorder`: files are handed to the workers in
 collection order (xdist's default reorder would sort them by their number of tests, which starts a one-test file
 of minutes, such as tests/test_kernels_in_trainer.py, last, and leaves one worker alone on it at the end). With the
-longest files first (`HEAVY`, by CPU seconds measured on 2 cores), the last ones to start are short and the
+longest files first (`HEAVY`, by seconds measured on 2 cores), the last ones to start are short and the
 workers finish together. The order changes no test: a plain `pytest` runs the same tests, in this order.
 """
 
@@ -16,28 +16,32 @@ import pytest
 
 from tests.runs import train
 
-# Longest first (seconds of the file, trainer processes and their waits included; measured 2026-12-02, 2 cores). A
-# file not listed runs after these, in pytest's usual order; a listed name that no longer exists is skipped.
+# Longest first: the larger of a file's wall and CPU seconds run alone (`pytest -n 0 FILE`, trainer processes and
+# their waits included; CPU counts the files that keep both cores busy: two kill chains, two compile workers, two
+# ranks). Measured 2026-12-02, 2 cores. A file not listed runs after these, in pytest's usual order; a listed name
+# that no longer exists is skipped.
 HEAVY = [
     "tests/faults/test_kill_anywhere.py",
-    "tests/test_guard_run.py",
-    "tests/kernels/test_compile.py",
     "tests/test_kernels_in_trainer.py",
-    "tests/test_trunk.py",
-    "tests/faults/test_bad_inputs.py",
-    "tests/test_microbatch.py",
-    "tests/test_run_life.py",
-    "tests/test_bench_smoke.py",
+    "tests/kernels/test_compile.py",
     "tests/test_distributed.py",
-    "tests/faults/test_signals.py",
+    "tests/test_guard_run.py",
+    "tests/test_microbatch.py",
+    "tests/faults/test_bad_inputs.py",
+    "tests/test_trunk.py",
     "tests/test_signals.py",
+    "tests/test_run_life.py",
+    "tests/faults/test_signals.py",
+    "tests/test_evaltasks.py",
+    "tests/test_bench_smoke.py",
     "tests/test_run_integrity.py",
-    "tests/test_generation.py",
-    "tests/faults/test_full_disk.py",
+    "tests/test_gpu_check.py",
     "tests/test_watchdog_run.py",
     "tests/test_replica_run.py",
-    "tests/test_gpu_check.py",
+    "tests/faults/test_full_disk.py",
+    "tests/test_wandb.py",
     "tests/test_integrity.py",
+    "tests/test_generation.py",
 ]
 
 

@@ -7,7 +7,9 @@ only for what it tests.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import queue
@@ -34,6 +36,22 @@ def env() -> dict[str, str]:
 def andrea(*args: str, timeout: float = 300, extra_env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "andrea", *args], capture_output=True, text=True,
                           timeout=timeout, env={**env(), **(extra_env or {})}, cwd=ROOT)
+
+
+def andrea_here(*args: str) -> subprocess.CompletedProcess:
+    """`andrea ARGS` run by cli.main() in this process, its exit code, stdout and stderr captured as andrea() returns
+    them: for commands that only read a run or refuse one (verify, status, info), where a subprocess would spend
+    ~2 s of CPU importing torch. Never for a command that trains or prepares data, or that could on a regression.
+    Log records go to pytest's handlers, not to the captured stderr: assert on the error line, not on a count of
+    stderr lines."""
+    from andrea import cli
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = cli.main(list(args))
+        except SystemExit as e:  # argparse refusing the arguments
+            rc = e.code
+    return subprocess.CompletedProcess(["andrea", *args], rc, out.getvalue(), err.getvalue())
 
 
 def train(run_dir: Path, *args: str, timeout: float = 300, extra_env: dict | None = None) -> subprocess.CompletedProcess:

@@ -24,7 +24,7 @@ import pytest
 from andrea.configcheck import ConfigError
 from andrea.control.runtime import poison_steps
 from andrea.rundir.ledger import history
-from tests.runs import ROOT, Trainer, andrea, env, ledger, seed_data, train
+from tests.runs import ROOT, Trainer, andrea_here, env, ledger, seed_data, train
 
 DIVERGE = ["--checkpoint-every", "20", "--set", "train.lr=1.0", "--set", "train.grad_clip=0"]
 KEEP_ONE = ["--set", "checkpoint.keep_last=1", "--set", "checkpoint.keep_every=0"]  # only the guard keeps a G
@@ -92,8 +92,8 @@ def test_a_divergence_after_a_newer_checkpoint_rolls_back_to_the_retained_known_
     assert not any("step_000040.bin committed" in line for line in before), "committed while the incident was pending"
     assert any("not checkpointing step 40: it is diverging" in line for line in before), r.stderr[-4000:]
     assert_continuous(run, 70)  # healed: step 40 reached again (the hook poisons once), no second incident
-    assert andrea("verify", str(run)).returncode == 0
-    assert '"rollbacks": 1' in andrea("status", str(run)).stdout
+    assert andrea_here("verify", str(run)).returncode == 0
+    assert '"rollbacks": 1' in andrea_here("status", str(run)).stdout
 
 
 def test_the_real_lr_1_divergence_heals_itself(healthy, prepared, tmp_path):
@@ -108,8 +108,8 @@ def test_the_real_lr_1_divergence_heals_itself(healthy, prepared, tmp_path):
         assert e["from"] > e["step"] and e["checkpoint"] in ("initial state", f"step_{e['step']:06d}.bin"), e
     assert_continuous(sick, 400)
     assert final_val(sick, 400) <= 1.5 * final_val(healthy, 400)
-    assert andrea("verify", str(sick)).returncode == 0
-    assert '"rollbacks": %d' % len(rollbacks) in andrea("status", str(sick)).stdout
+    assert andrea_here("verify", str(sick)).returncode == 0
+    assert '"rollbacks": %d' % len(rollbacks) in andrea_here("status", str(sick)).stdout
 
 
 def test_bounded_attempts_stop_with_one_line(prepared, tmp_path):
@@ -125,7 +125,7 @@ def test_bounded_attempts_stop_with_one_line(prepared, tmp_path):
     assert stop["step"] == 8 and errors[0].startswith("andrea: error: step 8: ")
     assert "1 rollback " in errors[0] and "resume from step_000000.bin" in errors[0]
     assert sorted(p.name for p in run_dir.glob("step_*.bin")) == ["step_000000.bin"]
-    assert andrea("verify", str(run_dir)).returncode == 0
+    assert andrea_here("verify", str(run_dir)).returncode == 0
 
 
 def test_stop_and_resume_in_the_middle_of_an_incident_is_byte_identical(prepared, tmp_path):

@@ -6,7 +6,7 @@ import signal
 
 from andrea.rundir import checkpoint as ckpt, names
 from andrea.rundir.ledger import history, read_ledger
-from tests.runs import Trainer, andrea, ledger, seed_data, train
+from tests.runs import Trainer, andrea, andrea_here, ledger, seed_data, train
 
 EVERY = ["--checkpoint-every", "20", "--set", "sample.every=20"]
 POLICY = "[policy]\nfloors = { pydoc-topics = 0.6 }\ncaps = { stdlib-code = 0.1 }\n"
@@ -112,7 +112,7 @@ def test_a_zombie_arm_is_dropped_with_a_warning(prepared, tmp_path):
 def test_status_and_plot(prepared, tmp_path):
     run = seed_data(prepared, tmp_path / "run")
     assert train(run, "--steps", "40", *EVERY).returncode == 0
-    result = andrea("status", str(run))
+    result = andrea_here("status", str(run))
     status = json.loads(result.stdout)
     assert status["step"] == 40 and status["newest_checkpoint"] == "step_000040.bin"
     assert status["phase"] == 0 and abs(sum(status["shares"].values()) - 1) < 1e-9 and status["loss_ema"] > 0

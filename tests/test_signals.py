@@ -7,7 +7,7 @@ import signal
 import time
 
 from andrea.rundir import checkpoint as ckpt, names
-from tests.runs import Trainer, andrea, header, ledger, seed_data, steps_in_ledger, train, wait_until
+from tests.runs import Trainer, andrea, andrea_here, header, ledger, seed_data, steps_in_ledger, train, wait_until
 
 FAR = ["--checkpoint-every", "100000"]  # no cadence checkpoints: every file on disk was asked for
 LIVE = ["--set", "train.log_every=1"]  # a progress line per step: the tests follow the trainer's output
@@ -43,7 +43,7 @@ def test_sigusr1_checkpoints_and_continues_then_sigterm_exits_clean(prepared, tm
         t.kill()
     newest = ckpt.list_checkpoints(run)[-1][1]
     assert header(newest)[0] == steps_in_ledger(run)[-1]
-    assert andrea("verify", str(run)).returncode == 0
+    assert andrea_here("verify", str(run)).returncode == 0
     assert "SIGTERM received" in t.output()
 
 
@@ -81,7 +81,7 @@ def test_sigkill_resumes_from_last_committed_checkpoint_bit_identically(prepared
     finally:
         t.kill()
     assert checkpoints(run)[-1] < target
-    assert andrea("verify", str(run)).returncode == 0
+    assert andrea_here("verify", str(run)).returncode == 0
     assert train(run, "--steps", str(target), "--checkpoint-every", "10").returncode == 0
     name = names.checkpoint_name(target)
     assert (run / name).read_bytes() == (straight / name).read_bytes()
@@ -99,14 +99,14 @@ def test_sigkill_during_a_commit_leaves_only_valid_checkpoints(prepared, tmp_pat
     finally:
         t.kill()
     (tmp,) = run.glob("*.bin.tmp")  # the interrupted commit's complete temp file is still there ...
-    result = andrea("verify", str(run))
+    result = andrea_here("verify", str(run))
     assert result.returncode == 0, result.stderr
     verified = [line for line in result.stdout.splitlines() if line.startswith("ok ") and ".bin step=" in line]
     assert tmp.name not in result.stdout and len(verified) == len(checkpoints(run))  # ... not taken
     resumed = train(run, "--steps", "12", "--checkpoint-every", "10")
     assert resumed.returncode == 0, resumed.stderr
     assert not list(run.glob("*.tmp"))
-    assert andrea("verify", str(run)).returncode == 0
+    assert andrea_here("verify", str(run)).returncode == 0
 
 
 def test_a_storm_of_sigusr1_coalesces(prepared, tmp_path):
@@ -127,7 +127,7 @@ def test_a_storm_of_sigusr1_coalesces(prepared, tmp_path):
         t.kill()
     # 50 signals in a second, commits of 0.3 s: a handful of checkpoints (+ the final one)
     assert 1 <= len(checkpoints(run)) <= 6
-    assert andrea("verify", str(run)).returncode == 0
+    assert andrea_here("verify", str(run)).returncode == 0
     assert "coalesced" in t.output()
 
 

@@ -7,13 +7,13 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.runs import andrea, header, ledger, seed_data, train, tree_digest
+from tests.runs import andrea, andrea_here, header, ledger, seed_data, train, tree_digest
 
 
 def test_checkpoint_on_disk_matches_info_layout(prepared, tmp_path):
     run = seed_data(prepared, tmp_path / "run")
     assert train(run, "--steps", "3").returncode == 0
-    info = json.loads(andrea("info", "--preset", "andrea-tiny").stdout)
+    info = json.loads(andrea_here("info", "--preset", "andrea-tiny").stdout)
     path = run / "step_000003.bin"
     assert path.stat().st_size == info["checkpoint_bytes"] == 8 + 12 * info["n_params"]
     assert header(path) == (3, info["n_params"])
@@ -130,7 +130,7 @@ def test_missing_data_path_is_one_line(tmp_path):
 
 def test_verify_reports_each_bad_file(run_with_checkpoints):
     run = run_with_checkpoints
-    assert andrea("verify", str(run)).returncode == 0
+    assert andrea_here("verify", str(run)).returncode == 0
     (run / "step_000020.bin").write_bytes(b"\0" * 64)
     result = andrea("verify", str(run))
     assert result.returncode == 1

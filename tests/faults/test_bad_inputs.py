@@ -23,7 +23,7 @@ import pytest
 from andrea.rundir import checkpoint as ckpt, names
 from andrea.rundir.ledger import read_ledger
 from tests.faults.harness import REPORT, digest_diff, first_line_with, last_error_line
-from tests.runs import ROOT, andrea, seed_data, train, tree_digest
+from tests.runs import ROOT, andrea_here, seed_data, train, tree_digest
 
 STEP20, STEP70 = names.checkpoint_name(20), names.checkpoint_name(70)
 
@@ -405,7 +405,7 @@ RUN_LIFE_CASES = {  # name -> argv after `andrea` ({d}: the directory that is no
 def test_a_run_life_command_on_a_directory_that_is_not_a_run_is_refused_in_one_line(name, tmp_path):
     d, out = _nonrun(tmp_path), tmp_path / "loss.png"
     before = tree_digest(tmp_path)
-    result = andrea(*[a.format(d=d, out=out) for a in RUN_LIFE_CASES[name]])
+    result = andrea_here(*[a.format(d=d, out=out) for a in RUN_LIFE_CASES[name]])  # in process: none trains
     message = last_error_line(result.stderr)
     REPORT.bad_input(name, "refused", result.returncode, message)
     assert result.returncode == 1, (result.stdout, result.stderr[-2000:])
@@ -418,7 +418,7 @@ def test_a_run_life_command_on_a_directory_that_is_not_a_run_is_refused_in_one_l
 def test_status_answers_for_a_prepared_run_and_for_a_stopped_one(prepared, trained_copy, tmp_path):
     fresh = seed_data(prepared, tmp_path / "prepared")  # tokenizer.json and data/, as a first start leaves them
     for run, state, step in ((fresh, "prepared", None), (trained_copy, "stopped", 20)):
-        result = andrea("status", str(run))
+        result = andrea_here("status", str(run))
         assert result.returncode == 0, result.stderr[-2000:]
         st = json.loads(result.stdout)
         assert (st["state"], st["step"], st["running"]) == (state, step, False), st
