@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from pathlib import Path
 
@@ -15,10 +16,11 @@ import pytest
 
 from andrea import cli
 from andrea.commands.restore import restore
-from andrea.control import replicator as rp
+from andrea.control import replicator as rp, rollback
 from andrea.rundir import checkpoint as ckpt, replica as rep
 from andrea.rundir.ledger import LossLedger, marker
 from andrea.rundir.names import LEDGER_NAME, RESTORING_NAME, checkpoint_name, companion_path
+from tests.runs import wait_until
 from tests.s3server import BUCKET, S3Server
 
 N = 64  # parameters of the synthetic checkpoints
@@ -30,11 +32,17 @@ def test_retry_delay_doubles_and_is_capped():
     assert rp.retry_delay(10**6, 0.5, 30.0) == 30.0
 
 
-def test_upload_plan_newest_first_and_only_what_the_replica_would_keep():
-    assert rp.upload_plan([10, 20, 30, 40], [10], keep_last=2, keep_every=0) == [40, 30]
-    assert rp.upload_plan([10, 20, 30], [10, 20, 30], 5, 0) == []
-    assert rp.upload_plan([100, 150, 200, 250], [250], keep_last=1, keep_every=100) == [200, 100]  # majors kept
+def test_upload_plan_is_the_newest_and_the_milestones_the_replica_lacks():
+    assert rp.upload_plan([10, 20, 30, 40], [10], keep_every=0) == [40]  # 20, 30: superseded before a pass came
+    assert rp.upload_plan([10, 20, 30], [10, 20, 30], 0) == [] and rp.upload_plan([], [10], 0) == []
+    assert rp.upload_plan([100, 150, 200, 250], [250], keep_every=100) == [200, 100]  # milestones, kept for good
+    assert rp.upload_plan([100, 150, 200, 250], [], keep_every=100) == [250, 200, 100]
     assert rp.remote_victims([10, 20, 30], 2, 0) == [10]
+
+
+def test_superseded_is_what_lies_above_the_step_the_run_went_back_to():
+    assert rp.superseded([10, 20, 30, 40], 20) == [30, 40]
+    assert rp.superseded([10, 20], 20) == [] and rp.superseded([], 0) == []
 
 
 def test_health_says_one_line_per_problem_and_one_when_back():
@@ -86,13 +94,17 @@ def test_a_pass_publishes_each_checkpoint_whole_with_companions_ledger_and_files
     assert r.pass_once() and r.newest == 30 and r.protected() == [30]
     keys = {str(p.relative_to(remote)) for p in remote.rglob("*") if p.is_file()}
     assert {"replica.json", "run.toml", "tokenizer.json", LEDGER_NAME, "data/manifest.json", "data/arm.train.bin",
-            "step_000030.bin", "step_000030.sum.json", "step_000030.ledger.json", "step_000020.bin"} <= keys
-    assert "step_000010.bin" not in keys  # keep_last = 2: the replica's retention is the run's
-    for step in (20, 30):
+            "step_000030.bin", "step_000030.sum.json", "step_000030.ledger.json"} <= keys
+    assert "step_000020.bin" not in keys  # superseded by 30 before a pass came: the newest is what is sent
+    make_run(run, [40, 50])
+    assert r.pass_once() and r.newest == 50
+    published = sorted(p.name for p in remote.glob("*.sum.json"))
+    assert published == ["step_000030.sum.json", "step_000050.sum.json"]  # keep_last = 2: the run's retention
+    for step in (30, 50):
         assert (remote / checkpoint_name(step)).read_bytes() == (run / checkpoint_name(step)).read_bytes()
     assert json.loads((run / rep.STATUS_NAME).read_text())["lag_steps"] == 0
     (remote / "step_000040.bin").write_bytes(b"an upload a kill interrupted")  # no .sum.json: never published
-    assert r.pass_once() and not (remote / "step_000040.bin").exists() and r.newest == 30
+    assert r.pass_once() and not (remote / "step_000040.bin").exists() and r.newest == 50
 
 
 def test_the_ledger_is_never_replaced_by_a_shorter_copy(tmp_path):
@@ -149,7 +161,25 @@ def test_an_outage_costs_one_line_backs_off_and_catches_up(tmp_path, caplog):
         store.down, now[0] = False, 8.0
         assert r.pass_once() and r.newest == 30
         assert "caught up" in caplog.records[-1].message
-    assert (remote / "step_000030.sum.json").exists() and (remote / "step_000020.sum.json").exists()
+    assert (remote / "step_000030.sum.json").exists()  # the newest; 20 was superseded while the store was down
+
+
+def test_the_abandoned_timeline_is_unpublished_and_a_step_trained_again_is_sent_again(tmp_path):
+    run, remote = make_run(tmp_path / "run", [10, 20]), tmp_path / "replica"
+    r = replicator(run, remote, keep_last=5)
+    assert r.pass_once() and make_run(run, [30]) and r.pass_once() and r.pos.steps == [20, 30]
+    abandoned = (remote / checkpoint_name(30)).read_bytes()
+    rollback.drop_after(run, 20)  # a guard rollback to 20 (control/boundary.py): 30 is the abandoned timeline's
+    r.supersede(20)
+    assert r.pass_once() and r.pos.steps == [20] and not list(remote.glob("step_000030.*"))  # never restored
+    companion_path(run, 30, "state").write_text("{}")
+    ckpt.commit_checkpoint(run, 30, np.random.default_rng(99).random(3 * N, dtype=np.float32))  # trained again
+    assert r.pass_once() and r.pos.steps == [20, 30]
+    assert (remote / checkpoint_name(30)).read_bytes() == (run / checkpoint_name(30)).read_bytes() != abandoned
+    rollback.drop_after(run, 10)  # a start that resumes from 10 (20 and 30 failed verification, say)
+    r.supersede(10)  # control/runtime.py: start_for(..., resumed_from=10)
+    r.supersede(20)  # two before a pass: the lower one holds
+    assert r.pass_once() and r.pos.steps == [10]
 
 
 def test_retention_spares_the_newest_replicated_checkpoint(tmp_path):
@@ -162,6 +192,10 @@ def test_retention_spares_the_newest_replicated_checkpoint(tmp_path):
 def test_finish_waits_for_a_pass_that_covers_every_commit(tmp_path):
     run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
     r = replicator(run, remote).start()
+    wait_until(lambda: r.newest == 10, 60, "the first pass")
+    tid = r.thread.native_id  # the thread is niced and named for the OS (top -H; bench/replica.py counts its CPU)
+    assert Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "andrea-replica"
+    assert os.getpriority(os.PRIO_PROCESS, tid) >= rp.NICE
     make_run(run, [20])
     r.notify()
     assert r.finish(60) is True and r.newest == 20
@@ -185,8 +219,9 @@ def test_finish_waits_at_most_its_bound(tmp_path):
 
 # --- restore -----------------------------------------------------------------------------------------------
 def test_restore_takes_the_newest_verified_checkpoint_and_completes_when_run_again(tmp_path, capsys):
-    run, remote = make_run(tmp_path / "run", [10, 20]), tmp_path / "replica"
-    assert replicator(run, remote).pass_once()
+    run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
+    r = replicator(run, remote)
+    assert r.pass_once() and make_run(run, [20]) and r.pass_once() and r.pos.steps == [10, 20]
     corrupt = bytearray((remote / checkpoint_name(20)).read_bytes())
     corrupt[-1] ^= 0xFF
     (remote / checkpoint_name(20)).write_bytes(bytes(corrupt))
@@ -280,19 +315,21 @@ def small_disk(tmp_path):
 def test_a_full_replica_mid_upload_is_one_line_and_loses_nothing(tmp_path, small_disk, caplog):
     run = make_run(tmp_path / "run", [10])
     big = np.random.default_rng(1).random(3 * 50_000, dtype=np.float32)  # 600 KB each: the second one does not fit
-    for step in (20, 30):
-        companion_path(run, step, "state").write_text("{}")
-        ckpt.commit_checkpoint(run, step, big)
-    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    companion_path(run, 20, "state").write_text("{}")
+    ckpt.commit_checkpoint(run, 20, big)
+    r = replicator(run, small_disk / "replica", keep_last=5)
+    assert r.pass_once() and r.newest == 20
+    companion_path(run, 30, "state").write_text("{}")
+    ckpt.commit_checkpoint(run, 30, big)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != rep.STATUS_NAME}
     with caplog.at_level(logging.WARNING, "andrea.replica"):
-        r = replicator(run, small_disk / "replica", keep_last=5)
         assert not r.pass_once() and not r.pass_once()
     assert [rec.message.count("full or over its quota") for rec in caplog.records] == [1], caplog.text
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != rep.STATUS_NAME} == before
     listing = rep.Replica(str(small_disk / "replica")).listing()
     for step in rep.published_steps(listing):  # what is published is whole
         assert listing[checkpoint_name(step)] == (run / checkpoint_name(step)).stat().st_size
-    assert rep.published_steps(listing) == [30]  # newest first; the older one did not fit and is not published
+    assert rep.published_steps(listing) == [20]  # 30 did not fit: not published, 20 still is
 
 
 def test_without_the_extra_one_line_says_how_to_get_it(tmp_path, monkeypatch):

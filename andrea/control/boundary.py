@@ -332,6 +332,8 @@ class Boundary:
                 self.io.submit(rollback.write_companion, self.run_dir, plan.to_step, g.state_after_give_up())
             if self.world.leader:
                 self.io.submit(rollback.drop_after, self.run_dir, plan.to_step).result()
+            if self.replicator is not None:  # the replica drops the abandoned timeline too
+                self.replicator.supersede(plan.to_step)
             raise RunFailed(plan.message(start_from))
         payload = await sharing.payload_everywhere(  # on separate disks: read by rank 0, sent to the others
             self.world, lambda: rollback.good_payload(g, self.run_dir, self.cfg, trainer), trainer.n, self.train)
@@ -361,5 +363,7 @@ class Boundary:
                    if self.world.leader else [])
         if dropped:
             log.warning("guard: removed the abandoned timeline's checkpoints %s", ", ".join(dropped))
+        if self.replicator is not None:  # the replica drops the abandoned timeline too
+            self.replicator.supersede(plan.to_step)
         self.writer.last_committed = plan.to_step
         self.batch = self.proxy.batch(plan.to_step)

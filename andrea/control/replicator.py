@@ -4,12 +4,21 @@ Off the hot path. One `andrea-replica` thread (niced: on a busy CPU the training
 files (never the staging buffers) and talks to the store (rundir/replica.py); the training loop only calls `notify()` when a commit lands, which sets a flag. A step
 never waits for the store: a slow store delays the replica, not training. A store that is down or refusing is
 said in ONE warning line when it starts failing (and again only when the problem changes), retried with
-exponential backoff (`retry_delay`), and told once more when it is back; passes start at most every
-MIN_INTERVAL seconds (commits landing faster coalesce: a bounded request rate, whatever the cadence); what was missed meanwhile is uploaded
-then (`upload_plan`: every local checkpoint the replica's retention would keep that it lacks, newest first).
+exponential backoff (`retry_delay`), and told once more when it is back. Passes start at most every
+MIN_INTERVAL seconds (commits landing faster coalesce: a bounded request rate, whatever the cadence). What a pass
+uploads is `upload_plan`: the newest local checkpoint and every keep_every milestone the replica lacks. At a real
+cadence (one checkpoint per pass) that is every checkpoint; when they land faster than the store takes them (a
+slow uplink, an outage, a checkpoint every second) the replica's time goes to the newest state, not to copies its
+retention would delete at the next pass.
+
+The abandoned timeline. A guard rollback to step G (control/boundary.py) and a start that resumes from step S
+below the replica's newest (a newer checkpoint failed verification, was lost, or was not restored) abandon every
+step after G or S: `supersede(step)` has the next pass unpublish the replica's checkpoints above it
+(`superseded`) before it uploads anything, so a `restore` never brings back a checkpoint the ledger superseded,
+and a step trained again is uploaded again instead of being taken for the abandoned copy of the same name.
 
 One pass (`sync`), in order: the owner check and claim of the replica (rundir/replica.py's `replica.json`, before
-anything else is written), run.toml, tokenizer.json, the sidecars and data/ (a data file already there at its size
+anything else is written), the abandoned timeline's checkpoints unpublished, run.toml, tokenizer.json, the sidecars and data/ (a data file already there at its size
 is never sent again), the checkpoints of the plan (each: `.bin` verified on the way and read back, companions,
 the ledger, then its `.sum.json`), the ledger, the replica's retention (the run's keep_last / keep_every over
 its published checkpoints), and the objects of checkpoints never published (an upload a kill interrupted). Then `RUN_DIR/.replica.json` (`andrea status`) and TensorBoard's `replica/lag_steps`
@@ -52,12 +61,18 @@ def retry_delay(failures: int, base: float = 1.0, cap: float = 60.0) -> float:
     return 0.0 if failures <= 0 else min(cap, base * 2.0 ** min(failures - 1, 30))
 
 
-def upload_plan(local: Iterable[int], remote: Iterable[int], keep_last: int, keep_every: int) -> list[int]:
-    """Local checkpoints to upload, newest first: those the replica lacks and its retention would keep."""
-    remote = set(remote)
-    missing = set(local) - remote
-    doomed = set(ckpt.retention_victims(remote | missing, keep_last, keep_every))
-    return sorted(missing - doomed, reverse=True)
+def upload_plan(local: Iterable[int], remote: Iterable[int], keep_every: int) -> list[int]:
+    """Local checkpoints to upload, newest first: the newest one and every keep_every milestone (those the run
+    keeps for good), when the replica lacks them. A checkpoint that a newer one superseded before a pass reached it
+    is not sent (module docstring)."""
+    local = sorted(set(local))
+    wanted = {s for s in local if keep_every and s % keep_every == 0} | set(local[-1:])
+    return sorted(wanted - set(remote), reverse=True)
+
+
+def superseded(remote: Iterable[int], step: int) -> list[int]:
+    """The replica's checkpoints of an abandoned timeline: those above the step the run went back to."""
+    return sorted(s for s in remote if s > step)
 
 
 def remote_victims(remote: Iterable[int], keep_last: int, keep_every: int) -> list[int]:
@@ -138,6 +153,8 @@ class Replicator:
         self._asked = 1  # passes asked for so far (a commit landed, the stop): the first one at start
         self._served = 0  # the last ask a successful pass started after: caught up when it equals _asked
         self._stopping = False
+        self._floor: int | None = None  # supersede(): the replica's checkpoints above it are abandoned
+        self._floor_asked = 0  # supersede() calls so far: a pass clears the floor only if none came during it
         self.min_interval = min_interval
         self._last_start: float | None = None
         self.thread = threading.Thread(target=self._run, name="andrea-replica", daemon=True)
@@ -153,6 +170,15 @@ class Replicator:
     def notify(self, *_) -> None:
         """A commit landed (or anything worth a pass): never blocks (a done-callback of the commit future)."""
         with self._cv:
+            self._asked += 1
+            self._cv.notify_all()
+
+    def supersede(self, step: int) -> None:
+        """The run went back to `step` (a rollback, a resume): the next pass unpublishes the replica's checkpoints
+        above it before it uploads anything. Never blocks."""
+        with self._cv:
+            self._floor = step if self._floor is None else min(self._floor, step)
+            self._floor_asked += 1
             self._asked += 1
             self._cv.notify_all()
 
@@ -253,12 +279,22 @@ class Replicator:
                 return  # no start marker yet: nothing of this run to claim a replica with
             r.claim(record)
             pos.claimed = True
+        with self._cv:
+            floor, floor_asked = self._floor, self._floor_asked
         listing = r.listing()
         pos.steps = rep.published_steps(listing)
         pos.ledger_size = listing.get(LEDGER_NAME)
+        for step in superseded(pos.steps, floor) if floor is not None else ():
+            log.info("replica %s: step %d belongs to an abandoned timeline (the run went back to %d): unpublished",
+                     self.uri, step, floor)
+            rep.remove_checkpoint(r, step, listing)
+            pos.steps = [s for s in pos.steps if s != step]  # a new list: protected() reads it on the I/O thread
+        with self._cv:
+            if self._floor_asked == floor_asked:  # no rollback since this pass read the floor: done with it
+                self._floor = None
         self._files(listing)
         local = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
-        for step in upload_plan(local, pos.steps, self.keep_last, self.keep_every):
+        for step in upload_plan(local, pos.steps, self.keep_every):
             self.uploading = step
             if not (self.run_dir / f"step_{step:06d}.bin").exists():
                 continue  # retention took it meanwhile
@@ -334,9 +370,10 @@ def check_at_start(uri: str, run_dir: Path, has_checkpoints: bool) -> str | None
     return None
 
 
-def start_for(cfg, run_dir: Path, writer, views=None) -> Replicator | None:
-    """The run's replicator when `checkpoint.replica` is set (rank 0): started, told nothing yet, and wired into
-    the writer's retention (the newest replicated checkpoint and the one uploading are spared)."""
+def start_for(cfg, run_dir: Path, writer, views=None, resumed_from: int = 0) -> Replicator | None:
+    """The run's replicator when `checkpoint.replica` is set (rank 0): started, told that the run goes on from step
+    `resumed_from` (the replica's checkpoints above it belong to an abandoned timeline), and wired into the writer's
+    retention (the newest replicated checkpoint and the one uploading are spared)."""
     if not cfg.replica:
         return None
 
@@ -349,4 +386,5 @@ def start_for(cfg, run_dir: Path, writer, views=None) -> Replicator | None:
                    on_lag=on_lag if views is not None else None, base_delay=BACKOFF_BASE)
     spared = writer.protected
     writer.protected = lambda: (*spared(), *r.protected())
+    r.supersede(resumed_from)
     return r.start()

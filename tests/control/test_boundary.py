@@ -216,6 +216,14 @@ def test_a_non_finite_step_shuts_the_gate_and_the_rollback_reloads_the_known_goo
             return result
 
         monkeypatch.setattr(rollback, name, observed)
+
+    class Replicator:  # control/replicator.py as the boundary sees it: told of commits and of the rollback
+        def notify(self, *_) -> None:
+            pass
+
+        def supersede(self, step: int) -> None:
+            b.events.append(("supersede", step))
+    b.replicator = Replicator()
     asyncio.run(drive(b, 20))
     incident = b.events.index(("line", "incident", 12))
     assert all(e[1] < 12 for e in b.events[:incident] if e[0] == "commit")  # the gate shut at the NaN
@@ -228,6 +236,7 @@ def test_a_non_finite_step_shuts_the_gate_and_the_rollback_reloads_the_known_goo
     assert at < companion < drop and ("sync",) in b.events[at:companion]  # markers durable, then the files
     abandoned = [names.checkpoint_name(e[1]) for e in b.events[:incident] if e[0] == "commit" and e[1] > to_step]
     assert b.events[drop] == ("drop_after", to_step, abandoned) and abandoned  # the timeline that led there
+    assert b.events.index(("supersede", to_step)) > drop  # and the replica drops it too
     # training went on from the good state: step 20's weights count exactly 20 updates since the start
     assert b.step == 20 and weights_of(tmp_path, 20) == 20
 
