@@ -73,8 +73,7 @@ class TaskAudit:
         self.codec = _Memo(codec)  # every audit scores the same text: its tokens once
         self.block_size, self.batch_rows = cfg.model.block_size, cfg.eval.batch_rows
         for task in self.tasks:  # an encoding problem (a context of no tokens) is said now, not at step 5,000
-            if not evaltasks.encode_task(task, self.codec)[0]:
-                raise evaltasks.TaskFileError(f"{path}:{task.line}: 'ctx' encodes to no tokens with this tokenizer")
+            evaltasks.encode_task(task, self.codec, str(path))
 
     def __call__(self, trainer: Trainer) -> dict:
         score = evaltasks.score_tasks(evaltasks.trainer_forward(trainer), self.codec, self.tasks, self.block_size,

@@ -207,9 +207,15 @@ def _shown(value) -> str:
 
 
 # --- rows and batches ------------------------------------------------------------------------------------------
-def encode_task(task: Task, codec: Encoder) -> tuple[list[int], list[list[int]]]:
-    """(context tokens, each ending's tokens), the ending encoded with its leading space."""
-    return codec.encode(task.context), [codec.encode(" " + e) for e in task.endings]
+def encode_task(task: Task, codec: Encoder, where: str = "tasks") -> tuple[list[int], list[list[int]]]:
+    """(context tokens, each ending's tokens), the ending encoded with its leading space; TaskFileError naming
+    `where` and the line when the context encodes to no tokens (the first ending token would have nothing to be
+    predicted from)."""
+    context = codec.encode(task.context)
+    if not context:
+        raise TaskFileError(f"{where}:{task.line}: 'ctx' {_shown(task.context)} encodes to no tokens with this "
+                            "tokenizer")
+    return context, [codec.encode(" " + e) for e in task.endings]
 
 
 def task_rows(context: list[int], endings: list[list[int]], block_size: int) -> list[Row]:
@@ -276,11 +282,7 @@ def score_tasks(model_forward: ModelForward, codec: Encoder, tasks: Sequence[Tas
         raise ValueError(f"block_size {block_size}: scoring needs room for a context token and an ending token")
     per_task = []
     for t in tasks:
-        context, endings = encode_task(t, codec)
-        if not context:  # the first ending token would have nothing to be predicted from
-            raise TaskFileError(f"{where}:{t.line}: 'ctx' {_shown(t.context)} encodes to no tokens with this "
-                                "tokenizer")
-        per_task.append(task_rows(context, endings, block_size))
+        per_task.append(task_rows(*encode_task(t, codec, where), block_size))
     out: list[ExampleScore] = []
     for batch in plan_batches([len(r) for r in per_task], max(1, batch_size)):
         rows = [row for i in batch for row in per_task[i]]

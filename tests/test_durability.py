@@ -7,7 +7,7 @@ rename, the ledger lines a checkpoint vouches for durable before that checkpoint
 blocks durable before its vote and the rename after every vote.
 
 Paths: the one-process commit (O_DIRECT, buffered by choice, buffered after a refusal), the sidecars
-(write_many), the ledger's sync, the sharded commit on every rank (the fake world of tests/sharding.py),
+(write_many), a replica's download (`restore`), the ledger's sync, the sharded commit on every rank (the fake world of tests/sharding.py),
 the spare's reuse, and a real `python -m andrea train` (companions and ledger before each `.bin`, the spare
 claimed and rewritten, and the rollback's rewrite of guard state before the abandoned checkpoints go).
 """
@@ -148,6 +148,24 @@ def test_sidecars_write_many_makes_every_file_durable_then_renames_then_fsyncs_e
     for directory in (tmp_path, tmp_path / "sub"):
         assert len(calls.where("fsync", path=directory, kind="dir")) == 1  # one per directory, after the renames
         assert calls.dir_synced_after(directory, max(renames))
+
+
+def test_a_replica_download_is_durable_before_its_rename_and_a_refused_piece_changes_nothing(tmp_path):
+    from andrea.rundir import replica as rep
+    remote = rep.Replica(str(tmp_path / "remote"))  # a plain-path replica: the same download as from S3
+    remote.put("step_000010.bin", b"\x01" * 3000)
+    dest = tmp_path / "run" / "step_000010.bin"
+    with OsCalls() as calls:
+        assert remote.download("step_000010.bin", dest) == 3000
+    rename, _ = calls.published(dest)
+    assert calls.events[rename].size == 3000 and dest.read_bytes() == b"\x01" * 3000
+
+    def refuse(piece: bytes) -> None:
+        raise rep.ReplicaError("not the recorded bytes", "corrupt")
+    remote.put("step_000010.bin", b"\x02" * 3000)
+    with pytest.raises(rep.ReplicaError):
+        remote.download("step_000010.bin", dest, refuse)
+    assert dest.read_bytes() == b"\x01" * 3000 and sorted(p.name for p in dest.parent.iterdir()) == [dest.name]
 
 
 def test_the_ledger_sync_makes_every_appended_line_durable(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -19,8 +20,10 @@ import pytest
 import torch
 
 from andrea import configload, evaltasks as ev
+from andrea.audit import TaskAudit
 from andrea.cli import main as cli_main
 from andrea.commands.evaluate import evaluate_run
+from andrea.config import RunConfig
 from andrea.rundir import names
 from andrea.trainer import Trainer
 from tests.runs import ROOT, seed_data, train
@@ -123,7 +126,7 @@ def test_score_tasks_sums_each_endings_own_bigrams_with_a_leading_space():
     assert [e.line for e in score.examples] == [1, 3] and [e.label for e in score.examples] == [1, 0]
 
 
-def test_a_context_the_tokenizer_encodes_to_nothing_is_named_by_its_line():
+def test_a_context_the_tokenizer_encodes_to_nothing_is_named_by_its_line(tmp_path):
     class DropsSpaces(ByteCodec):
         def encode(self, text: str) -> list[int]:
             return [b for b in text.encode() if b != 32]
@@ -132,6 +135,12 @@ def test_a_context_the_tokenizer_encodes_to_nothing_is_named_by_its_line():
     with pytest.raises(ev.TaskFileError, match=r"^t\.jsonl:4: 'ctx' \"  \" encodes to no tokens"):
         ev.score_tasks(forward, DropsSpaces(), [task("a", ["b", "c"]), task("  ", ["b", "c"], line=4)], 64,
                        where="t.jsonl")
+
+    # The audit during training says it when the run starts, not at its first audit (the same line).
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"ctx": "a", "endings": ["b", "c"], "label": 0}\n{"ctx": "  ", "endings": ["b"], "label": 0}\n')
+    with pytest.raises(ev.TaskFileError, match=rf"^{re.escape(str(path))}:2: 'ctx' \"  \" encodes to no tokens"):
+        TaskAudit(path, DropsSpaces(), RunConfig())
 
 
 def random_gpt() -> Trainer:

@@ -70,7 +70,11 @@ class TensorBoardLog:
         self.thread.submit(self._guard, self._scalar, "replica/lag_steps", lag_steps, step)
         self.thread.submit(self._guard, self._scalar, "replica/lag_s", lag_s, step)
 
-    def close(self) -> None:
+    def settle(self, step: int) -> None:
+        """Nothing to hold back: TensorBoard takes each step as it comes, and steps run again after a rollback or a
+        resume hide the old ones (purge_step, module docstring)."""
+
+    def close(self, settled: int | None = None) -> None:
         """Flush and close (waits for the queue: called once, at the end of the run)."""
         self.thread.submit(self._guard, self._close)
         self.thread.shutdown(wait=True)

@@ -34,13 +34,12 @@ class Views:
         """Nothing at or below `step` can be superseded any more (a view that streams only settled steps)."""
         if step is not None:
             for v in self.views:
-                if hasattr(v, "settle"):
-                    v.settle(step)
+                v.settle(step)
 
     def close(self, settled: int | None) -> None:
         """At the end of the process: what `settled` releases, then each view closed (each bounds its wait)."""
         for v in self.views:
-            v.close(settled) if hasattr(v, "settle") else v.close()
+            v.close(settled)
 
 
 def open_views(*views) -> Views | None:

@@ -1,14 +1,18 @@
 """Atomic, durable writes of whole files: temporary file, fsync, rename, directory fsync.
 
 A reader sees the old file or the new one, never half of either; on return the new one survives a power cut.
-Used for every small file of a run (sidecars, run.toml, the data manifest, token files' commits); the
-checkpoint's own commit (rundir/checkpoint.py) follows the same protocol with O_DIRECT.
+Used for every small file of a run (sidecars, run.toml, the data manifest, token files' commits), for files
+written in pieces (`streamed`: a replica's object brought back by `restore`), and for the last step of the
+checkpoint's own commit (rundir/checkpoint.py writes its `.tmp` with O_DIRECT, then `publish`es it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from andrea.rundir.names import tmp_path
 
@@ -20,6 +24,34 @@ def fsync_dir(directory: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def publish(tmp: Path, final: Path) -> Path:
+    """Rename a complete, fsynced temporary file onto its final name, then fsync the directory: the commit
+    point. A failed rename removes the temporary file and propagates."""
+    try:
+        os.rename(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(final.parent)
+    return final
+
+
+@contextlib.contextmanager
+def streamed(path: Path) -> Iterator[BinaryIO]:
+    """A file written in pieces and published whole: yields its temporary file; leaving the block fsyncs it and
+    `publish`es it onto `path`, an error removes it (nothing at `path` changes)."""
+    tmp = tmp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    publish(tmp, path)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

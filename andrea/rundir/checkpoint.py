@@ -55,7 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea.rundir import checksum, spare
-from andrea.rundir.atomic import fsync_dir
+from andrea.rundir import atomic
 from andrea.rundir.names import DATA_DIR, TMP_SUFFIX, checkpoint_name, is_own_tmp, step_of
 
 HEADER = struct.Struct("<ii")
@@ -336,14 +336,7 @@ def publish_checkpoint(tmp: str | Path, final: str | Path) -> Path:
     A failed rename removes the `.tmp` and propagates. ZeRO-1: rank 0 calls this once every rank's vote says
     that its blocks of the shared `.tmp` are durable (andrea/control/shards.py).
     """
-    tmp, final = Path(tmp), Path(final)
-    try:
-        os.rename(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(final.parent)
-    return final
+    return atomic.publish(Path(tmp), Path(final))
 
 
 def commit_image(run_dir: str | Path, step: int, image, n_params: int, *, direct: DirectIO,

@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from andrea.rundir import checksum
-from andrea.rundir.atomic import fsync_dir
+from andrea.rundir.atomic import streamed
 from andrea.rundir.names import (ARCHIVE_DIR, CONFIG_NAME, DATA_DIR, LEDGER_NAME, MANIFEST_NAME, SAMPLES_NAME,
                                  REPLICA_STATUS_NAME, STATE_NAME, TOKENIZER_NAME, WANDB_STATE_NAME, checkpoint_name,
                                  tmp_path)
@@ -256,24 +256,16 @@ class Replica:
         return sent, etag
 
     def download(self, key: str, dest: Path, check: Callable[[bytes], None] | None = None) -> int:
-        """Write object `key` to `dest` atomically (temporary name, fsync, rename, directory fsync)."""
-        tmp = tmp_path(dest)
+        """Write object `key` to `dest` atomically (temporary name, fsync, rename, directory fsync); `check(piece)`
+        sees every piece and may raise (nothing at `dest` changes). Returns the bytes written."""
         dest.parent.mkdir(parents=True, exist_ok=True)
         n = 0
-        try:
-            with open(tmp, "wb") as f:
-                for piece in self.chunks(key):
-                    if check is not None:
-                        check(piece)
-                    f.write(piece)
-                    n += len(piece)
-                f.flush()
-                os.fsync(f.fileno())
-            os.rename(tmp, dest)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        fsync_dir(dest.parent)
+        with streamed(dest) as f:
+            for piece in self.chunks(key):
+                if check is not None:
+                    check(piece)
+                f.write(piece)
+                n += len(piece)
         return n
 
 

@@ -125,7 +125,11 @@ def test_fingerprint_tracks_bounds_not_order_nor_unbounded_arms():
 # --- the projection ------------------------------------------------------------------------------------------
 
 def brute_force_projection(p, lo, hi):
-    """Try every active set (each coordinate at lo, at hi, or free at p − τ); keep the nearest feasible point."""
+    """Try every active set (each coordinate at lo, at hi, or free at p − τ); keep the nearest feasible point.
+
+    Feasible means inside the bounds exactly, as the projection must be: a tolerance there would let the oracle
+    pick a point just outside a tiny floor (x = 0 under lo = 1e-12) that is nearer than any feasible one.
+    A free coordinate that rounds past its bound is no loss: the active set with it on that bound gives the point."""
     best = None
     for assign in itertools.product((0, 1, 2), repeat=p.size):
         assign = np.array(assign)
@@ -133,7 +137,7 @@ def brute_force_projection(p, lo, hi):
         free = assign == 2
         if free.any():
             x[free] = p[free] - (p[free].sum() - (1.0 - x[~free].sum())) / free.sum()
-        if np.all(x >= lo - 1e-12) and np.all(x <= hi + 1e-12) and abs(x.sum() - 1.0) <= 1e-12:
+        if np.all(x >= lo) and np.all(x <= hi) and abs(x.sum() - 1.0) <= 1e-12:
             d = float(((x - p) ** 2).sum())
             if best is None or d < best[0]:
                 best = (d, x)
@@ -163,6 +167,16 @@ def test_projection_is_the_euclidean_projection(case, data):
         assert np.allclose(p[free] - x[free], tau, atol=1e-9)
         assert np.all(p[at_lo] - tau <= lo[at_lo] + 1e-9)
         assert np.all(p[at_hi] - tau >= hi[at_hi] - 1e-9)
+
+
+def test_projection_near_a_tiny_floor_matches_the_exact_oracle():
+    # Found by hypothesis: an oracle with a 1e-12 slack on the bounds preferred x = (1, 0), just under the floor.
+    lo, hi = validate_policy(["a", "b"], {}, {"b": 1e-12}).bounds()
+    p = np.array([2.0, 0.0])
+    x = project_capped_simplex(p, lo, hi)
+    check_distribution(x, lo, hi)
+    d_best, x_best = brute_force_projection(p, lo, hi)
+    assert x_best[1] == 1e-12 and float(((x - p) ** 2).sum()) <= d_best + 1e-12
 
 
 def test_projection_keeps_a_feasible_point_and_handles_tight_bounds():
