@@ -170,6 +170,24 @@ def test_without_the_sdk_the_run_goes_on_with_one_line(tmp_path, monkeypatch, ca
     said = [r.getMessage() for r in caplog.records if r.name == "andrea.wandb"]
     assert len(said) == 1 and "pip install 'andrea[wandb]'" in said[0]
     assert not (tmp_path / ".wandb.json").exists()
+    assert not view.rows.rows  # nothing held for a W&B that will not come
+
+
+def test_rows_held_for_an_unreachable_wandb_are_bounded_and_left_to_the_next_start(tmp_path, monkeypatch, caplog):
+    from andrea.control.wandb_log import WandbLog
+    monkeypatch.setattr(WandbLog, "MAX_PENDING", 5)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    view = WandbLog(view_config(wandb_mode="online", timeout=3.0), tmp_path, {}, log_every=10)
+    view.add_records([entry(s) for s in range(1, 12)])  # 11 rows held: past the bound
+    view.settle(10)
+    view.add_records([entry(s) for s in range(12, 40)])
+    view.settle(30)
+    view.close(30)
+    said = [r.getMessage() for r in caplog.records if r.name == "andrea.wandb"]
+    assert len(said) == 1 and "11 steps" in said[0] and "next start" in said[0], said
+    assert not view.rows.rows and view.rows.logged == -1  # nothing held, nothing claimed as sent
+    assert not (tmp_path / ".wandb.json").exists()  # the next start backfills every step from the ledger
 
 
 def test_an_unreachable_server_costs_no_step_and_the_rows_wait(tmp_path, monkeypatch, caplog):

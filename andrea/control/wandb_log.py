@@ -24,7 +24,9 @@ one `offline-run-*` directory per process, all with the run's id; `wandb sync` u
 
 Threads: one daemon thread owns the W&B SDK; the event loop only puts on its queue. W&B absent (the extra not
 installed), unreachable or failing costs no step: one warning line, the rows stay queued and the next settled
-step tries again, after a back-off. The end of a run waits for W&B at most `log.wandb_timeout_s`. Under data
+step tries again, after a back-off. Rows wait in memory only up to MAX_PENDING steps: past that (W&B unreachable
+for days) this process stops feeding W&B, in one line, and the next start sends the rest from the ledger
+(`logged_through` never passed them). The end of a run waits for W&B at most `log.wandb_timeout_s`. Under data
 parallelism only rank 0 (the ledger's writer) opens it.
 """
 
@@ -122,6 +124,7 @@ class WandbLog:
     the thread logs. `close` ends the W&B run within `log.wandb_timeout_s`."""
 
     RETRY_S = (30.0, 60.0, 120.0, 300.0, 600.0)  # back-off between failed attempts to reach W&B
+    MAX_PENDING = 100_000  # rows held while W&B cannot be reached (~0.5 kB each): then the next start sends them
 
     def __init__(self, cfg: LogConfig, run_dir: Path, run_config: dict[str, Any], log_every: int):
         self.cfg, self.run_dir, self.run_config = cfg, run_dir, run_config
@@ -172,6 +175,8 @@ class WandbLog:
     # --- the andrea-wandb thread -------------------------------------------------------------------------
     def _work(self) -> None:
         while (job := self.queue.get()) is not None:
+            if self.disabled:
+                continue  # nothing is held for a W&B this process will not reach
             fn, *args = job
             try:
                 fn(*args)
@@ -189,7 +194,11 @@ class WandbLog:
                         "failed verification): W&B keeps the steps it has, the ledger is the record",
                         self.rows.logged, self.rows.rewound_below)
             self.rows.rewound_below = -1  # said once
-        if self.disabled or (time.monotonic() < self.retry_at and not final) or not self._ready():
+        if self.run is None and len(self.rows.rows) > self.MAX_PENDING:
+            self._stop(f"W&B has not been reachable for {len(self.rows.rows)} steps: this process stops holding rows "
+                       f"for it; the next start sends W&B every step after {self.rows.logged} from the ledger")
+            return
+        if (time.monotonic() < self.retry_at and not final) or not self._ready():
             return
         rows = self.rows.settle(step, final)
         if not rows:
@@ -199,6 +208,13 @@ class WandbLog:
         atomic.write_atomic(self.run_dir / WANDB_STATE_NAME,
                             json.dumps({"id": self.id, "logged_through": self.rows.logged}).encode())
 
+    def _stop(self, why: str) -> None:
+        """No more W&B in this process: said once, and nothing held for it any more."""
+        log.warning("%s", why)
+        self.disabled = True
+        self.rows.rows.clear()
+        self.rows.carry.clear()
+
     def _ready(self) -> bool:
         """The W&B run, started or resumed on first use; False (and a retry later) when W&B cannot be reached."""
         if self.run is not None:
@@ -206,9 +222,8 @@ class WandbLog:
         try:
             import wandb
         except ImportError:
-            log.warning("log.wandb=true but the W&B SDK is not installed: `pip install 'andrea[wandb]'`; training "
-                        "goes on without W&B")
-            self.disabled = True
+            self._stop("log.wandb=true but the W&B SDK is not installed: `pip install 'andrea[wandb]'`; training "
+                       "goes on without W&B")
             return False
         try:
             if self.id is None:
