@@ -138,7 +138,7 @@ def test_a_context_the_tokenizer_encodes_to_nothing_is_named_by_its_line(tmp_pat
 
     # The audit during training says it when the run starts, not at its first audit (the same line).
     path = tmp_path / "t.jsonl"
-    path.write_text('{"ctx": "a", "endings": ["b", "c"], "label": 0}\n{"ctx": "  ", "endings": ["b"], "label": 0}\n')
+    path.write_text('{"ctx": "a", "endings": ["b", "c"], "label": 0}\n{"ctx": "  ", "endings": ["b", "c"], "label": 0}\n')
     with pytest.raises(ev.TaskFileError, match=rf"^{re.escape(str(path))}:2: 'ctx' \"  \" encodes to no tokens"):
         TaskAudit(path, DropsSpaces(), RunConfig())
 

@@ -182,6 +182,18 @@ def test_the_abandoned_timeline_is_unpublished_and_a_step_trained_again_is_sent_
     assert r.pass_once() and r.pos.steps == [10]
 
 
+def test_an_abandoned_copy_left_by_a_process_that_ended_is_replaced_at_the_next_start(tmp_path):
+    run, remote = make_run(tmp_path / "run", [10, 20]), tmp_path / "replica"
+    assert replicator(run, remote).pass_once()  # the replica holds 20
+    rollback.drop_after(run, 10)  # a rollback to 10; its process ended before its next pass
+    companion_path(run, 20, "state").write_text("{}")
+    ckpt.commit_checkpoint(run, 20, np.random.default_rng(99).random(3 * N, dtype=np.float32))  # 20 trained again
+    r = replicator(run, remote)
+    r.supersede(20)  # what start_for tells the next process: the run goes on from 20
+    assert r.pass_once() and r.pos.steps == [20]
+    assert (remote / checkpoint_name(20)).read_bytes() == (run / checkpoint_name(20)).read_bytes()
+
+
 def test_retention_spares_the_newest_replicated_checkpoint(tmp_path):
     run = make_run(tmp_path / "run", [10, 20, 30])
     r = replicator(run, tmp_path / "replica", keep_last=5)

@@ -16,6 +16,9 @@ below the replica's newest (a newer checkpoint failed verification, was lost, or
 step after G or S: `supersede(step)` has the next pass unpublish the replica's checkpoints above it
 (`superseded`) before it uploads anything, so a `restore` never brings back a checkpoint the ledger superseded,
 and a step trained again is uploaded again instead of being taken for the abandoned copy of the same name.
+A process that ended between its rollback and its next pass leaves such a copy behind; the first pass of every
+process therefore compares the `.sum.json` of each published checkpoint the run directory also holds with the
+local one (a few hundred bytes each) and unpublishes the copies that differ (`Replicator._stale`).
 
 One pass (`sync`), in order: the owner check and claim of the replica (rundir/replica.py's `replica.json`, before
 anything else is written), the abandoned timeline's checkpoints unpublished, run.toml, tokenizer.json, the sidecars and data/ (a data file already there at its size
@@ -45,8 +48,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from andrea.rundir import checkpoint as ckpt, replica as rep
-from andrea.rundir.names import LEDGER_NAME
+from andrea.rundir import checkpoint as ckpt, checksum, replica as rep
+from andrea.rundir.names import LEDGER_NAME, checkpoint_name
 from andrea.rundir.ledger import read_ledger
 
 log = logging.getLogger("andrea.replica")
@@ -135,6 +138,7 @@ class Position:
     ledger_size: int | None = None
     sent: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (size, mtime_ns) uploaded
     claimed: bool = False
+    compared: bool = False  # the published checkpoints' checksums compared with the run directory's (once)
 
 
 class Replicator:
@@ -292,6 +296,12 @@ class Replicator:
         with self._cv:
             if self._floor_asked == floor_asked:  # no rollback since this pass read the floor: done with it
                 self._floor = None
+        for step in self._stale(pos.steps) if not pos.compared else ():
+            log.info("replica %s: step %d is not the run directory's checkpoint of that step (an abandoned "
+                     "timeline's copy): unpublished", self.uri, step)
+            rep.remove_checkpoint(r, step, listing)
+            pos.steps = [s for s in pos.steps if s != step]
+        pos.compared = True
         self._files(listing)
         local = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
         for step in upload_plan(local, pos.steps, self.keep_every):
@@ -313,6 +323,19 @@ class Replicator:
             pos.steps = [s for s in pos.steps if s != step]  # a new list: protected() reads it on the I/O thread
         for step in rep.unpublished_steps(listing, pos.steps):  # what an interrupted upload left: never restored
             rep.remove_checkpoint(r, step, listing)
+
+    def _stale(self, steps: list[int]) -> list[int]:
+        """Published steps whose `.sum.json` differs from the run directory's for the same step."""
+        stale = []
+        for step in steps:
+            local = checksum.sum_path(self.run_dir / checkpoint_name(step))
+            try:
+                mine = local.read_bytes()
+            except FileNotFoundError:
+                continue  # retention took it: nothing here to differ from
+            if self.replica.get(local.name) != mine:
+                stale.append(step)
+        return stale
 
     def _ledger(self) -> None:
         self.pos.ledger_size = rep.upload_ledger(self.replica, self.run_dir, self.pos.ledger_size)
