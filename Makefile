@@ -22,7 +22,7 @@ train: venv
 
 # Two workers, one test file each at a time (pytest-xdist, --dist loadfile: a module's fixtures are built once):
 # most tests wait on single-threaded trainer processes, so one worker leaves a core idle (2 cores: 18.6 min
-# against 26.8 serially, 2026-12-02; the whole suite now takes 9.6 min on two workers). More cores take up to 4
+# against 26.8 serially, 2026-12-02; the whole suite now takes 9.6-11.8 min on two workers). More cores take up to 4
 # workers. --no-loadscope-reorder hands the files out
 # in collection order, the longest first (tests/conftest.py: HEAVY), so no worker is left alone on a long file at
 # the end.
