@@ -25,9 +25,9 @@ train: venv
 # against 26.8 serially, 2026-12-02; the whole suite now takes 9.6-11.8 min on two workers). More cores take up to 4
 # workers. --no-loadscope-reorder hands the files out
 # in collection order, the longest first (tests/conftest.py: HEAVY), so no worker is left alone on a long file at
-# the end.
+# the end. --durations=12 prints the slowest tests of every run: what to look at when the suite grows (<= 12 min).
 test: venv
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder -m "not slow" --durations=12 $(ARGS)
 
 # The development loop: the unit tests only (no trainer process, no compile check; ~1 min on 2 cores). `make test`
 # runs them too, with everything else.
