@@ -16,7 +16,7 @@ import pytest
 
 from andrea import cli
 from andrea.commands.restore import restore
-from andrea.control import replicator as rp, rollback
+from andrea.control import replica_plan as plan, replicator as rp, rollback
 from andrea.rundir import checkpoint as ckpt, replica as rep
 from andrea.rundir.ledger import LossLedger, marker
 from andrea.rundir.names import LEDGER_NAME, RESTORING_NAME, checkpoint_name, companion_path
@@ -28,25 +28,25 @@ N = 64  # parameters of the synthetic checkpoints
 
 # --- decisions ---------------------------------------------------------------------------------------------
 def test_retry_delay_doubles_and_is_capped():
-    assert [rp.retry_delay(k, 1.0, 60.0) for k in range(9)] == [0, 1, 2, 4, 8, 16, 32, 60, 60]
-    assert rp.retry_delay(10**6, 0.5, 30.0) == 30.0
+    assert [plan.retry_delay(k, 1.0, 60.0) for k in range(9)] == [0, 1, 2, 4, 8, 16, 32, 60, 60]
+    assert plan.retry_delay(10**6, 0.5, 30.0) == 30.0
 
 
 def test_upload_plan_is_the_newest_and_the_milestones_the_replica_lacks():
-    assert rp.upload_plan([10, 20, 30, 40], [10], keep_every=0) == [40]  # 20, 30: superseded before a pass came
-    assert rp.upload_plan([10, 20, 30], [10, 20, 30], 0) == [] and rp.upload_plan([], [10], 0) == []
-    assert rp.upload_plan([100, 150, 200, 250], [250], keep_every=100) == [200, 100]  # milestones, kept for good
-    assert rp.upload_plan([100, 150, 200, 250], [], keep_every=100) == [250, 200, 100]
-    assert rp.remote_victims([10, 20, 30], 2, 0) == [10]
+    assert plan.upload_plan([10, 20, 30, 40], [10], keep_every=0) == [40]  # 20, 30: superseded before a pass came
+    assert plan.upload_plan([10, 20, 30], [10, 20, 30], 0) == [] and plan.upload_plan([], [10], 0) == []
+    assert plan.upload_plan([100, 150, 200, 250], [250], keep_every=100) == [200, 100]  # milestones, kept for good
+    assert plan.upload_plan([100, 150, 200, 250], [], keep_every=100) == [250, 200, 100]
+    assert plan.remote_victims([10, 20, 30], 2, 0) == [10]
 
 
 def test_superseded_is_what_lies_above_the_step_the_run_went_back_to():
-    assert rp.superseded([10, 20, 30, 40], 20) == [30, 40]
-    assert rp.superseded([10, 20], 20) == [] and rp.superseded([], 0) == []
+    assert plan.superseded([10, 20, 30, 40], 20) == [30, 40]
+    assert plan.superseded([10, 20], 20) == [] and plan.superseded([], 0) == []
 
 
 def test_health_says_one_line_per_problem_and_one_when_back():
-    h, err = rp.Health(1.0, 8.0), rep.ReplicaError("replica s3://b/p: the endpoint cannot be reached", "unreachable")
+    h, err = plan.Health(1.0, 8.0), rep.ReplicaError("replica s3://b/p: the endpoint cannot be reached", "unreachable")
     said = [h.failed(err, now=t) for t in (0.0, 1.0, 3.0, 7.0, 15.0)]
     assert said[0] is not None and "training goes on" in said[0] and said[1:] == [None] * 4
     assert h.next_try == 15.0 + 8.0 and not h.due(22.9) and h.due(23.0)  # capped backoff, on the injected clock

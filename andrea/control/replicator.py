@@ -1,15 +1,13 @@
 """The replicator: each committed checkpoint and the ledger copied to the run's replica on its own thread.
 
 Off the hot path. One `andrea-replica` thread (niced: on a busy CPU the training threads go first) reads committed
-files (never the staging buffers) and talks to the store (rundir/replica.py); the training loop only calls `notify()` when a commit lands, which sets a flag. A step
-never waits for the store: a slow store delays the replica, not training. A store that is down or refusing is
-said in ONE warning line when it starts failing (and again only when the problem changes), retried with
-exponential backoff (`retry_delay`), and told once more when it is back. Passes start at most every
-MIN_INTERVAL seconds (commits landing faster coalesce: a bounded request rate, whatever the cadence). What a pass
-uploads is `upload_plan`: the newest local checkpoint and every keep_every milestone the replica lacks. At a real
-cadence (one checkpoint per pass) that is every checkpoint; when they land faster than the store takes them (a
-slow uplink, an outage, a checkpoint every second) the replica's time goes to the newest state, not to copies its
-retention would delete at the next pass.
+files (never the staging buffers) and talks to the store (rundir/replica.py); the training loop only calls
+`notify()` when a commit lands, which sets a flag. A step never waits for the store: a slow store delays the
+replica, not training. A store that is down or refusing is said in ONE warning line when it starts failing (and
+again only when the problem changes), retried with exponential backoff, and told once more when it is back.
+Passes start at most every MIN_INTERVAL seconds (commits landing faster coalesce: a bounded request rate, whatever
+the cadence), and each sends the newest checkpoint and the keep_every milestones the replica lacks. What to send,
+drop and say is decided in control/replica_plan.py (plain functions over plain data and an injected clock).
 
 The abandoned timeline. A guard rollback to step G (control/boundary.py) and a start that resumes from step S
 below the replica's newest (a newer checkpoint failed verification, was lost, or was not restored) abandon every
@@ -21,11 +19,12 @@ process therefore compares the `.sum.json` of each published checkpoint the run 
 local one (a few hundred bytes each) and unpublishes the copies that differ (`Replicator._stale`).
 
 One pass (`sync`), in order: the owner check and claim of the replica (rundir/replica.py's `replica.json`, before
-anything else is written), the abandoned timeline's checkpoints unpublished, run.toml, tokenizer.json, the sidecars and data/ (a data file already there at its size
-is never sent again), the checkpoints of the plan (each: `.bin` verified on the way and read back, companions,
-the ledger, then its `.sum.json`), the ledger, the replica's retention (the run's keep_last / keep_every over
-its published checkpoints), and the objects of checkpoints never published (an upload a kill interrupted). Then `RUN_DIR/.replica.json` (`andrea status`) and TensorBoard's `replica/lag_steps`
-and `replica/lag_s`.
+anything else is written), the abandoned timeline's checkpoints unpublished, run.toml, tokenizer.json, the
+sidecars and data/ (a data file already there at its size is never sent again), the checkpoints of the plan (each:
+`.bin` verified on the way and read back, companions, the ledger, then its `.sum.json`), the ledger, the
+replica's retention (the run's keep_last / keep_every over its published checkpoints), and the objects of
+checkpoints never published (an upload a kill interrupted). Then `RUN_DIR/.replica.json` (`andrea status`) and
+TensorBoard's `replica/lag_steps` and `replica/lag_s`.
 
 Retention with a replica: `protected()` names the newest replicated checkpoint and the one being uploaded; the
 writer's retention spares them (with the divergence guard's known-good checkpoint, control/runtime.py), so the
@@ -33,7 +32,6 @@ newest checkpoint the replica holds is never deleted locally before a newer one 
 
 At a stop `finish(timeout)` asks for one last pass and waits for it at most `checkpoint.replica_wait` seconds; an
 upload still in flight then is abandoned (the store publishes nothing half-written) and the next start finishes it.
-The decisions (`retry_delay`, `upload_plan`, `Health`) are plain functions over plain data and an injected clock.
 Test hook: `ANDREA_TEST_REPLICA_BACKOFF=<seconds>`: the first retry's delay (1 s; doubling up to 60 s). Never set
 in production.
 """
@@ -44,10 +42,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from andrea.control.replica_plan import Health, remote_victims, superseded, upload_plan
 from andrea.rundir import checkpoint as ckpt, checksum, replica as rep
 from andrea.rundir.names import LEDGER_NAME, checkpoint_name
 from andrea.rundir.ledger import read_ledger
@@ -56,61 +55,6 @@ log = logging.getLogger("andrea.replica")
 MIN_INTERVAL = 2.0  # seconds between the starts of two passes: commits landing faster coalesce into one pass
 NICE = 10  # the replica thread's niceness (Linux: per thread), above the trainer's own
 BACKOFF_BASE = float(os.environ.get("ANDREA_TEST_REPLICA_BACKOFF", "1") or 1)  # test hook (module docstring)
-
-
-# --- decisions ---------------------------------------------------------------------------------------------
-def retry_delay(failures: int, base: float = 1.0, cap: float = 60.0) -> float:
-    """Seconds before the next try after `failures` consecutive failed passes: base·2^(failures-1), capped."""
-    return 0.0 if failures <= 0 else min(cap, base * 2.0 ** min(failures - 1, 30))
-
-
-def upload_plan(local: Iterable[int], remote: Iterable[int], keep_every: int) -> list[int]:
-    """Local checkpoints to upload, newest first: the newest one and every keep_every milestone (those the run
-    keeps for good), when the replica lacks them. A checkpoint that a newer one superseded before a pass reached it
-    is not sent (module docstring)."""
-    local = sorted(set(local))
-    wanted = {s for s in local if keep_every and s % keep_every == 0} | set(local[-1:])
-    return sorted(wanted - set(remote), reverse=True)
-
-
-def superseded(remote: Iterable[int], step: int) -> list[int]:
-    """The replica's checkpoints of an abandoned timeline: those above the step the run went back to."""
-    return sorted(s for s in remote if s > step)
-
-
-def remote_victims(remote: Iterable[int], keep_last: int, keep_every: int) -> list[int]:
-    """The replica's retention: the run's own rule over its published checkpoints."""
-    return ckpt.retention_victims(remote, keep_last, keep_every)
-
-
-@dataclass
-class Health:
-    """Failing or not, and what to say: one line when the store starts failing or the problem changes, one when
-    it is back. `clock` is injected (tests run it without sleeping)."""
-    base: float = 1.0
-    cap: float = 60.0
-    failures: int = 0
-    next_try: float = 0.0
-    said: str | None = None  # the kind of problem last said
-    error: str | None = None
-
-    def failed(self, e: rep.ReplicaError, now: float) -> str | None:
-        """Record a failed pass; the warning line to log, or None when this problem was already said."""
-        self.failures += 1
-        self.next_try = now + retry_delay(self.failures, self.base, self.cap)
-        self.error = str(e)
-        if self.said == e.kind:
-            return None
-        self.said = e.kind
-        return f"{e}; training goes on, the replica retries with backoff and catches up when it can"
-
-    def succeeded(self) -> str | None:
-        back = self.failures > 0
-        self.failures, self.next_try, self.said, self.error = 0, 0.0, None, None
-        return "replica reachable again: caught up" if back else None
-
-    def due(self, now: float) -> bool:
-        return now >= self.next_try
 
 
 def run_record(run_dir: Path) -> dict | None:
