@@ -170,8 +170,11 @@ def test_the_abandoned_timeline_is_unpublished_and_a_step_trained_again_is_sent_
     assert r.pass_once() and make_run(run, [30]) and r.pass_once() and r.pos.steps == [20, 30]
     abandoned = (remote / checkpoint_name(30)).read_bytes()
     rollback.drop_after(run, 20)  # a guard rollback to 20 (control/boundary.py): 30 is the abandoned timeline's
+    rollback.write_companion(run, 20, {"incident": 30})  # and 20's guard state rewritten with its decisions
     r.supersede(20)
     assert r.pass_once() and r.pos.steps == [20] and not list(remote.glob("step_000030.*"))  # never restored
+    guard = companion_path(run, 20, "guard").name
+    assert (remote / guard).read_bytes() == (run / guard).read_bytes()  # a restore from 20 resumes mid-incident
     companion_path(run, 30, "state").write_text("{}")
     ckpt.commit_checkpoint(run, 30, np.random.default_rng(99).random(3 * N, dtype=np.float32))  # trained again
     assert r.pass_once() and r.pos.steps == [20, 30]

@@ -237,6 +237,9 @@ class Replicator:
                      self.uri, step, floor)
             rep.remove_checkpoint(r, step, listing)
             pos.steps = [s for s in pos.steps if s != step]  # a new list: protected() reads it on the I/O thread
+        if floor in pos.steps:  # a rollback rewrites its known-good checkpoint's guard companion: send it again
+            for key in rep.companion_keys(floor, run_dir=self.run_dir):
+                r.put_file(key, self.run_dir / key)
         with self._cv:
             if self._floor_asked == floor_asked:  # no rollback since this pass read the floor: done with it
                 self._floor = None
