@@ -22,7 +22,6 @@ from tests.runs import train
 # that no longer exists is skipped.
 HEAVY = [
     "tests/faults/test_kill_anywhere.py",
-    "tests/test_kernels_in_trainer.py",
     "tests/kernels/test_compile.py",
     "tests/test_distributed.py",
     "tests/test_guard_run.py",
@@ -33,6 +32,7 @@ HEAVY = [
     "tests/test_run_life.py",
     "tests/faults/test_signals.py",
     "tests/test_evaltasks.py",
+    "tests/test_kernels_in_trainer.py",  # ~40 s: two trainers, one of them in the Triton interpreter
     "tests/test_bench_smoke.py",
     "tests/test_run_integrity.py",
     "tests/test_gpu_check.py",
