@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 
 from andrea import cli
+from andrea.commands.operate import process_state
 from andrea.rundir import checkpoint as ckpt, ledger as L, names
-from tests.runs import ROOT, env, seed_data, train
+from tests.runs import ROOT, env, seed_data, train, wait_until
 
 
 def entry(step):
@@ -163,6 +164,9 @@ def test_ctl_stop_is_idempotent_and_a_stopped_trainer_is_one_line(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "ready"
         os.kill(holder.pid, signal.SIGSTOP)
+        # Stopped only once the holder runs to take the signal: a SIGTERM arriving before that is dequeued first
+        # (the lower number) and ends it, which is a trainer that stopped, not one that is stopped.
+        wait_until(lambda: process_state(holder.pid) == "T", 30, "the holder stopped by SIGSTOP")
         err = io.StringIO()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             code = cli.main(["ctl", str(run), "stop", "--timeout", "1"])
