@@ -300,6 +300,15 @@ class Boundary:
             log.info("step %d tasks %s: acc %.4f acc_norm %.4f (%d examples)", step, score["tasks"], score["acc"],
                      score["acc_norm"], score["examples"])
 
+    async def abandon_after(self, step: int) -> list[str]:
+        """The abandoned timeline's checkpoints (above `step`): deleted on rank 0's disk after the FIFO I/O thread's
+        earlier work, then unpublished from the replica at its next pass. Returns the names deleted."""
+        dropped = (await asyncio.get_running_loop().run_in_executor(self.io, rollback.drop_after, self.run_dir, step)
+                   if self.world.leader else [])
+        if self.replicator is not None:
+            self.replicator.supersede(step)
+        return dropped
+
     def _write_audits(self, audits: list[dict]) -> None:
         try:
             sidecars.append_audit(self.run_dir, audits, self.cfg.sample.keep)
@@ -330,10 +339,7 @@ class Boundary:
             self.feed.flush(force_sync=True)
             if rollback.in_run_dir(g, self.run_dir) and self.world.leader:
                 self.io.submit(rollback.write_companion, self.run_dir, plan.to_step, g.state_after_give_up())
-            if self.world.leader:
-                self.io.submit(rollback.drop_after, self.run_dir, plan.to_step).result()
-            if self.replicator is not None:  # the replica drops the abandoned timeline too
-                self.replicator.supersede(plan.to_step)
+            await self.abandon_after(plan.to_step)
             raise RunFailed(plan.message(start_from))
         payload = await sharing.payload_everywhere(  # on separate disks: read by rank 0, sent to the others
             self.world, lambda: rollback.good_payload(g, self.run_dir, self.cfg, trainer), trainer.n, self.train)
@@ -359,11 +365,8 @@ class Boundary:
         else:  # the initial state, or an --init-from checkpoint elsewhere: write it here
             g.settle(names.checkpoint_name(plan.to_step))
             await self.checkpoint()
-        dropped = (await loop.run_in_executor(self.io, rollback.drop_after, self.run_dir, plan.to_step)
-                   if self.world.leader else [])
+        dropped = await self.abandon_after(plan.to_step)
         if dropped:
             log.warning("guard: removed the abandoned timeline's checkpoints %s", ", ".join(dropped))
-        if self.replicator is not None:  # the replica drops the abandoned timeline too
-            self.replicator.supersede(plan.to_step)
         self.writer.last_committed = plan.to_step
         self.batch = self.proxy.batch(plan.to_step)

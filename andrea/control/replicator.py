@@ -235,8 +235,7 @@ class Replicator:
         for step in superseded(pos.steps, floor) if floor is not None else ():
             log.info("replica %s: step %d belongs to an abandoned timeline (the run went back to %d): unpublished",
                      self.uri, step, floor)
-            rep.remove_checkpoint(r, step, listing)
-            pos.steps = [s for s in pos.steps if s != step]  # a new list: protected() reads it on the I/O thread
+            self._unpublish(step, listing)
         if floor in pos.steps:  # a rollback rewrites its known-good checkpoint's guard companion: send it again
             for key in rep.companion_keys(floor, run_dir=self.run_dir):
                 r.put_file(key, self.run_dir / key)
@@ -246,8 +245,7 @@ class Replicator:
         for step in self._stale(pos.steps) if not pos.compared else ():
             log.info("replica %s: step %d is not the run directory's checkpoint of that step (an abandoned "
                      "timeline's copy): unpublished", self.uri, step)
-            rep.remove_checkpoint(r, step, listing)
-            pos.steps = [s for s in pos.steps if s != step]
+            self._unpublish(step, listing)
         pos.compared = True
         self._files(listing)
         local = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
@@ -266,10 +264,14 @@ class Replicator:
         self.uploading = None
         self._ledger()
         for step in remote_victims(pos.steps, self.keep_last, self.keep_every):
-            rep.remove_checkpoint(r, step, listing)
-            pos.steps = [s for s in pos.steps if s != step]  # a new list: protected() reads it on the I/O thread
+            self._unpublish(step, listing)
         for step in rep.unpublished_steps(listing, pos.steps):  # what an interrupted upload left: never restored
             rep.remove_checkpoint(r, step, listing)
+
+    def _unpublish(self, step: int, listing: dict[str, int]) -> None:
+        """Remove a published checkpoint from the replica (its `.sum.json` first) and from what this process knows."""
+        rep.remove_checkpoint(self.replica, step, listing)
+        self.pos.steps = [s for s in self.pos.steps if s != step]  # a new list: protected() reads it on the I/O thread
 
     def _stale(self, steps: list[int]) -> list[int]:
         """Published steps whose `.sum.json` differs from the run directory's for the same step."""
