@@ -172,9 +172,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     tc = cfg.train
     est = memory.estimate(cfg.model, n, memory.micro_batch_rows(tc.micro_batch_size, tc.batch_size),
                           activation_checkpointing=tc.activation_checkpointing, device=args.device)
+    flops = model_flops_per_token(cfg.model, n)  # andrea/mfu.py (PaLM's 6N + 12LHQT)
     print(json.dumps({"preset": args.preset, "n_params": n, "checkpoint_bytes": ckpt.checkpoint_bytes(n),
-                      "flops_per_token": model_flops_per_token(cfg.model, n),  # andrea/mfu.py (PaLM's 6N + 12LHQT)
-                      "flops_per_step": model_flops_per_token(cfg.model, n) * tc.batch_size * cfg.model.block_size,
+                      "flops_per_token": flops, "flops_per_step": flops * tc.batch_size * cfg.model.block_size,
                       "memory": est.as_dict(),
                       "params": [{"name": p.name, "shape": list(p.shape), "offset": p.offset} for p in layout]},
                      indent=1))
@@ -342,8 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON Lines: ctx, endings, label per line (HellaSwag's format, e.g. hellaswag_val.jsonl)")
     p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest valid checkpoint)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary line")
-    p.add_argument("--batch-size", type=int, default=32, metavar="ROWS",
-                   help="rows (example endings) per forward (default 32)")
+    p.add_argument("--batch-size", type=int, metavar="ROWS",
+                   help="rows (example endings) per forward (default: eval.batch_rows's, 32)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default: the run's train.device")
     p.set_defaults(func=cmd_eval)
 

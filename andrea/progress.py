@@ -25,12 +25,11 @@ class Progress:
         done = step - self.start
         elapsed = max(time.monotonic() - self.t0, 1e-9)
         tok_s = done * self.tokens_per_step / elapsed
-        model = "" if flops is None else f"{flops / 1e12:.3g} TFLOP/s mfu " + ("no_peak" if mfu is None
-                                                                              else f"{100 * mfu:.1f}%")
+        extra = {} if flops is None else {"tflops": f"{flops / 1e12:.3g}",
+                                          "mfu": "no_peak" if mfu is None else f"{100 * mfu:.1f}%"}
+        model = f"{extra['tflops']} TFLOP/s mfu {extra['mfu']}" if extra else ""
         if self.bar is not None:
             self.bar.n = step
-            extra = {"tflops": f"{flops / 1e12:.3g}", "mfu": "no_peak" if mfu is None else f"{100 * mfu:.1f}%"} \
-                if flops is not None else {}
             self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", **extra, refresh=False)
             self.bar.refresh()
         elif step % self.log_every == 0:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from andrea import configload, devices
-from andrea.config import RunConfig
+from andrea.config import EvalConfig, RunConfig
 from andrea.configcheck import ConfigError
 from andrea.data.codec import TextCodec
 from andrea.evaltasks import TaskFile, TaskScore, read_tasks, score_tasks, trainer_forward
@@ -38,7 +38,7 @@ from andrea.rundir import checkpoint as ckpt
 from andrea.trainer import Trainer
 
 log = logging.getLogger("andrea.eval")
-DEFAULT_BATCH_ROWS = 32  # rows per forward (8 HellaSwag examples); logits (32, ~100, V): 0.64 GB fp32 at V = 50257
+DEFAULT_BATCH_ROWS = EvalConfig.batch_rows  # 32 rows (8 HellaSwag examples); logits (32, ~100, V): 0.64 GB fp32
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,9 @@ def _n_params(cfg: RunConfig) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    if args.batch_size < 1:
-        raise ConfigError(f"--batch-size {args.batch_size}: must be >= 1")
-    result = evaluate_run(Path(args.run_dir), Path(args.tasks), args.step, device=args.device,
-                          batch_size=args.batch_size)
+    rows = DEFAULT_BATCH_ROWS if args.batch_size is None else args.batch_size
+    if rows < 1:
+        raise ConfigError(f"--batch-size {rows}: must be >= 1")
+    result = evaluate_run(Path(args.run_dir), Path(args.tasks), args.step, device=args.device, batch_size=rows)
     print(json.dumps(result.as_dict()) if args.json else result.line())
     return 0

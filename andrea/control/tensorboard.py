@@ -42,7 +42,6 @@ log = logging.getLogger("andrea.tensorboard")
 class TensorBoardLog:
     def __init__(self, run_dir: Path, start_step: int, flush_secs: float, log_every: int):
         self.dir = run_dir / TB_DIR
-        self.log_every = log_every
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="andrea-tb")
         self.writer = None
         self.failed = False
