@@ -31,10 +31,7 @@ test: venv
 
 # The development loop: the unit tests only (no trainer process, no compile check; ~1 min on 2 cores). `make test`
 # runs them too, with everything else.
-QUICK ?= tests/control tests/data/test_prepare.py tests/data/test_read.py tests/kernels/test_adamw.py \
-	tests/kernels/test_attention.py tests/kernels/test_cross_entropy.py tests/kernels/test_layernorm.py \
-	tests/test_checkpoint.py tests/test_config.py tests/test_devices.py tests/test_direct_io.py \
-	tests/test_imports.py tests/test_model.py tests/test_optimizer_step.py tests/test_spare.py
+QUICK ?= tests/unit
 quick: venv
 	$(PY) -m pytest -q -n auto --maxprocesses 2 --dist load -m "not slow" $(QUICK) $(ARGS)
 
@@ -66,7 +63,7 @@ kernels-gpu-triton: venv
 	        > $$($(TRITON_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/andrea-venv.pth \
 	    && touch $(TRITON_VENV)/.installed; }
 	TRITON_INTERPRET=1 $(TRITON_VENV)/bin/python -m pytest -q -p no:cacheprovider \
-	    -W "ignore:Conversion of an array with ndim:DeprecationWarning" tests/kernels $(ARGS)
+	    -W "ignore:Conversion of an array with ndim:DeprecationWarning" tests/unit/kernels $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

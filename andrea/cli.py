@@ -24,10 +24,10 @@ import os
 import sys
 from pathlib import Path
 
-from andrea import configload
+from andrea.config import load as configload
 from andrea.commands import operate
-from andrea.config import RunConfig
-from andrea.configcheck import ConfigError
+from andrea.config.schema import RunConfig
+from andrea.config.check import ConfigError
 from andrea.rundir import checkpoint as ckpt, names
 
 DEFAULT_PRESET = "andrea-12m"
@@ -42,12 +42,12 @@ def error(message: str) -> None:
 
 
 def user_errors() -> tuple[type[Exception], ...]:
-    from andrea.control.bandit import BanditStateError
-    from andrea.control.boundary import RunFailed
+    from andrea.mixture.bandit import BanditStateError
+    from andrea.run.boundary import RunFailed
     from andrea.data.sources import DataError
-    from andrea.policy import PolicyError
+    from andrea.mixture.policy import PolicyError
     from andrea.rundir.ledger import LedgerError
-    from andrea.rundir.replica import ReplicaError
+    from andrea.replica.store import ReplicaError
     from andrea.rundir.runlock import RunLockedError
     from andrea.rundir.sidecars import SidecarError
     return (ckpt.CheckpointError, DataError, RunLockedError, BanditStateError, PolicyError, SidecarError,
@@ -76,19 +76,19 @@ def resolve_config(args: argparse.Namespace, run_dir: Path | None) -> RunConfig:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from andrea.control.signals import EarlySignals
+    from andrea.run.signals import EarlySignals
     early = EarlySignals()  # before the slow imports: a SIGTERM from now on ends in a clean stop
     run_dir = Path(args.run_dir)
     cfg = resolve_config(args, run_dir)
-    if run_dir.is_dir():  # an existing run keeps what its checkpoints mean (control/identity.py)
-        from andrea.control.identity import check_resume
+    if run_dir.is_dir():  # an existing run keeps what its checkpoints mean (run/identity.py)
+        from andrea.run.identity import check_resume
         saved = run_dir / names.CONFIG_NAME
         check_resume(run_dir, cfg, configload.run_config(run_dir) if saved.exists() else None)
     if (run_dir / names.RESTORING_NAME).exists():
         raise OSError(f"{run_dir}: an interrupted `andrea restore` ({names.RESTORING_NAME}): run it again to complete "
                       "the run directory before training")
     if cfg.checkpoint.replica and os.environ.get("RANK", "0") == "0":  # before anything is written (rank 0)
-        from andrea.control.replicator import check_at_start
+        from andrea.replica.replicator import check_at_start
         warning = check_at_start(cfg.checkpoint.replica, run_dir, bool(run_dir.is_dir()
                                                                         and ckpt.list_checkpoints(run_dir)))
         if warning:
@@ -96,12 +96,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     init_from = Path(args.init_from) if args.init_from else None
     # Everything that can be refused is refused before the run directory is created or written to.
     check_init_from(init_from)
-    from andrea.control import notify
+    from andrea.observe import notify
     notify.check(cfg.notify)  # the notice command's program exists
     import torch
 
-    from andrea import devices
-    from andrea.distributed import World, check_batch
+    from andrea.run import devices
+    from andrea.parallel.distributed import World, check_batch
     world = World.from_env()  # torchrun's RANK / WORLD_SIZE / LOCAL_RANK; one process without them
     check_batch(cfg.train.batch_size, world.size, cfg.train.micro_batch_size)
     device_type, kernels = devices.resolve(cfg.train.device, cfg.train.kernels, world.local_rank, world.distributed)
@@ -113,7 +113,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise OSError(f"{run_dir}: the run directory is not writable")
     device = world.device(torch.device(device_type))
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    from andrea.control.runtime import TrainingRun
+    from andrea.run.runtime import TrainingRun
     world.init(device, cfg.watchdog.collective_timeout_s if cfg.watchdog.enabled else None)
     try:
         run = TrainingRun(cfg, run_dir, device=device, kernels=kernels, init_from=init_from, early=early,
@@ -128,7 +128,7 @@ def check_init_from(path: Path | None) -> None:
     run directory is touched (the file itself is validated when the run starts)."""
     if path is None:
         return
-    from andrea.export import is_weights, weights_file
+    from andrea.model.export import is_weights, weights_file
     if is_weights(path):
         weights_file(path)  # no such file / a directory without weights: one line naming it
     elif not path.is_file():
@@ -156,10 +156,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    """The JSON on stdout; the device-memory estimate (andrea/memory.py) also as one line on stderr."""
-    from andrea import memory
-    from andrea.mfu import model_flops_per_token
-    from andrea.model import layout_for, n_params
+    """The JSON on stdout; the device-memory estimate (andrea/model/memory.py) also as one line on stderr."""
+    from andrea.model import memory
+    from andrea.observe.mfu import model_flops_per_token
+    from andrea.model.gpt import layout_for, n_params
     overrides = list(args.set or [])
     if args.micro_batch_size is not None:
         overrides.append(f"train.micro_batch_size={args.micro_batch_size}")
@@ -172,7 +172,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     tc = cfg.train
     est = memory.estimate(cfg.model, n, memory.micro_batch_rows(tc.micro_batch_size, tc.batch_size),
                           activation_checkpointing=tc.activation_checkpointing, device=args.device)
-    flops = model_flops_per_token(cfg.model, n)  # andrea/mfu.py (PaLM's 6N + 12LHQT)
+    flops = model_flops_per_token(cfg.model, n)  # andrea/observe/mfu.py (PaLM's 6N + 12LHQT)
     print(json.dumps({"preset": args.preset, "n_params": n, "checkpoint_bytes": ckpt.checkpoint_bytes(n),
                       "flops_per_token": flops, "flops_per_step": flops * tc.batch_size * cfg.model.block_size,
                       "memory": est.as_dict(),
@@ -189,7 +189,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def expected_n_params(run_dir: Path) -> int | None:
     if not (run_dir / names.CONFIG_NAME).exists():
         return None
-    from andrea.model import layout_for, n_params
+    from andrea.model.gpt import layout_for, n_params
     return n_params(layout_for(configload.run_config(run_dir).model))
 
 
@@ -237,7 +237,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
     from andrea.data.store import TextCodec
-    from andrea.trainer import Trainer
+    from andrea.run.trainer import Trainer
     run_dir = Path(args.run_dir)
     cfg = configload.run_config(run_dir)
     trainer = Trainer(cfg, torch.device("cpu"))
@@ -259,7 +259,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from andrea.export import export_run
+    from andrea.model.export import export_run
     print(export_run(Path(args.run_dir), Path(args.out), args.step, args.format))
     return 0
 

@@ -18,7 +18,7 @@ against the new one in process.
    alternating, and whether both chose the same tokens from the same generators. The old loop runs twice: on
    the process's threads, as training ran it, and on one thread, as the new path decodes (on a loaded machine
    the old loop's two-thread barriers alone cost it several times its one-thread time: see `_one_cpu_thread`
-   in andrea/generate.py).
+   in andrea/model/generate.py).
 
 Reads the presets and, with --prepared, that directory; writes run directories only under a fresh temporary
 directory (removed afterwards) and a markdown report to stdout. Timings describe this machine (a shared or
@@ -48,10 +48,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andrea import configload  # noqa: E402
-from andrea import generate as generation  # noqa: E402
+from andrea.config import load as configload  # noqa: E402
+from andrea.model import generate as generation  # noqa: E402
 from andrea.data.store import TextCodec  # noqa: E402
-from andrea.trainer import Trainer  # noqa: E402
+from andrea.run.trainer import Trainer  # noqa: E402
 
 TARGET = 0.08
 VARIANTS = {"audits": "sample.every=1", "none": "sample.prompts=[]"}
@@ -157,7 +157,7 @@ def microbench(args: argparse.Namespace, prepared: Path) -> None:
     print(f"| old: uncached, a full forward per token, prompt by prompt, {torch.get_num_threads()} threads (as "
           f"training) | {t['old']:.3f} |")
     print(f"| old, on one thread | {t['old, 1 thread']:.3f} |")
-    print(f"| new: one batch, KV cache (decodes on one thread, see andrea/generate.py) | {t['new']:.3f} |")
+    print(f"| new: one batch, KV cache (decodes on one thread, see andrea/model/generate.py) | {t['new']:.3f} |")
     same = "yes" if outputs["old"] == outputs["new"] else "no (float rounding at a sampling boundary)"
     print(f"\nspeed-up {t['old'] / t['new']:.1f}x ({t['old, 1 thread'] / t['new']:.1f}x against the old loop on one "
           f"thread); same tokens from the same generators: {same}")

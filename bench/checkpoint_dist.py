@@ -1,13 +1,13 @@
 """Sharded checkpoint commit: N ZeRO-1 writers into one `step_N.bin` against one writer, on the same bytes.
 
-Spawns N processes (gloo on 127.0.0.1, the groups andrea/distributed.py creates), each holding the same seeded
+Spawns N processes (gloo on 127.0.0.1, the groups andrea/parallel/distributed.py creates), each holding the same seeded
 flat state [w | m | v] of a preset's size (or `--synthetic-params N`). Per round, in turn (the order reversed every
 other round, so a drift of the disk within a round cancels), after an untimed warm-up:
 
     one writer     rank 0 alone, as the one-process CheckpointWriter: snapshot = memcpy of 12·n bytes into its
                    staging image; commit = checkpoint.commit_image (O_DIRECT when the filesystem takes it, +
                    ftruncate + fsync + rename + directory fsync).
-    N writers      every rank, as the ShardedCheckpointWriter (andrea/control/shards.py): snapshot = memcpy of its
+    N writers      every rank, as the ShardedCheckpointWriter (andrea/commit/shards.py): snapshot = memcpy of its
                    12·n/N bytes of slices into its ShardImage; commit = shards.commit_shards (the tails'
                    exchange; every rank writes its whole blocks of the one .tmp with O_DIRECT, + fsync; rank 0,
                    once every vote is in, renames and sends the verdict): rank 0's wall time from a barrier to its
@@ -51,10 +51,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from andrea.rundir import checkpoint as ckpt, spare  # noqa: E402
-from andrea.control.shard_layout import ShardImage  # noqa: E402
-from andrea.control.shards import commit_shards  # noqa: E402
-from andrea.control.writer import staging_image  # noqa: E402
-from andrea.distributed import World, shard_bounds  # noqa: E402
+from andrea.commit.shard_layout import ShardImage  # noqa: E402
+from andrea.commit.shards import commit_shards  # noqa: E402
+from andrea.commit.writer import staging_image  # noqa: E402
+from andrea.parallel.distributed import World, shard_bounds  # noqa: E402
 
 
 METHODS = ("one", "one buffered", "one spare", "sharded", "sharded buffered", "sharded spare")
@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.synthetic_params:
         n, what = args.synthetic_params, f"{args.synthetic_params:,} synthetic parameters"
     else:
-        from andrea import configload
-        from andrea.model import layout_for, n_params
+        from andrea.config import load as configload
+        from andrea.model.gpt import layout_for, n_params
         preset = args.preset or "andrea-12m"
         n, what = n_params(layout_for(configload.load(preset=preset).model)), preset
     nbytes = ckpt.checkpoint_bytes(n)

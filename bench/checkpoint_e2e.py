@@ -51,8 +51,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from andrea.rundir import checkpoint as ckpt  # noqa: E402
-from andrea import configload  # noqa: E402
-from andrea.model import layout_for, n_params  # noqa: E402
+from andrea.config import load as configload  # noqa: E402
+from andrea.model.gpt import layout_for, n_params  # noqa: E402
 
 NONE = 10 ** 9  # a cadence no run reaches: only the final checkpoint
 MEMCPY_FACTOR, MAX_OVERHEAD = 1.5, 0.01

@@ -1,10 +1,10 @@
-"""GPU only: the CUDA paths the CPU suite tests with fakes (tests/test_cuda_paths.py), measured on a real device.
+"""GPU only: the CUDA paths the CPU suite tests with fakes (tests/e2e/test_cuda_paths.py), measured on a real device.
 
 Each probe prints one row (probe, verdict, figures) and decides something issue #27 left to a GPU:
     thread_device    every executor thread started with World.thread_initializer sees the rank's device, through
                      torch and through Triton's own driver (what a launch uses). With >= 2 GPUs the probe plays the
                      last GPU's rank and also shows the bug it fixes: a bare thread sees device 0.
-    pinned_staging   the checkpoint's staging image (control/writer.py) registered at its exact size vs PyTorch's
+    pinned_staging   the checkpoint's staging image (commit/writer.py) registered at its exact size vs PyTorch's
                      pinned allocator (rounded up to a power of two): bytes reserved, is_pinned(), D2H GB/s into
                      each, and the copy landing intact. Decides: keep the registration (equal GB/s) or not.
     o_direct_pinned  commit_image with O_DIRECT from each kind of pinned image: whether this host refuses it
@@ -42,10 +42,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from andrea.rundir import checkpoint as ckpt  # noqa: E402
-from andrea import configload  # noqa: E402
-from andrea.control import writer  # noqa: E402
-from andrea.distributed import World  # noqa: E402
-from andrea.model import layout_for, n_params  # noqa: E402
+from andrea.config import load as configload  # noqa: E402
+from andrea.commit import writer  # noqa: E402
+from andrea.parallel.distributed import World  # noqa: E402
+from andrea.model.gpt import layout_for, n_params  # noqa: E402
 
 ROWS: list[dict] = []
 

@@ -14,12 +14,12 @@
 # up to the budget, so the run does too; the plan below is the one place they are set.
 #   env            the Python that sees the GPU (GPU_CHECK_PYTHON, .venv/bin/python, python3: nothing is installed;
 #                  the image's packages are the ones used), versions, nvidia-smi, which modules import.
-#   kernels        (1) TRITON_INTERPRET=0 pytest tests/kernels, less the CPU-only compile check (test_compile.py):
+#   kernels        (1) TRITON_INTERPRET=0 pytest tests/unit/kernels, less the CPU-only compile check (test_compile.py):
 #                  every kernel compiled for CUDA against its reference on the presets' shapes and dtypes
 #                  (attention at T 256 / 1024 and head dim 64 in fp32/bf16/fp16 by the FlashAttention 2x rule,
 #                  AdamW vs torch.optim.AdamW, cross-entropy, LayerNorm, bit-identical reruns).
 #   train          (2) bench/gpu_train.py: the real `andrea train` on CUDA, andrea-12m then andrea-120m: tokens/s
-#                  from its ledger, MFU (andrea/mfu.py), peak memory vs `andrea info`, one SIGUSR1 checkpoint,
+#                  from its ledger, MFU (andrea/observe/mfu.py), peak memory vs `andrea info`, one SIGUSR1 checkpoint,
 #                  SIGTERM's exit 0, bit-exact resume.
 #   kernels_bench  (3) bench/kernels.py --only attention adamw: attention vs SDPA's flash backend (bf16, causal,
 #                  the presets' head dim 64 at T 256, 1024, 4096), AdamW's GB/s (both presets' sizes) vs torch's
@@ -36,7 +36,7 @@
 # the kernels' specialisations is CPU work); GPU_CHECK_PARTS (a subset of the five, comma-separated; env and
 # report always run); GPU_CHECK_CAP_<part>=SECONDS (overrides a cap; the plan says when the sum leaves 480);
 # GPU_CHECK_DRY=1 (print the plan, run nothing); GPU_CHECK_SELFTEST=1 (the same choreography on a CPU with tiny
-# shapes and steps: tests/test_gpu_check.py; GPU_CHECK_SELFTEST_HANG=<part> replaces that part by a process that
+# shapes and steps: tests/e2e/test_gpu_check.py; GPU_CHECK_SELFTEST_HANG=<part> replaces that part by a process that
 # never ends, to prove the cut).
 
 set -uo pipefail
@@ -141,7 +141,7 @@ env = {"python": sys.version.split()[0], "executable": sys.executable, "torch": 
        "capability": list(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None,
        "cpus": os.cpu_count(), "imports": {}}
 needed = ("triton", "numpy", "tokenizers", "tqdm", "matplotlib", "tomli_w", "pytest", "hypothesis", "andrea.cli",
-          "andrea.trainer", "andrea.kernels")
+          "andrea.run.trainer", "andrea.kernels")
 for name in needed + ("xdist", "uvloop"):  # the last two are optional: fewer pytest workers, asyncio's own loop
     try:
         module = importlib.import_module(name)
@@ -166,7 +166,7 @@ part_kernels() {
     local xdist=""
     if ((XDIST > 1)) && "$PY" -c "import xdist" 2>/dev/null; then xdist="-n $XDIST"; fi
     # shellcheck disable=SC2086  # word splitting of the flag strings is intended
-    "$PY" -m pytest -q -rs -p no:cacheprovider $xdist tests/kernels --ignore=tests/kernels/test_compile.py \
+    "$PY" -m pytest -q -rs -p no:cacheprovider $xdist tests/unit/kernels --ignore=tests/unit/kernels/test_compile.py \
         --junitxml="$PARTS_DIR/kernels.xml" ${KT_K:+-k "$KT_K"}
 }
 

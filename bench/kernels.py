@@ -17,7 +17,7 @@ LayerNorm: the presets' (rows, C) in fp32 (the residual stream stays fp32 under 
 against F.layer_norm; GB/s on 20 bytes per element (read x, write y; read x and dy, write dx).
 Without a CUDA GPU: prints one line and exits 2 (unless --device cpu). Timing: triton.testing.do_bench (median of
 CUDA-event timings). `--only` picks benches (bench/gpu_check.sh: attention and AdamW).
-Every bench function takes the device and the timer, so tests/test_bench_smoke.py runs them on tiny shapes on a
+Every bench function takes the device and the timer, so tests/e2e/test_bench_smoke.py runs them on tiny shapes on a
 CPU under the Triton interpreter: the code a lent GPU runs has run before.
 """
 
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before andrea.kernels imports triton
         device, timer, (peak, source), name = torch.device("cpu"), wall_timer, (1.0, "none (cpu)"), "cpu"
-        dtype = torch.float32  # the interpreter cannot run bf16 dots faithfully (tests/kernels/test_attention.py)
+        dtype = torch.float32  # the interpreter cannot run bf16 dots faithfully (tests/unit/kernels/test_attention.py)
     else:
         device, timer, (peak, source), name = torch.device("cuda"), cuda_timer, peak_bandwidth_gbs(), \
             torch.cuda.get_device_name(0)

@@ -1,5 +1,5 @@
 """Peak memory and throughput of training steps with micro-batches and activation checkpointing, beside
-`andrea info`'s estimate (andrea/memory.py).
+`andrea info`'s estimate (andrea/model/memory.py).
 
     python bench/memory.py [--preset andrea-12m] [--micro 32 8 4] [--steps 3] [--threads 1]
 
@@ -36,8 +36,8 @@ def rss_bytes() -> int:
 
 
 def build(preset: str, micro: int, ac: str, device):
-    from andrea import configload
-    from andrea.trainer import Trainer, resolve_kernels
+    from andrea.config import load as configload
+    from andrea.run.trainer import Trainer, resolve_kernels
     cfg = configload.load(preset=preset, overrides=[f"train.micro_batch_size={micro}",
                                                 f'train.activation_checkpointing="{ac}"'])
     return cfg, Trainer(cfg, device, resolve_kernels("auto", device))
@@ -54,8 +54,9 @@ def peak(preset: str, micro: int, ac: str, device_name: str) -> dict:
     """One configuration's peak memory, in this process: a warm-up step, then one measured step."""
     import torch
 
-    from andrea import configload, memory
-    from andrea.trainer import Trainer, resolve_device, resolve_kernels
+    from andrea.config import load as configload
+    from andrea.model import memory
+    from andrea.run.trainer import Trainer, resolve_device, resolve_kernels
     device = resolve_device(device_name)
     warm = configload.load(preset="andrea-tiny")  # touch torch's kernels and libraries once: their pages are baseline
     Trainer(warm, device, resolve_kernels("auto", device)).train_step(0, *random_batch(warm, 0))
@@ -76,7 +77,7 @@ def throughput(preset: str, configs: list[tuple[int, str]], rounds: int, device_
     """tokens/s of every configuration, measured in ONE process in interleaved rounds (each round runs one step
     of each configuration, in an order that rotates), so a change in the machine's other load falls on all of
     them alike; the first round is a warm-up; the fastest step of each counts (others' load only slows a step)."""
-    from andrea.trainer import resolve_device
+    from andrea.run.trainer import resolve_device
     device = resolve_device(device_name)
     built = {c: build(preset, *c, device) for c in configs}
     wall = {c: [] for c in configs}

@@ -1,14 +1,14 @@
 """The data bandit against fixed mixtures, on the held-out target loss (`policy.target`; the bandit:
 docs/formats.md#the-data-proxy-and-its-bandit).
 
-For every seed and arm set it trains the same model three ways, the data proxy (andrea/control/proxy.py) choosing
+For every seed and arm set it trains the same model three ways, the data proxy (andrea/mixture/proxy.py) choosing
 each batch exactly as `andrea train` does (same lag, same allocation, same per-sequence losses fed back):
 - default: the bandit with the configuration's own knobs;
 - uniform: floors 1/K on every arm (the bandit pinned to the uniform mixture);
 - fixed: floors set to the target's weights (the mixture a user would write by hand for that objective;
   skipped where it is uniform, as for the built-in arms' default target).
 Arm sets: the built-in arms, and the built-in arms plus `noise` (random letters: unlearnable) with target weight 0.
-The target loss (Σ target_i · held-out loss_i / Σ target_i, andrea/audit.py) is measured every `train.eval_every`
+The target loss (Σ target_i · held-out loss_i / Σ target_i, andrea/evals/audit.py) is measured every `train.eval_every`
 steps with the same held-out windows as the `eval` markers. Printed: mean ± sd over seeds of the final target
 loss, its ratio to uniform, the final share of each arm, and the first eval step at which each policy reaches
 uniform's final target loss (mean over seeds of that step / uniform's steps; "-" when a seed never does).
@@ -38,12 +38,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from andrea.audit import evaluate, target_loss  # noqa: E402
-from andrea.config import RunConfig  # noqa: E402
-from andrea.configload import load  # noqa: E402
-from andrea.control.proxy import DataProxy  # noqa: E402
+from andrea.evals.audit import evaluate, target_loss  # noqa: E402
+from andrea.config.schema import RunConfig  # noqa: E402
+from andrea.config.load import load  # noqa: E402
+from andrea.mixture.proxy import DataProxy  # noqa: E402
 from andrea.data.store import prepare  # noqa: E402
-from andrea.trainer import Trainer, resolve_device  # noqa: E402
+from andrea.run.trainer import Trainer, resolve_device  # noqa: E402
 
 NOISE_ARM = "noise"
 

@@ -1,7 +1,7 @@
 """Data preparation against the tokenizer's own floor, and peak memory at two corpus sizes.
 
     python bench/prepare.py                      # 300 MB and 1200 MB corpora (made once under bench/out/)
-    python bench/prepare.py --sizes 50 --quick   # a smoke run (tests/test_bench_smoke.py)
+    python bench/prepare.py --sizes 50 --quick   # a smoke run (tests/e2e/test_bench_smoke.py)
     python bench/prepare.py --sizes 100 --records 100   # + one huge parquet row group and one huge JSON record
 
 For each size: a corpus of text files (lines of the standard library's source and docstrings, shuffled by a seeded

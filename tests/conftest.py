@@ -3,7 +3,7 @@ files are collected first, so that pytest-xdist starts them first.
 
 `make test` runs pytest-xdist with `--dist loadfile --no-loadscope-reorder`: files are handed to the workers in
 collection order (xdist's default reorder would sort them by their number of tests, which starts a one-test file
-of minutes, such as tests/test_kernels_in_trainer.py, last, and leaves one worker alone on it at the end). With the
+of minutes, such as tests/e2e/test_kernels_in_trainer.py, last, and leaves one worker alone on it at the end). With the
 longest files first (`HEAVY`, by seconds measured on 2 cores), the last ones to start are short and the
 workers finish together. The order changes no test: a plain `pytest` runs the same tests, in this order.
 """
@@ -22,26 +22,26 @@ from tests.runs import train
 # that no longer exists is skipped.
 HEAVY = [
     "tests/faults/test_kill_anywhere.py",
-    "tests/kernels/test_compile.py",
-    "tests/test_distributed.py",
-    "tests/test_guard_run.py",
-    "tests/test_microbatch.py",
+    "tests/unit/kernels/test_compile.py",
+    "tests/e2e/test_distributed.py",
+    "tests/e2e/test_guard_run.py",
+    "tests/e2e/test_microbatch.py",
     "tests/faults/test_bad_inputs.py",
-    "tests/test_trunk.py",
-    "tests/test_signals.py",
-    "tests/test_run_life.py",
+    "tests/e2e/test_trunk.py",
+    "tests/e2e/test_signals.py",
+    "tests/e2e/test_run_life.py",
     "tests/faults/test_signals.py",
-    "tests/test_evaltasks.py",
-    "tests/test_kernels_in_trainer.py",  # ~40 s: two trainers, one of them in the Triton interpreter
-    "tests/test_bench_smoke.py",
-    "tests/test_run_integrity.py",
-    "tests/test_gpu_check.py",
-    "tests/test_watchdog_run.py",
-    "tests/test_replica_run.py",
+    "tests/e2e/test_evaltasks.py",
+    "tests/e2e/test_kernels_in_trainer.py",  # ~40 s: two trainers, one of them in the Triton interpreter
+    "tests/e2e/test_bench_smoke.py",
+    "tests/e2e/test_run_integrity.py",
+    "tests/e2e/test_gpu_check.py",
+    "tests/e2e/test_watchdog_run.py",
+    "tests/e2e/test_replica_run.py",
     "tests/faults/test_full_disk.py",
-    "tests/test_wandb.py",
-    "tests/test_integrity.py",
-    "tests/test_generation.py",
+    "tests/e2e/test_wandb.py",
+    "tests/e2e/test_integrity.py",
+    "tests/e2e/test_generation.py",
 ]
 
 

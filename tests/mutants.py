@@ -42,13 +42,13 @@ class Mutant:
     tests: tuple[str, ...]  # pytest arguments, run from the scratch copy's root
 
 
-DURABILITY = "tests/test_durability.py"
-REAL_RUN = ("tests/test_durability.py::"
+DURABILITY = "tests/e2e/test_durability.py"
+REAL_RUN = ("tests/e2e/test_durability.py::"
             "test_a_real_run_publishes_each_checkpoint_after_its_ledger_lines_and_companions_and_reuses_the_spare")
 POWER = "tests/faults/test_power_loss.py"
 # The guard's deterministic tests (plain records, the real writer in a temporary directory): no trajectory.
-GUARD = ("tests/control/test_guard.py", "tests/control/test_guard_retention.py")
-BOUNDARY_FILE, BOUNDARY = "andrea/control/boundary.py", "tests/control/test_boundary.py"
+GUARD = ("tests/unit/guard/test_decisions.py", "tests/unit/guard/test_guard_retention.py")
+BOUNDARY_FILE, BOUNDARY = "andrea/run/boundary.py", "tests/unit/run/test_boundary.py"
 
 MUTANTS = [
     # --- issue #28's five survivors --------------------------------------------------------------------------
@@ -60,23 +60,23 @@ MUTANTS = [
            "        try:\n            os.fsync(self._fd)\n        except OSError:\n",
            "        try:\n            pass\n        except OSError:\n",
            (DURABILITY,)),
-    Mutant("#28.3 ZeRO-1 write_blocks: no fsync before the vote", "andrea/control/shards.py",
+    Mutant("#28.3 ZeRO-1 write_blocks: no fsync before the vote", "andrea/commit/shards.py",
            "it\n        os.fsync(fd)\n    finally:\n", "it\n    finally:\n",
            (DURABILITY, "-k", "rank")),
-    Mutant("#28.4 retention not told what the guard protects", "andrea/control/writer.py",
+    Mutant("#28.4 retention not told what the guard protects", "andrea/commit/writer.py",
            "ckpt.retention_victims(steps, self.keep_last, self.keep_every, self.protected())",
            "ckpt.retention_victims(steps, self.keep_last, self.keep_every)",
            (*GUARD, REAL_RUN)),
-    Mutant("#28.4 the runtime never hands the guard's protection to the writer", "andrea/control/runtime.py",
+    Mutant("#28.4 the runtime never hands the guard's protection to the writer", "andrea/run/runtime.py",
            "        self.writer.protected = self.guard.protected", "        self.writer.protected = tuple",
-           (REAL_RUN, "tests/test_guard_run.py", "-k", "real_run or divergence_after")),
-    Mutant("#28.5 commit gate open while an incident is pending", "andrea/control/guard.py",
+           (REAL_RUN, "tests/e2e/test_guard_run.py", "-k", "real_run or divergence_after")),
+    Mutant("#28.5 commit gate open while an incident is pending", "andrea/guard/decisions.py",
            "        return self.pending is None and sum(self.detector.flags) < max(1, self.cfg.persist - 1)\n",
            "        return sum(self.detector.flags) < max(1, self.cfg.persist - 1)\n",
            GUARD),
-    Mutant("#28 AdamW bias correction at max(step, 1)", "andrea/trainer.py",
+    Mutant("#28 AdamW bias correction at max(step, 1)", "andrea/run/trainer.py",
            "self.state.v, step=step + 1, lr=lr,", "self.state.v, step=max(step, 1), lr=lr,",
-           ("tests/test_optimizer_step.py",)),
+           ("tests/unit/run/test_trainer.py",)),
     # --- the one-process commit ------------------------------------------------------------------------------
     Mutant("O_DIRECT commit: no fsync before the rename", "andrea/rundir/checkpoint.py",
            "        os.ftruncate(fd, size)\n        os.fsync(fd)\n    finally:\n",
@@ -102,7 +102,7 @@ MUTANTS = [
            "    for directory in {path.parent for path in files}:\n        fsync_dir(directory)\n",
            "    for directory in {path.parent for path in files}:\n        pass\n",
            (DURABILITY, "-k", "sidecars")),
-    Mutant("writer: before_commit (ledger, companions) after the .bin", "andrea/control/writer.py",
+    Mutant("writer: before_commit (ledger, companions) after the .bin", "andrea/commit/writer.py",
            "            if before_commit is not None:\n                before_commit()\n"
            "            hold = (lambda: time.sleep(self.delay)) if self.delay else None\n"
            "            path = ckpt.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n, "
@@ -113,7 +113,7 @@ MUTANTS = [
            "            if before_commit is not None:\n                before_commit()\n",
            (DURABILITY, "-k", "writer or real_run")),
     # --- the sharded commit ----------------------------------------------------------------------------------
-    Mutant("ZeRO-1: each rank votes before it writes", "andrea/control/shards.py",
+    Mutant("ZeRO-1: each rank votes before it writes", "andrea/commit/shards.py",
            "    attempt(lambda: write(tails))\n    votes = world.to_leader(world.rank + 1 if error else 0)\n",
            "    votes = world.to_leader(world.rank + 1 if error else 0)\n    attempt(lambda: write(tails))\n",
            (DURABILITY, "-k", "rank")),
@@ -122,10 +122,10 @@ MUTANTS = [
            "            spare.claim(tmp)\n            write_image(tmp, view, size, direct)\n",
            "            spare.claim(tmp) and tmp.unlink()\n            write_image(tmp, view, size, direct)\n",
            (DURABILITY, "-k", "spare")),
-    Mutant("rollback: no directory fsync after deleting the abandoned checkpoints", "andrea/control/rollback.py",
+    Mutant("rollback: no directory fsync after deleting the abandoned checkpoints", "andrea/guard/rollback.py",
            "    if dropped:\n        atomic.fsync_dir(run_dir)\n", "    if dropped:\n        pass\n",
            (DURABILITY, "-k", "rollback")),
-    Mutant("rollback: guard state rewritten without its fsync", "andrea/control/rollback.py",
+    Mutant("rollback: guard state rewritten without its fsync", "andrea/guard/rollback.py",
            "    sidecars.write_json(companion_path(run_dir, step), state)\n",
            "    companion_path(run_dir, step).write_text(sidecars.json_bytes(state).decode())\n",
            (DURABILITY, "-k", "rollback")),

@@ -13,9 +13,9 @@ import threading
 import numpy as np
 import torch
 
-from andrea.control.shard_layout import ShardImage
-from andrea.control.shards import ShardFailure, commit_shards
-from andrea.distributed import World, shard_bounds
+from andrea.commit.shard_layout import ShardImage
+from andrea.commit.shards import ShardFailure, commit_shards
+from andrea.parallel.distributed import World, shard_bounds
 from andrea.rundir import checkpoint as ckpt, names, spare
 
 # Per-step agreement between 2 ranks and 1 process. Only the order of float32 reductions differs (the gradient

@@ -3,7 +3,7 @@
 Reads the run's `run.toml`, one checkpoint (step_S.bin, or the newest that passes deep validation: the choice
 `andrea export` makes, export.pick_checkpoint), the run's tokenizer (export.tokenizer_source: `tokenizer.json`, or
 the file `data.tokenizer` names) and the tasks file; writes nothing, so it is safe beside a running trainer. The
-file's format and the scores are andrea/evaltasks.py's. The model runs with torch's math (no Triton) on the
+file's format and the scores are andrea/evals/tasks.py's. The model runs with torch's math (no Triton) on the
 device the run trains on (`train.device`, or --device), under the trainer's bf16 autocast on CUDA.
 
 stdout, one line:
@@ -26,16 +26,17 @@ from pathlib import Path
 
 import torch
 
-from andrea import configload, devices
-from andrea.config import EvalConfig, RunConfig
-from andrea.configcheck import ConfigError
+from andrea.config import load as configload
+from andrea.run import devices
+from andrea.config.schema import EvalConfig, RunConfig
+from andrea.config.check import ConfigError
 from andrea.data.codec import TextCodec
-from andrea.evaltasks import TaskFile, TaskScore, read_tasks, score_tasks, trainer_forward
-from andrea.export import pick_checkpoint, tokenizer_source
-from andrea.model import layout_for, n_params
-from andrea.progress import CountProgress
+from andrea.evals.tasks import TaskFile, TaskScore, read_tasks, score_tasks, trainer_forward
+from andrea.model.export import pick_checkpoint, tokenizer_source
+from andrea.model.gpt import layout_for, n_params
+from andrea.observe.progress import CountProgress
 from andrea.rundir import checkpoint as ckpt
-from andrea.trainer import Trainer
+from andrea.run.trainer import Trainer
 
 log = logging.getLogger("andrea.eval")
 DEFAULT_BATCH_ROWS = EvalConfig.batch_rows  # 32 rows (8 HellaSwag examples); logits (32, ~100, V): 0.64 GB fp32

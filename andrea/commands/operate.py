@@ -23,13 +23,14 @@ import signal
 import time
 from pathlib import Path
 
-from andrea import configload
-from andrea.config import RunConfig
-from andrea.configcheck import ConfigError
-from andrea.control import pivot
-from andrea.control.guard import ledger_summary
+from andrea.config import load as configload
+from andrea.config.schema import RunConfig
+from andrea.config.check import ConfigError
+from andrea.mixture import pivot
+from andrea.guard.decisions import ledger_summary
 from andrea.data.manifest import data_status
-from andrea.rundir import checkpoint as ckpt, inspect, replica, sidecars
+from andrea.rundir import checkpoint as ckpt, inspect, sidecars
+from andrea.replica import store as replica
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.names import (CONFIG_NAME, DATA_DIR, LEDGER_NAME, NEXT_POLICY_NAME, STATE_NAME, TOKENIZER_NAME,
                                  WANDB_STATE_NAME, companions)
@@ -53,7 +54,7 @@ def run_status(run_dir: Path) -> dict:
     st.update({"loss_ema": ema[-1][1] if ema else None, "phase": state.get("phase"),
                "shares": state.get("shares"), "state_step": state.get("step"),
                "target": (state.get("policy") or {}).get("target"), "target_loss": state.get("target_loss"),
-               "guard": ledger_summary(entries),  # incidents, rollbacks, the remedy in force (control/guard.py)
+               "guard": ledger_summary(entries),  # incidents, rollbacks, the remedy in force (guard/decisions.py)
                "data": data_status(run_dir),  # per arm: tokens, source bytes, epochs (andrea/data/manifest.py)
                "replica": replica_status(run_dir, st),  # checkpoint.replica's newest step and lag, or null
                "mfu": mfu_status(entries, steps),
@@ -176,7 +177,7 @@ def cmd_pivot(args: argparse.Namespace) -> int:
 
 
 def _n_params(cfg: RunConfig) -> int:
-    from andrea.model import layout_for, n_params
+    from andrea.model.gpt import layout_for, n_params
     return n_params(layout_for(cfg.model))
 
 
@@ -272,7 +273,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"branch point: step {start}; lower loss EMA at step {common}: {lower} "
               f"(by {abs(finals[0] - finals[1]):.4f})")
     if out is not None:
-        from andrea.plots import plot_compare
+        from andrea.observe.plots import plot_compare
         plot_compare(dirs, curves, start, out)
         print(f"wrote {out}")
     return 0
@@ -280,7 +281,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def check_figure_path(out: str) -> Path:
     """--out, checked before any work: a format matplotlib writes (else exit 2), in a directory (else exit 1)."""
-    from andrea.plots import figure_format_problem
+    from andrea.observe.plots import figure_format_problem
     path = Path(out)
     problem = figure_format_problem(path)
     if problem is not None:
@@ -293,7 +294,7 @@ def check_figure_path(out: str) -> Path:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from andrea.plots import plot_run
+    from andrea.observe.plots import plot_run
     run_dir, out = Path(args.run_dir), check_figure_path(args.out)
     plot_run(run_dir, trained_entries(run_dir, "plot"), out)
     print(f"wrote {out}")

@@ -1,6 +1,6 @@
 """`python -m andrea prepare`: a run's data prepared without training (on a CPU box, before the GPU is free).
 
-Writes what data/prepare.py writes (`tokenizer.json`, `data/`) and the resolved `run.toml`, so that a later
+Writes what data/preparation.py writes (`tokenizer.json`, `data/`) and the resolved `run.toml`, so that a later
 `andrea train --run-dir DIR` trains on exactly this preparation. Holds the run's lock (a trainer and a
 preparation never write one run at once). SIGTERM or Ctrl-C stops at the next chunk with everything done kept,
 exit 0; running it again continues, and on a prepared run it does nothing and says so.
@@ -12,9 +12,9 @@ import signal
 import sys
 from pathlib import Path
 
-from andrea.config import RunConfig
+from andrea.config.schema import RunConfig
 from andrea.data import early_stop, manifest as mf, store
-from andrea.data.prepare import Interrupted, check_unchanged, prepare_run
+from andrea.data.preparation import Interrupted, check_unchanged, prepare_run
 from andrea.rundir import atomic, names
 from andrea.rundir.runlock import RunLock
 

@@ -1,6 +1,6 @@
 """`andrea restore REPLICA --run-dir DIR`: a run brought back from its replica onto an empty disk.
 
-Reads the replica (rundir/replica.py's layout): `replica.json` (it must be an andrea replica), the published
+Reads the replica (replica/store.py's layout): `replica.json` (it must be an andrea replica), the published
 checkpoints newest first, each downloaded and hashed against its `.sum.json` until one verifies (an older one is
 taken when the newest does not), its companions, the ledger (checked against what that checkpoint vouches for:
 `step_N.ledger.json`), the sidecars, archive/, run.toml, tokenizer.json and data/. Writes them into DIR, each
@@ -18,8 +18,9 @@ import json
 import logging
 from pathlib import Path
 
-from andrea.control.replicator import run_record
-from andrea.rundir import checksum, replica as rep
+from andrea.replica.replicator import run_record
+from andrea.rundir import checksum
+from andrea.replica import store as rep
 from andrea.rundir.atomic import fsync_dir, write_atomic
 from andrea.rundir.ledger import ledger_problem
 from andrea.rundir.names import LEDGER_NAME, RESTORING_NAME, checkpoint_name, companion_path

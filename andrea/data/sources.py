@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from andrea.config import SourceConfig
+from andrea.config.schema import SourceConfig
 
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from andrea.config import DataConfig
+from andrea.config.schema import DataConfig
 from andrea.data import manifest as mf, splits
 from andrea.data.codec import EOT, TextCodec  # noqa: F401  (EOT: re-exported for callers of store)
-from andrea.data.prepare import prepare_run
+from andrea.data.preparation import prepare_run
 from andrea.data.sources import DataError
 from andrea.rundir.names import DATA_DIR
 

@@ -14,7 +14,7 @@ Returns the pre-clip global gradient norm as a 0-d device tensor (for logging wi
 norm is the same bits), then ONE Triton launch that reads w, g, m, v (+ the clip factor by pointer and the mask) and
 writes w, m, v in place: 28 bytes per parameter. Results match adamw_reference within a few fp32 ulps (the GPU
 contracts a*b+c into FMAs, launch.FP_FUSION; torch's CPU kernels vectorise differently); see
-tests/kernels/test_adamw.py.
+tests/unit/kernels/test_adamw.py.
 """
 
 from __future__ import annotations

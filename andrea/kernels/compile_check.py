@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 import torch
 import triton
 
-from andrea.configload import load, preset_names
-from andrea.model import layout_for, n_params
+from andrea.config.load import load, preset_names
+from andrea.model.gpt import layout_for, n_params
 
 # The kernel modules by import path: the package re-exports functions named like two of them (attention,
 # cross_entropy), so attribute access on andrea.kernels would find those instead.

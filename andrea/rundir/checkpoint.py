@@ -5,7 +5,7 @@ Format (docs/formats.md, fixed: other tools read it). Five contiguous regions, l
     offset        type                      content
     0             int32                     step: optimizer updates completed (the header step)
     4             int32                     n_params
-    8             float32 × n_params        weights, flat in the model's parameter order (andrea/model.py)
+    8             float32 × n_params        weights, flat in the model's parameter order (andrea/model/gpt.py)
     8 + 4n        float32 × n_params        AdamW first moment m (β1 = 0.9)
     8 + 8n        float32 × n_params        AdamW second moment v (β2 = 0.999)
     total         8 + 12·n bytes
@@ -334,7 +334,7 @@ def publish_checkpoint(tmp: str | Path, final: str | Path) -> Path:
     """The commit point: rename a complete, fsynced `.tmp` onto its checkpoint name, then fsync the directory.
 
     A failed rename removes the `.tmp` and propagates. ZeRO-1: rank 0 calls this once every rank's vote says
-    that its blocks of the shared `.tmp` are durable (andrea/control/shards.py).
+    that its blocks of the shared `.tmp` are durable (andrea/commit/shards.py).
     """
     return atomic.publish(Path(tmp), Path(final))
 
@@ -407,7 +407,7 @@ def remove_stale_tmp(run_dir: str | Path) -> list[Path]:
 def retention_victims(steps: Iterable[int], keep_last: int, keep_every: int,
                       protect: Iterable[int] = ()) -> list[int]:
     """Steps to delete: all but the newest `keep_last`, sparing multiples of `keep_every` (major checkpoints)
-    and the `protect`ed steps (the divergence guard's known-good checkpoint, control/guard.py)."""
+    and the `protect`ed steps (the divergence guard's known-good checkpoint, guard/decisions.py)."""
     ordered = sorted(set(steps))
     recent = set(ordered[-keep_last:]) if keep_last > 0 else set()
     spared = recent | set(protect)

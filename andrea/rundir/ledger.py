@@ -1,6 +1,6 @@
 """The loss ledger `.loss.json`: the run's append-only audit record (docs/formats.md#the-loss-ledger), its
 writer and its reader. The training loop's feed into it (lines batched for the I/O thread, fsynced on a cadence)
-is andrea/control/ledger.py.
+is andrea/run/ledger_feed.py.
 
 Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n". Two kinds of line:
 
@@ -14,7 +14,7 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
     tokens     training tokens seen up to and including this update
     time       Unix time at which the control plane recorded the entry
     phase      policy phase (0 until the first pivot)
-    mfu        model-FLOPs utilisation over the last max(log_every, 10) steps (andrea/mfu.py); absent on a device
+    mfu        model-FLOPs utilisation over the last max(log_every, 10) steps (andrea/observe/mfu.py); absent on a device
                without a known peak and for a process's first step
 
   marker (has an "event" key; always has "step" and "time"):
@@ -25,7 +25,7 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
             — step entries above 40 written before this marker are superseded by the entries after it
             (a `start` marker likewise supersedes every entry before it: the run began again from step 0)
     eval    validation loss                      {"event": "eval", "step": 500, "val_loss": ..., "arms": {...}}
-    tasks   the task audit (eval.tasks, andrea/evaltasks.py): multiple-choice accuracies of the live model
+    tasks   the task audit (eval.tasks, andrea/evals/tasks.py): multiple-choice accuracies of the live model
             {"event": "tasks", "step": 500, "acc": 0.31, "acc_norm": 0.33, "acc_norm_chars": 0.32,
              "examples": 1000, "tasks": "hellaswag_val.jsonl", "sha256": "..."}
     pivot   a new data policy (docs/operating.md)          {"event": "pivot", "step": ..., "phase": k, ...}
@@ -37,7 +37,7 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
     gap        the run continued past a ledger its checkpoint did not vouch for (`--accept-ledger-gap`)
                {"event": "gap", "step": S, "reason": "...", "recorded_bytes": B, "unreadable_lines": [n, ...]}
                — readers skip the unreadable lines it lists (and only those)
-    incident   the divergence guard (control/guard.py) saw the run leave its basin at step T
+    incident   the divergence guard (guard/decisions.py) saw the run leave its basin at step T
                {"event": "incident", "step": T, "reason": "loss 9.3 above its band 7.5 (3 of the last 5 steps
                 anomalous)", "loss": 9.3, "grad_norm": 3.0, "attempt": k}   (a non-finite value as a string)
     rollback   the guard went back to its known-good checkpoint and continues from there
@@ -50,7 +50,7 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
                attempt 1                          {"event": "recovered", "step": C}
     guard_stop the divergence persisted after guard.max_attempts rollbacks: the run stopped non-zero
                {"event": "guard_stop", "step": T, "attempts": k, "resume_from": "step_000040.bin" | null}
-    stall      the watchdog (control/watchdog.py) found a component busy without progress past its limit after
+    stall      the watchdog (observe/watchdog.py) found a component busy without progress past its limit after
                header step S; the process exits 75 right after (written only while the I/O thread is alive)
                {"event": "stall", "step": S, "component": "train" | "boundary" | "io", "seconds": 12.3,
                 "limit": 10.0}

@@ -26,8 +26,8 @@ TINY_PRESET = "andrea-tiny"
 
 
 def tiny_n_params() -> int:
-    from andrea import configload
-    from andrea.model import layout_for, n_params
+    from andrea.config import load as configload
+    from andrea.model.gpt import layout_for, n_params
     return n_params(layout_for(configload.load(preset=TINY_PRESET).model))
 
 

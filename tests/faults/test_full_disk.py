@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import andrea
-from andrea.control.writer import CheckpointWriter
+from andrea.commit.writer import CheckpointWriter
 from andrea.rundir import checkpoint as ckpt, names
 from tests.faults.conftest import remount_size
 from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, first_line_with, last_error_line,

@@ -1,0 +1,374 @@
+"""Typed run configuration: one dataclass per TOML section, each field with its docstring, checked on construction.
+
+The dataclasses are the schema: andrea/config/load.py reads presets, `run.toml`, user files and `--set` overrides
+into them, and andrea/config/doc.py generates the configuration reference (docs/configuration.md) from this file's
+field docstrings (and andrea/config/keepers.py's: the guard, the watchdog, notices). An out-of-range value raises
+`ConfigError` (andrea/config/check.py, with the type checks that build a section from a table) with one line naming
+the key. Reads and writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from andrea.config.check import ConfigError, build
+from andrea.config.keepers import GuardConfig, NotifyConfig, WatchdogConfig
+from andrea.mixture.policy import PolicyError, validate_policy
+
+
+@dataclass
+class ModelConfig:
+    """The GPT-2-shaped model; its shape fixes n_params and so the checkpoint size (8 + 12·n bytes)."""
+
+    n_layer: int = 4
+    """Transformer blocks."""
+    n_head: int = 4
+    """Attention heads per block; must divide n_embd."""
+    n_embd: int = 128
+    """Width of the residual stream (embedding size)."""
+    block_size: int = 128
+    """Context length; also the number of learned position embeddings."""
+    vocab_size: int = 4096
+    """Size of the byte-level BPE vocabulary trained at the run's first start (at least 256 + specials); token
+    files are uint16 up to 65,536 and uint32 above."""
+    dropout: float = 0.0
+    """0 for long pretraining runs; when > 0 the dropout RNG is seeded from (seed, step) so resume stays exact."""
+    bias: bool = True
+    """Biases in Linear and LayerNorm, as GPT-2."""
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"model.n_embd={self.n_embd} is not a multiple of model.n_head={self.n_head}")
+        if self.vocab_size < 260:
+            raise ConfigError(f"model.vocab_size={self.vocab_size} must be at least 260 (256 bytes + specials)")
+        if self.vocab_size > 2**31 - 1:
+            raise ConfigError(f"model.vocab_size={self.vocab_size} must fit int32 token ids")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
+        for name in ("n_layer", "n_head", "n_embd", "block_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be >= 1")
+
+
+@dataclass
+class TrainConfig:
+    """The optimizer, its schedule and the step loop's cadences."""
+
+    seed: int = 1337
+    """Seeds initialisation, data order, dropout and the bandit; a run is a pure function of seed and config."""
+    batch_size: int = 16
+    """Sequences of block_size tokens per optimizer step (tokens per step = batch_size · block_size)."""
+    steps: int = 200_000
+    """The step to stop at (counted from 0); `--steps` overrides it. The LR schedule does not depend on it."""
+    lr: float = 6e-4
+    """Peak learning rate, reached at the end of the linear warmup."""
+    min_lr: float = 6e-5
+    """Learning rate at the end of the cosine decay, and after it."""
+    warmup_steps: int = 2000
+    """Steps of linear warmup from lr/warmup_steps to lr."""
+    lr_decay_steps: int = 200_000
+    """Horizon of the cosine decay; fixed per run so that stopping early never changes the schedule."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay, on matrices only (not biases or LayerNorm gains)."""
+    beta1: float = 0.9
+    """AdamW first-moment decay (m in the checkpoint)."""
+    beta2: float = 0.999
+    """AdamW second-moment decay (v in the checkpoint)."""
+    eps: float = 1e-8
+    """AdamW epsilon, added to the square root of the bias-corrected v."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip; 0 disables it."""
+    eval_every: int = 500
+    """Validation cadence in steps: an `eval` marker with per-arm held-out losses in .loss.json."""
+    eval_batches: int = 8
+    """Held-out batches per arm in each validation."""
+    log_every: int = 10
+    """Progress log-line cadence in steps when stderr is not a terminal (a terminal gets a live bar)."""
+    device: str = "auto"
+    """auto | cpu | cuda"""
+    kernels: str = "auto"
+    """auto | torch | triton (auto = Triton on a CUDA GPU it runs on, sm_80 or newer; else the plain-torch reference)"""
+    micro_batch_size: int | str = 0
+    """Rows per forward and backward pass: a step runs batch_size / micro_batch_size of them over consecutive
+    slices of its batch, accumulating one gradient, then one AdamW update (same data, same math, less memory).
+    0 = the whole batch (per rank under torchrun); it must divide the batch (per rank). "auto": start from the
+    whole batch and halve it while the first step runs out of memory; the value chosen is written to run.toml."""
+    activation_checkpointing: str = "none"
+    """none | blocks (blocks: keep only each transformer block's input and recompute the block in the backward:
+    the same bytes, less activation memory, ~1/3 more compute)"""
+    peak_tflops: float = 0.0
+    """Peak dense TFLOP/s of one device, for MFU (andrea/observe/mfu.py); 0 = the table's for a GPU it lists (A100, H100,
+    H200, L4, L40S, RTX 3090/4090, bf16). On a CPU or an unlisted GPU MFU is reported as unknown unless set."""
+
+    def __post_init__(self) -> None:
+        mb = self.micro_batch_size
+        if mb != "auto" and (type(mb) is not int or mb < 0):
+            raise ConfigError(f"train.micro_batch_size={mb!r} must be a positive integer, 0 (the whole batch) "
+                              f"or \"auto\"")
+        if type(mb) is int and mb and self.batch_size >= 1 and self.batch_size % mb:
+            raise ConfigError(f"train.micro_batch_size={mb} does not divide train.batch_size={self.batch_size}")
+        if self.activation_checkpointing not in ("none", "blocks"):
+            raise ConfigError(f"train.activation_checkpointing={self.activation_checkpointing!r} must be none or "
+                              f"blocks")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"train.device={self.device!r} must be auto, cpu or cuda")
+        if self.kernels not in ("auto", "torch", "triton"):
+            raise ConfigError(f"train.kernels={self.kernels!r} must be auto, torch or triton")
+        if self.batch_size < 1 or self.steps < 0 or self.warmup_steps < 0 or self.lr_decay_steps < 1:
+            raise ConfigError("train.batch_size, steps, warmup_steps and lr_decay_steps must be positive")
+        if not (0.0 <= self.beta1 < 1.0 and 0.0 <= self.beta2 < 1.0):
+            raise ConfigError("train.beta1 and train.beta2 must be in [0, 1)")
+        if self.eval_every < 1 or self.log_every < 1 or self.eval_batches < 1:
+            raise ConfigError("train.eval_every, eval_batches and log_every must be >= 1")
+        if not self.peak_tflops >= 0:
+            raise ConfigError(f"train.peak_tflops={self.peak_tflops} must be >= 0 (0: the device table's)")
+
+
+@dataclass
+class CheckpointConfig:
+    """When checkpoints are written and which are kept (docs/formats.md and operating.md)."""
+
+    every: int = 100
+    """Cadence in steps (docs/formats.md: ~17 minutes of work at risk on ANDREA-120M); equal to sample.every by default."""
+    keep_last: int = 5
+    """Newest checkpoints kept; older ones are deleted unless they are multiples of keep_every."""
+    keep_every: int = 10_000
+    """Checkpoints at multiples of this are "major" and never deleted; 0 disables."""
+    usr1: str = "step"
+    """step: SIGUSR1 checkpoints the step in flight; cadence: the next multiple of `every` (the pivot sequence)."""
+    on_write_error: str = "retry"
+    """retry: warn loudly and try again at the next cadence; stop: exit non-zero at once (every rank, at the same
+    step)."""
+    replica: str = ""
+    """Where each committed checkpoint, the ledger, the sidecars, run.toml, the tokenizer and the data are copied, off
+    the training thread: an object-store URI (`s3://bucket/prefix`; gs://, az:// too) or a plain path (a second
+    disk); empty: no replica. S3 endpoint and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION (never written here). `andrea restore` brings a run back from it
+    (docs/operating.md#a-replica-off-the-machine); needs `andrea[replica]`."""
+    replica_wait: float = 120.0
+    """Seconds a stop (SIGTERM, the step target) waits for the replica to take the last checkpoint before exiting 0;
+    what is missing then is uploaded by the next start."""
+
+    def __post_init__(self) -> None:
+        if self.every < 1 or self.keep_last < 1 or self.keep_every < 0:
+            raise ConfigError("checkpoint.every and keep_last must be >= 1, keep_every >= 0")
+        if self.usr1 not in ("step", "cadence"):
+            raise ConfigError(f"checkpoint.usr1={self.usr1!r} must be 'step' or 'cadence'")
+        if self.on_write_error not in ("retry", "stop"):
+            raise ConfigError(f"checkpoint.on_write_error={self.on_write_error!r} must be 'retry' or 'stop'")
+        if self.replica_wait < 0:
+            raise ConfigError(f"checkpoint.replica_wait={self.replica_wait} must be >= 0 seconds")
+
+
+@dataclass
+class SourceConfig:
+    """A user data source ("arm"): text, JSON lines or parquet (prepared into token files), or a token file."""
+
+    name: str
+    """Arm name: unique among arms, used in policy caps/floors and in .state.json."""
+    path: str
+    """A file, a directory or a glob (`**` recurses; symbolic links are followed, each directory once); gzip, zstd,
+    bzip2 and xz files (told by their first bytes) are decompressed as they are read."""
+    kind: str = "text"
+    """text (each file one document) | jsonl (one JSON object per line) | parquet (one row per document) | tokens
+    (one flat little-endian token file, as nanoGPT's prepare.py writes; used in place, never copied)"""
+    field: str = "text"
+    """jsonl: the top-level key that holds each document's text; parquet: the column."""
+    dtype: str = "uint16"
+    """tokens: uint16 | uint32, the file's token width."""
+    max_bytes: int = 0
+    """Cap on the text prepared from this source, in bytes of UTF-8; 0 (the default) prepares the whole source."""
+
+    def __post_init__(self) -> None:
+        where = f"data.sources[{self.name!r}]"
+        if self.kind not in SOURCE_KINDS:
+            raise ConfigError(f"{where}.kind={self.kind!r} must be one of {', '.join(SOURCE_KINDS)}")
+        if self.dtype not in ("uint16", "uint32"):
+            raise ConfigError(f"{where}.dtype={self.dtype!r} must be 'uint16' or 'uint32'")
+        if self.max_bytes < 0:
+            raise ConfigError(f"{where}.max_bytes={self.max_bytes} must be >= 0 (0: the whole source)")
+        if not self.field:
+            raise ConfigError(f"{where}.field must not be empty")
+
+
+SOURCE_KINDS = ("text", "jsonl", "parquet", "tokens")
+BUILTIN_ARMS = ("stdlib-docstrings", "stdlib-code", "pydoc-topics")
+
+
+@dataclass
+class DataConfig:
+    """The training data: built-in and user arms, the tokenizer, the held-out split."""
+
+    arms: list[str] = field(default_factory=lambda: list(BUILTIN_ARMS))
+    """Built-in arms to train on (embedded, offline): any of stdlib-docstrings, stdlib-code, pydoc-topics."""
+    sources: list[SourceConfig] = field(default_factory=list)
+    """User arms, `[[data.sources]]` tables with name, path, kind."""
+    max_bytes_per_arm: int = 8_000_000
+    """Cap on the text of each built-in arm (the embedded corpus is small); user sources are prepared whole unless
+    their own `max_bytes` is set. A cap that cuts an arm is logged with how much was used of how much."""
+    tokenizer_sample_bytes: int = 16_000_000
+    """Text the BPE tokenizer is trained on: a deterministic sample drawn evenly across the text arms and their
+    files (the head of each chosen file), so training time and memory do not grow with the corpus."""
+    val_fraction: float = 0.05
+    """Share of each arm held out for validation (never trained on)."""
+    tokenizer: str = "bpe"
+    """bpe: train a byte-level BPE at the first start; or a path to an existing HF tokenizer.json."""
+
+    def __post_init__(self) -> None:
+        self.sources = [s if isinstance(s, SourceConfig) else build(  # a table as a dict: checked like TOML
+                        SourceConfig, s, "data.sources")
+                        for s in self.sources]
+        unknown = [a for a in self.arms if a not in BUILTIN_ARMS]
+        if unknown:
+            raise ConfigError(f"data.arms: unknown built-in arm {unknown[0]!r} (known: {', '.join(BUILTIN_ARMS)})")
+        names = self.arm_names()
+        if not names:
+            raise ConfigError("data: no arms configured (data.arms and data.sources are both empty)")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"data: arm names must be unique, got {names}")
+        if not 0.0 < self.val_fraction < 0.5:
+            raise ConfigError(f"data.val_fraction={self.val_fraction} must be in (0, 0.5)")
+        if self.max_bytes_per_arm < 1 or self.tokenizer_sample_bytes < 1:
+            raise ConfigError("data.max_bytes_per_arm and data.tokenizer_sample_bytes must be >= 1")
+
+    def arm_names(self) -> list[str]:
+        return list(self.arms) + [s.name for s in self.sources]
+
+
+@dataclass
+class PolicyConfig:
+    """The operator's bounds on the data mixture (docs/formats.md) and the bandit's knobs."""
+
+    caps: dict[str, float] = field(default_factory=dict)
+    """Per-arm maximum share; arms not listed are uncapped (1.0)."""
+    floors: dict[str, float] = field(default_factory=dict)
+    """Per-arm minimum share; arms not listed have floor 0."""
+    update_every: int = 10
+    """The bandit updates its mixture every this many steps, from the losses of the finished window."""
+    eta: float = 0.1
+    """EXP3 learning rate on rescaled rewards."""
+    gamma: float = 0.05
+    """EXP3 exploration: share of uniform mixing before the caps/floors projection."""
+    target: dict[str, float] = field(default_factory=dict)
+    """The objective the mixture serves: a weight per arm on its held-out loss (arms not listed weigh 1; the
+    weights are normalised to sum 1). Default: the mean over the configured arms, what `eval` markers report as
+    `target_loss`. An arm of weight 0 is sampled only as far as it helps the others (and its floor binds)."""
+
+    def __post_init__(self) -> None:
+        if self.update_every < 1 or self.eta <= 0 or not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError("policy.update_every must be >= 1, policy.eta > 0 and policy.gamma in [0, 1]")
+
+    def target_weights(self, arms: list[str]) -> list[float]:
+        """The normalised target weight of each arm in `arms` (validated by andrea/mixture/policy.py)."""
+        raw = [float(self.target.get(a, 1.0)) for a in arms]
+        return [w / sum(raw) for w in raw]
+
+
+@dataclass
+class SampleConfig:
+    """Sample audits written to .samples.json."""
+
+    every: int = 0
+    """Sample-audit cadence; 0 means equal to checkpoint.every (docs/formats.md#why-a-checkpoint-every-100-steps)."""
+    prompts: list[str] = field(default_factory=lambda: ["def ", "The "])
+    """Prompts sampled at each sample audit."""
+    max_new_tokens: int = 48
+    """Tokens generated per prompt."""
+    keep: int = 20
+    """Number of audits kept in .samples.json."""
+    temperature: float = 0.8
+    """Sampling temperature."""
+    top_k: int = 40
+    """Sample from the k most likely tokens only."""
+
+
+@dataclass
+class EvalConfig:
+    """A multiple-choice task audit during training (andrea/evals/tasks.py; `andrea eval` scores one checkpoint)."""
+
+    tasks: str = ""
+    """A tasks file in HellaSwag's JSON Lines format (ctx, endings, label), scored on the live model at every
+    `every` steps, its accuracies a `tasks` marker in .loss.json; empty: off. Resolved to an absolute path when the
+    run starts (run.toml keeps that), and read then: a bad file refuses the start in one line."""
+    every: int = 0
+    """Task-audit cadence in steps; 0 means equal to checkpoint.every."""
+    limit: int = 0
+    """Score the file's first `limit` examples only (0: all): a bound on the audit's cost (HellaSwag's 10,042
+    examples are ~40,000 rows, minutes of a 120M model's forwards)."""
+    batch_rows: int = 32
+    """Rows (one per ending) per forward: the audit's logits are batch_rows x block_size x vocab floats."""
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.limit < 0 or self.batch_rows < 1:
+            raise ConfigError("eval.every and eval.limit must be >= 0, eval.batch_rows >= 1")
+
+
+@dataclass
+class LogConfig:
+    """Where a run's records go besides the ledger (which is always written)."""
+
+    tensorboard: bool = False
+    """Also write the ledger's records as TensorBoard scalars under RUN_DIR/tb/ (andrea/observe/tensorboard.py)."""
+    flush_secs: float = 30.0
+    """Longest time a TensorBoard scalar waits in memory before it is written to RUN_DIR/tb/."""
+    wandb: bool = False
+    """Also stream the ledger's settled history to Weights & Biases, one W&B run per andrea run across restarts
+    (andrea/observe/wandb_log.py; needs `pip install 'andrea[wandb]'` and, online, WANDB_API_KEY in the
+    environment)."""
+    wandb_project: str = "andrea"
+    """The W&B project."""
+    wandb_entity: str = ""
+    """The W&B entity (user or team); empty: the API key's default."""
+    wandb_name: str = ""
+    """The W&B run's display name; empty: the run directory's name."""
+    wandb_mode: str = "online"
+    """online | offline (offline: files under RUN_DIR/wandb/ only, uploaded later with `wandb sync`)."""
+    wandb_timeout_s: float = 30.0
+    """Longest wait for W&B when it starts and when the process ends (what it has not sent is sent next time)."""
+
+    def __post_init__(self) -> None:
+        if not self.flush_secs > 0:
+            raise ConfigError(f"log.flush_secs={self.flush_secs} must be > 0")
+        if self.wandb_mode not in ("online", "offline"):
+            raise ConfigError(f"log.wandb_mode={self.wandb_mode!r} must be online or offline")
+        if not self.wandb_timeout_s > 0:
+            raise ConfigError(f"log.wandb_timeout_s={self.wandb_timeout_s} must be > 0")
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
+
+    def __post_init__(self) -> None:
+        try:
+            validate_policy(self.data.arm_names(), self.policy.caps, self.policy.floors, self.policy.target)
+        except PolicyError as e:
+            raise ConfigError(str(e)) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        import tomli_w  # only writers of run.toml need it
+        return tomli_w.dumps(self.to_dict())
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+
+
+def section_types() -> dict[str, type]:
+    hints = typing.get_type_hints(RunConfig)
+    return {name: hints[name] for name in SECTIONS}

@@ -1,0 +1,1 @@
+"""Read-only looks at the model: the held-out loss and sample audits, multiple-choice tasks."""

@@ -1,0 +1,94 @@
+"""Read-only looks at the model between steps: validation loss, sample audits and the task audit (`eval.tasks`).
+
+All run on the training thread at a step boundary and leave training's state and randomness untouched:
+evaluation uses a fixed set of held-out windows per arm (drawn from the EVAL stream keyed by the seed only,
+so every eval of a run scores the same text), and sampling draws from its own generators keyed by
+(seed, step, prompt). Cost is bounded: `train.eval_batches` forward passes per arm; per sample audit, one batched
+prefill of all prompts and `sample.max_new_tokens - 1` one-token forwards through a KV cache (andrea/model/generate.py);
+per task audit, one forward per `eval.batch_rows` endings of the first `eval.limit` examples (no gradient, eval
+mode: the next step sets train mode again).
+
+Sample randomness: prompt p at step S samples from its own torch generator seeded from (seed, S, SAMPLE_STREAM,
+a 64-bit hash of p's text), so a prompt's draws do not depend on which other prompts are configured or their
+order (its text can differ from a batch of one only by float rounding; see andrea/model/generate.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from andrea.evals import tasks as evaltasks
+from andrea.config.schema import RunConfig
+from andrea.data.store import EVAL_STREAM, SAMPLE_STREAM, ArmTokens, TextCodec, rng_for, rows
+from andrea.run.trainer import Trainer
+
+
+def evaluate(trainer: Trainer, arms: list[ArmTokens], cfg: RunConfig) -> dict[str, float]:
+    """Mean held-out loss per arm."""
+    losses = {}
+    B = cfg.train.batch_size
+    for a, arm in enumerate(arms):
+        rng = rng_for(cfg.train.seed, 0, EVAL_STREAM, a)
+        total = 0.0
+        for _ in range(cfg.train.eval_batches):
+            x, y = rows(arms, np.full(B, a), cfg.model.block_size, rng, split="val")
+            total += float(trainer.loss_of(x, y))
+        losses[arm.name] = total / cfg.train.eval_batches
+    return losses
+
+
+def target_loss(losses: dict[str, float], target: dict[str, float]) -> float:
+    """The objective the data mixture serves (`policy.target`): Σ target[a]·losses[a] over the weighted arms."""
+    return sum(target[a] * losses[a] for a in losses) / sum(target[a] for a in losses)
+
+
+def prompt_generator(seed: int, step: int, prompt: str) -> torch.Generator:
+    """The generator prompt `prompt` samples from at `step`: keyed by the prompt's text, not its index."""
+    key = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "little")
+    return torch.Generator().manual_seed(int(rng_for(seed, step, SAMPLE_STREAM, key).integers(2**62)))
+
+
+def sample_audits(trainer: Trainer, codec: TextCodec, cfg: RunConfig, step: int) -> list[dict]:
+    """One `.samples.json` entry per prompt: {"step", "prompt", "text"} (the continuation, prompt excluded)."""
+    sc = cfg.sample
+    prompts = [codec.encode(p) or [codec.eot] for p in sc.prompts]
+    generators = [prompt_generator(cfg.train.seed, step, p) for p in sc.prompts]
+    new = trainer.generate(prompts, sc.max_new_tokens, temperature=sc.temperature, top_k=sc.top_k,
+                           generators=generators)
+    return [{"step": step, "prompt": p, "text": codec.decode(ids)} for p, ids in zip(sc.prompts, new)]
+
+
+class TaskAudit:
+    """`eval.tasks` during training: the file read and tokenized once at the start (a bad file refuses the start),
+    then scored on the live model at a step boundary (andrea/evals/tasks.py; its `tasks` marker fields)."""
+
+    def __init__(self, path: Path, codec: TextCodec, cfg: RunConfig):
+        taskfile = evaltasks.read_tasks(path)
+        self.path, self.sha256 = path, taskfile.sha256
+        self.tasks = taskfile.tasks[:cfg.eval.limit] if cfg.eval.limit else taskfile.tasks
+        self.codec = _Memo(codec)  # every audit scores the same text: its tokens once
+        self.block_size, self.batch_rows = cfg.model.block_size, cfg.eval.batch_rows
+        for task in self.tasks:  # an encoding problem (a context of no tokens) is said now, not at step 5,000
+            evaltasks.encode_task(task, self.codec, str(path))
+
+    def __call__(self, trainer: Trainer) -> dict:
+        score = evaltasks.score_tasks(evaltasks.trainer_forward(trainer), self.codec, self.tasks, self.block_size,
+                                      self.batch_rows, where=str(self.path))
+        return {"acc": score.acc, "acc_norm": score.acc_norm, "acc_norm_chars": score.acc_norm_chars,
+                "examples": len(self.tasks), "tasks": self.path.name, "sha256": self.sha256}
+
+
+class _Memo:
+    """An encoder that remembers: the task audit encodes the same contexts and endings at every step."""
+
+    def __init__(self, codec):
+        self.codec, self.seen = codec, {}
+
+    def encode(self, text: str) -> list[int]:
+        if text not in self.seen:
+            self.seen[text] = self.codec.encode(text)
+        return self.seen[text]

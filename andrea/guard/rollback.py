@@ -1,0 +1,87 @@
+"""The file side of the divergence guard's decisions (guard/decisions.py decides; this carries them out).
+
+Reads and writes, in the run directory:
+    step_NNNNNN.guard.json   the guard's state as of that checkpoint (format: guard/decisions.py), written
+                             atomically beside each checkpoint and rewritten on the known-good checkpoint at a
+                             rollback, so a run stopped in the middle of an incident resumes with the decisions
+                             already taken; deleted with its checkpoint by the writer (`step_NNNNNN.*.json`)
+    step_NNNNNN.bin          (deletes) the checkpoints after the known-good one at a rollback: they belong to
+                             the abandoned timeline, and a restart must not resume from them
+Reads the known-good state's payload: a checkpoint, imported --init-from weights, or the seeded initialisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from andrea.config.schema import RunConfig
+from andrea.guard.decisions import Guard, GuardStateError
+from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars
+
+
+def companion_path(run_dir: Path, step: int) -> Path:
+    return names.companion_path(run_dir, step, "guard")
+
+
+def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
+               init_from: str | None = None,
+               read_json: Callable[[Path], object] = sidecars.read_json) -> tuple[Guard, str | None]:
+    """The guard as of the checkpoint resumed from (its companion), else one whose known-good point is that
+    checkpoint (a run from before the guard, a branch, --init-from) or the initial state; and a warning.
+    `read_json`: how this rank reads the companion (on separate disks, rank 0 reads it: parallel/sharing.py)."""
+    if info is None:
+        return Guard(cfg.guard, init_from=init_from), None
+    path = companion_path(info.path.parent, info.step)
+    name = info.path.name if info.path.parent == run_dir else str(info.path.resolve())
+    try:
+        d = read_json(path)
+        if d is not None:
+            return Guard.from_state(cfg.guard, d, info.step, str(path)), None
+    except (sidecars.SidecarError, GuardStateError) as e:
+        return Guard(cfg.guard, good_step=info.step, good_path=name), f"{e}; the guard starts afresh from {name}"
+    return Guard(cfg.guard, good_step=info.step, good_path=name), None
+
+
+def good_payload(guard: Guard, run_dir: Path, cfg: RunConfig, trainer) -> torch.Tensor:
+    """[w | m | v] (3n,) fp32 of the known-good point: its checkpoint, else the initial state."""
+    good = guard.good
+    if good["path"] is not None:
+        path = Path(good["path"]) if Path(good["path"]).is_absolute() else run_dir / good["path"]
+        _, payload = ckpt.read_payload(path, trainer.n)
+        return torch.from_numpy(payload)
+    payload = torch.zeros(3 * trainer.n, dtype=torch.float32)
+    if good.get("init_from"):  # weights imported by --init-from: re-read them, m = v = 0 (andrea/model/export.py)
+        from andrea.model.export import read_weights
+        payload[:trainer.n] = torch.from_numpy(np.asarray(read_weights(Path(good["init_from"]), trainer.layout)))
+    else:
+        from andrea.model.gpt import init_weights
+        payload[:trainer.n] = init_weights(trainer.layout, cfg.model, cfg.train.seed)
+    return payload
+
+
+def in_run_dir(guard: Guard, run_dir: Path) -> bool:
+    """Whether the known-good point is a checkpoint in this run directory (else it must be written there)."""
+    path = guard.good["path"]
+    return path is not None and not Path(path).is_absolute() and (run_dir / path).exists()
+
+
+def drop_after(run_dir: Path, step: int) -> list[str]:
+    """Delete the checkpoints above `step` with their companions; return their names."""
+    dropped = []
+    for s, path in ckpt.list_checkpoints(run_dir):
+        if s > step:
+            path.unlink(missing_ok=True)
+            for companion in names.companions(run_dir, s):
+                companion.unlink(missing_ok=True)
+            dropped.append(path.name)
+    if dropped:
+        atomic.fsync_dir(run_dir)
+    return dropped
+
+
+def write_companion(run_dir: Path, step: int, state: dict) -> None:
+    sidecars.write_json(companion_path(run_dir, step), state)

@@ -1,0 +1,105 @@
+"""Memory decisions as pure functions over plain data: the micro-batch a step runs with, the out-of-memory
+fallback of `train.micro_batch_size = "auto"`, and the device-memory estimate `andrea info` prints.
+
+Reads and writes nothing; imports no torch (the trainer applies these decisions, andrea/run/trainer.py).
+
+The estimate counts what a training step keeps alive at its peak, the moment the loss's backward starts:
+    parameters   fp32 masters, 4·n bytes            (the flat `w`, andrea/run/trainer.py)
+    gradient     fp32, 4·n                          (the flat gradient every micro-batch accumulates into)
+    adam_m_v     fp32 m and v, 8·n                  (1/P of that per rank under torchrun: ZeRO-1, andrea/parallel/zero.py)
+    activations  what autograd saved for the backward, per micro-batch of b rows of T tokens
+    logits       the (b·T, V) log-probabilities the loss saved and the same-sized gradient its backward makes
+Activations per token, counted from the tensors autograd saves (checked against saved-tensor hooks in
+tests/e2e/test_microbatch.py): per block the LayerNorm inputs (2·C), their outputs (2·C), q, k, v (3·C), the attention
+output (C), the MLP's hidden layer before and after GELU (8·C), and small per-token statistics (LayerNorm mean
+and rstd, the attention's log-sum-exp per head); outside the blocks the final LayerNorm's input and output (2·C).
+On CPU every one is fp32 (4 bytes). On CUDA the forward runs under bf16 autocast: the residual stream and the
+LayerNorm inputs stay fp32, the matmul inputs and outputs are bf16, the attention output is copied once more
+to (B, T, C) for c_proj, and the loss works on an fp32 copy of the bf16 logits (a modelled count: no GPU
+measurement yet). With activation checkpointing ("blocks") a block keeps only its input (fp32, 4·C) and one
+block at a time holds its full activations again while its backward runs.
+Not counted: the allocator's slack and fragmentation, the CUDA context (~0.5 GB), dropout masks (dropout is off
+by default), the checkpoint staging buffers on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from andrea.config.schema import ModelConfig
+
+GIB = 1024 ** 3
+
+
+def micro_batch_rows(micro_batch_size: int | str, rows: int) -> int:
+    """Rows per pass for a (per-rank) batch of `rows`: 0 and "auto" start from the whole batch."""
+    return rows if micro_batch_size in (0, "auto") else int(micro_batch_size)
+
+
+def check_micro_batch(micro_batch_size: int | str, rows: int, where: str | None = None) -> str | None:
+    """The problem with this micro-batch for a batch of `rows` (one line), or None when it divides it."""
+    mb = micro_batch_rows(micro_batch_size, rows)
+    if mb > rows or rows % mb:
+        return f"train.micro_batch_size={mb} does not divide {where or f'train.batch_size={rows}'}"
+    return None
+
+
+def next_micro_batch(rows: int, current: int) -> int | None:
+    """The out-of-memory fallback: the largest divisor of `rows` at most half of `current` (a step keeps
+    consecutive equal slices of its batch); None when `current` is already one row."""
+    for mb in range(current // 2, 0, -1):
+        if rows % mb == 0:
+            return mb
+    return None
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes of device memory one training step needs at its peak (see the module docstring)."""
+
+    device: str
+    micro_batch_size: int
+    activation_checkpointing: str
+    parameters: int
+    gradient: int
+    adam_m_v: int
+    activations: int
+    logits: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradient + self.adam_m_v + self.activations + self.logits
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["total"] = self.total
+        out["total_gib"] = round(self.total / GIB, 3)
+        return out
+
+
+def block_bytes_per_token(cfg: ModelConfig, device: str) -> int:
+    """Bytes autograd saves per token for one transformer block without activation checkpointing."""
+    C, stats = cfg.n_embd, 4 * (cfg.n_head + 4)  # fp32 log-sum-exp per head; mean and rstd of two LayerNorms
+    if device == "cuda":
+        # fp32: x and the residual after attention (LayerNorm inputs); bf16: both LayerNorm outputs, q/k/v, the
+        # attention output and its (B, T, C) copy, the MLP hidden layer before and after GELU.
+        return 4 * 2 * C + 2 * (2 * C + 3 * C + 2 * C + 8 * C) + stats
+    return 4 * 16 * C + stats
+
+
+def estimate(cfg: ModelConfig, n_params: int, micro_batch_size: int, *, activation_checkpointing: str = "none",
+             device: str = "cuda", world_size: int = 1) -> MemoryEstimate:
+    """Peak device memory of a training step with micro-batches of `micro_batch_size` rows (per rank)."""
+    tokens = micro_batch_size * cfg.block_size
+    block = block_bytes_per_token(cfg, device)
+    if activation_checkpointing == "blocks":
+        per_token = cfg.n_layer * 4 * cfg.n_embd + block  # every block's input, one block recomputed
+    else:
+        per_token = cfg.n_layer * block
+    per_token += 4 * 2 * cfg.n_embd + 16  # ln_f input and output; int64 inputs and targets
+    # log-probabilities (fp32) and their gradient (fp32); on CUDA also the bf16 logits and their bf16 gradient
+    logits_per_token = cfg.vocab_size * (4 + 4 + (2 if device == "cuda" else 0))
+    shard = -(-n_params // world_size)
+    return MemoryEstimate(device, micro_batch_size, activation_checkpointing, parameters=4 * n_params,
+                          gradient=4 * n_params, adam_m_v=8 * shard, activations=tokens * per_token,
+                          logits=tokens * logits_per_token)

@@ -1,0 +1,256 @@
+"""The watchdog: a run that stops making progress ends with exit code 75 and its stacks in the log.
+
+A run that hangs (a deadlocked collective, a driver stuck, a write that never returns) is a run that is lost until
+someone looks; one that exits non-zero is restarted by its supervisor (systemd `Restart=on-failure`, a Kubernetes
+Job, SLURM's requeue) and resumes from its newest checkpoint to the same bytes (docs/operating.md#the-watchdog).
+
+Three components are watched, each by plain counters its own thread bumps (`Beats`, one writer per counter):
+    train     the training thread (`andrea-train`): a job (step, snapshot, eval, load) starting or returning;
+    io        the I/O thread (`andrea-io`): a job starting or returning, and on Linux every write or read call
+              returning inside one (its /proc/self/task/<tid>/io counters: a checkpoint goes out in 64 MiB write
+              calls, so a slow disk that keeps moving keeps reporting progress);
+    boundary  the event loop while it crosses a step boundary or waits for a step: it waits on the other two,
+              so it is moving whenever anything moves; it is hung only when nothing moves.
+The decisions are `Tracker` and `limit`, plain code over those counters and the times of the polls (tested with
+a fake clock, tests/unit/observe/test_watchdog.py). Time is counted as the watchdog's own polls see it, each poll
+adding at most `max_tick`: after a `kill -STOP` and SIGCONT the monotonic clock has jumped, but the process was
+not runnable, and the jump counts as one tick. `Watchdog` is the thin thread that polls; `end_hung_run` acts.
+
+Writes, when it acts: one error line and every thread's stack (faulthandler) to stderr, the CUDA and process
+group state when there is one, a `stall` marker in the ledger (rundir/ledger.py) through the I/O thread unless
+that thread is the one hung (waited for at most MARKER_WAIT_S), a `stall` notice (observe/notify.py); then the
+process exits with config.STALL_EXIT_CODE at once (os._exit: a hung thread cannot be joined).
+
+Test hook: `ANDREA_TEST_HANG=<train|io>@<step>[@<rank>]` hangs the training thread after the update that reaches
+header step <step> (run/runtime.py), or the I/O thread at the start of the commit of step <step>
+(commit/writer.py), once per process, on every rank or the one named. Never in production.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from andrea.config.keepers import STALL_EXIT_CODE, WatchdogConfig
+
+log = logging.getLogger("andrea.watchdog")
+
+COMPONENTS = ("train", "io", "boundary")  # the order a stall is named in: the most specific first
+WHAT = {"train": "the training thread", "io": "the I/O thread", "boundary": "the step boundary (event loop)"}
+MARKER_WAIT_S = 5.0  # how long the stall marker may wait for a live I/O thread (it may be mid-commit)
+
+
+# --- the decisions -----------------------------------------------------------------------------------------------
+def limit(floor: float, factor: float, slowest: float) -> float:
+    """A component's limit: never under the floor, and `factor` times the longest wait without progress seen."""
+    return max(floor, factor * slowest)
+
+
+@dataclass(frozen=True)
+class Stall:
+    component: str
+    seconds: float  # busy without progress, in runnable time
+    limit: float
+
+
+@dataclass
+class Tracker:
+    """Which components are hung, from successive polls of (busy, progress count) per component.
+
+    `observe(now, snapshot)` adds the time since the previous poll, at most `max_tick`, to each component busy
+    without progress since then; progress (a changed count) resets it and records the wait it ended in `slowest`
+    (which raises that component's limit)."""
+
+    floor: float
+    factor: float
+    max_tick: float
+    last_poll: float | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    idle: dict[str, float] = field(default_factory=dict)
+    slowest: dict[str, float] = field(default_factory=dict)
+
+    def limit(self, component: str) -> float:
+        return limit(self.floor, self.factor, self.slowest.get(component, 0.0))
+
+    def observe(self, now: float, snapshot: dict[str, tuple[bool, int]]) -> list[Stall]:
+        tick = 0.0 if self.last_poll is None else min(max(0.0, now - self.last_poll), self.max_tick)
+        self.last_poll = now
+        for c, (busy, count) in snapshot.items():
+            moved = self.counts.get(c, count) != count
+            self.counts[c] = count
+            waited = self.idle.get(c, 0.0) + tick
+            if moved:
+                self.slowest[c] = max(self.slowest.get(c, 0.0), waited)
+            self.idle[c] = waited if busy and not moved else 0.0
+        return [Stall(c, self.idle[c], self.limit(c)) for c in COMPONENTS
+                if c in snapshot and self.idle[c] > self.limit(c)]
+
+
+# --- the counters the threads bump ---------------------------------------------------------------------------------
+@dataclass
+class Beat:
+    busy: int = 0
+    count: int = 0
+
+
+class Beats:
+    """Progress counters per component; each is written by its component's thread only (no lock needed)."""
+
+    def __init__(self) -> None:
+        self.parts = {c: Beat() for c in COMPONENTS}
+        self.io_tid: int | None = None  # the I/O thread's kernel id: its /proc counters move inside one write
+
+    def begin(self, c: str) -> None:
+        b = self.parts[c]
+        b.busy += 1
+        b.count += 1
+
+    def end(self, c: str) -> None:
+        b = self.parts[c]
+        b.busy -= 1
+        b.count += 1
+
+    async def watch(self, c: str, awaitable):
+        """Await `awaitable` as component `c` (the boundary: the event loop crossing it or waiting for a step)."""
+        self.begin(c)
+        try:
+            return await awaitable
+        finally:
+            self.end(c)
+
+    def snapshot(self) -> dict[str, tuple[bool, int]]:
+        io = self.parts["io"].count + syscalls(self.io_tid)
+        train = self.parts["train"].count
+        b = self.parts["boundary"]
+        return {"train": (self.parts["train"].busy > 0, train), "io": (self.parts["io"].busy > 0, io),
+                "boundary": (b.busy > 0, b.count + train + io)}  # it waits on the others: moving when they move
+
+
+def syscalls(tid: int | None) -> int:
+    """Read and write calls completed by thread `tid` (Linux /proc; 0 where there is none)."""
+    if tid is None:
+        return 0
+    try:
+        with open(f"/proc/self/task/{tid}/io") as f:
+            fields = dict(line.split(": ") for line in f.read().splitlines())
+        return int(fields["syscr"]) + int(fields["syscw"])
+    except (OSError, KeyError, ValueError):
+        return 0
+
+
+class WatchedExecutor(ThreadPoolExecutor):
+    """A one-thread executor whose jobs count as busy time and progress of component `name`."""
+
+    def __init__(self, beats: Beats, name: str, **kwargs):
+        super().__init__(1, **kwargs)
+        self.beats, self.name = beats, name
+
+    def submit(self, fn, /, *args, **kwargs):
+        return super().submit(self._run, fn, args, kwargs)
+
+    def _run(self, fn, args, kwargs):
+        if self.name == "io":
+            self.beats.io_tid = threading.get_native_id()
+        self.beats.begin(self.name)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.beats.end(self.name)
+
+
+# --- the thread that looks, and what it does ---------------------------------------------------------------------
+class Watchdog:
+    """Polls `beats` every cfg.poll seconds on a daemon thread; calls `on_stall(stall)` once, at the first."""
+
+    def __init__(self, cfg: WatchdogConfig, beats: Beats, on_stall: Callable[[Stall], None],
+                 clock: Callable[[], float] = time.monotonic):
+        self.cfg, self.beats, self.on_stall, self.clock = cfg, beats, on_stall, clock
+        # A tick longer than this is a process that was not runnable (SIGSTOP, a suspended VM): it counts this.
+        self.tracker = Tracker(cfg.floor_s, cfg.factor, max_tick=max(3 * cfg.poll, 1.0))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="andrea-watchdog", daemon=True)
+
+    def start(self) -> "Watchdog":
+        if self.cfg.enabled:
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.cfg.poll):
+            stalls = self.tracker.observe(self.clock(), self.beats.snapshot())
+            if stalls and not self._stop.is_set():
+                self.on_stall(stalls[0])
+                return
+
+
+def end_hung_run(stall: Stall, step: int, *, append_marker: Callable[[dict], None] | None, io,
+                 notify: Callable[..., None], close_notices: Callable[[float], None]) -> None:
+    """Say what hung, dump every stack, leave a `stall` marker and a notice, and exit STALL_EXIT_CODE."""
+    from andrea.rundir.ledger import marker
+    log.critical("watchdog: %s made no progress for %.1f s (limit %.1f s) after step %d: writing every thread's "
+                 "stack and exiting %d, so that the supervisor restarts the run from its newest checkpoint",
+                 WHAT[stall.component], stall.seconds, stall.limit, step, STALL_EXIT_CODE)
+    for h in logging.getLogger().handlers:
+        h.flush()
+    err = sys.stderr if hasattr(sys.stderr, "fileno") else sys.__stderr__
+    try:
+        err.flush()
+        faulthandler.dump_traceback(file=err, all_threads=True)
+    except (OSError, ValueError, AttributeError):  # stderr without a file descriptor
+        faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
+    for line in device_state():
+        log.critical("watchdog: %s", line)
+    detail = {"component": stall.component, "seconds": round(stall.seconds, 1), "limit": round(stall.limit, 1)}
+    if append_marker is not None and stall.component != "io":  # a hung I/O thread would never run the append
+        try:
+            io.submit(append_marker, marker("stall", step, **detail)).result(timeout=MARKER_WAIT_S)
+        except Exception as e:  # noqa: BLE001  (exiting anyway: the stacks above are the record)
+            log.error("watchdog: the stall marker was not written: %s", e or type(e).__name__)
+    notify("stall", step, message=f"{WHAT[stall.component]} hung after step {step}; exiting {STALL_EXIT_CODE}",
+           **detail)
+    close_notices(MARKER_WAIT_S)
+    logging.shutdown()
+    os._exit(STALL_EXIT_CODE)
+
+
+def device_state() -> list[str]:
+    """What is cheap to read about CUDA and the process group when the run hangs (never a call that may block)."""
+    lines = []
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        d = torch.cuda.current_device()
+        lines.append(f"cuda device {d} ({torch.cuda.get_device_name(d)}): {torch.cuda.memory_allocated(d)} bytes "
+                     f"allocated, {torch.cuda.memory_reserved(d)} reserved")
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        lines.append(f"process group: {dist.get_backend()} rank {dist.get_rank()} of {dist.get_world_size()}")
+    nccl = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_NCCL_"))}
+    if nccl:
+        lines.append("nccl environment: " + " ".join(f"{k}={v}" for k, v in sorted(nccl.items())))
+    return lines
+
+
+# --- the test hook -----------------------------------------------------------------------------------------------
+_hung: set[str] = set()
+
+
+def test_hang(where: str, step: int, rank: int = 0) -> None:
+    """ANDREA_TEST_HANG=<where>@<step>[@<rank>]: block this thread for good, once per process. Never in production."""
+    spec = os.environ.get("ANDREA_TEST_HANG", "")
+    if not spec or where in _hung:
+        return
+    parts = spec.split("@")
+    if parts[0] == where and parts[1:2] == [str(step)] and (len(parts) < 3 or parts[2] == str(rank)):
+        _hung.add(where)
+        log.warning("test hook ANDREA_TEST_HANG=%s: %s hangs now", spec, WHAT[where])
+        threading.Event().wait()

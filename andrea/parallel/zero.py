@@ -1,0 +1,136 @@
+"""ZeRO-1 data parallelism on the flat layout: the Trainer with its optimizer state sharded across ranks.
+
+Owns device memory only, like andrea/run/trainer.py; reads and writes no files. Per rank r of P (bounds:
+andrea/parallel/distributed.py, [lo, hi) of the flat n, padded to P·s internally):
+
+    micro      with train.micro_batch_size, step 1 runs this rank's rows as micro-batches that accumulate into
+               the flat gradient (Trainer._accumulate): no collective runs per micro-batch, so the gradient is
+               still reduced ONCE per step, by step 2's reduce-scatter (no no_sync needed: there are no hooks).
+    memory     w: the full weights (P·s, the model's parameters are views into its first n), the full
+               gradient (P·s), and m, v of the slice only (2·(hi - lo)): the optimizer state is 1/P per rank.
+    one step   1. forward and backward on rows [r·B/P, (r+1)·B/P) of the global batch B (every rank drew the
+                  same global batch);
+               2. ONE reduce-scatter (mean) of the flat gradient → this rank's slice g_r;
+               3. ONE all-reduce of Σ g_r² → the global pre-clip norm, the same quantity as one process's
+                  (only the summation order differs), so the clip factor min(1, c / (norm + 1e-6)) is global;
+               4. AdamW (the fused Triton kernel on GPU, the reference on CPU) on w[lo:hi], g_r·clip, m, v with
+                  the decay mask sliced identically;
+               5. ONE all-gather rebuilds w on every rank; the per-sequence losses are all-gathered (B,) so
+                  every rank's data proxy sees the whole batch.
+    snapshot   this rank's slices w[lo:hi], m, v (three views of a ShardImage) for the sharded checkpoint writer
+               (andrea/commit/shards.py); `load` takes a full checkpoint payload of any world size.
+
+Communication and the backward: one collective after the backward, not bucketed hooks. The gradient is one flat
+buffer that autograd fills in place, so one reduce-scatter over it runs at full link bandwidth with no per-bucket
+launches, and ZeRO-1 needs the slices of the WHOLE gradient before any AdamW slice can run (the clip factor needs
+the global norm), so overlapping buckets with the backward could only hide the reduce-scatter itself. Measured by
+`python bench/zero_dist.py` (the share of a step spent in the collectives); bucketing is the next step if a
+multi-GPU measurement shows the reduce-scatter above a few percent of the step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from andrea.parallel import distributed as dist_
+from andrea.config.schema import RunConfig
+from andrea.parallel.distributed import World
+from andrea.model.gpt import bind_flat
+from andrea.run.trainer import Fence, StepOutput, Trainer
+
+
+class ShardState:
+    """Full weights and gradient (padded to P·s), this rank's m and v; `w`/`grad` are the first n elements."""
+
+    def __init__(self, n: int, world: World, device: torch.device):
+        self.n = n
+        self.s = dist_.shard_size(n, world.size)
+        self.lo, self.hi = dist_.shard_bounds(n, world.size, world.rank)
+        k = self.hi - self.lo
+        self.w_padded = torch.zeros(world.size * self.s, dtype=torch.float32, device=device)
+        self.grad_padded = torch.zeros(world.size * self.s, dtype=torch.float32, device=device)
+        self.w, self.grad = self.w_padded[:n], self.grad_padded[:n]
+        self.mv = torch.zeros(2 * k, dtype=torch.float32, device=device)
+        self.m, self.v = self.mv.split(k)
+        self.g_shard = torch.zeros(self.s, dtype=torch.float32, device=device)
+        self.w_send = torch.zeros(self.s, dtype=torch.float32, device=device)
+
+
+class ZeroTrainer(Trainer):
+    def __init__(self, cfg: RunConfig, device: torch.device, kernels: str, world: World):
+        super().__init__(cfg, device, kernels)
+        dist_.check_batch(cfg.train.batch_size, world.size, cfg.train.micro_batch_size)
+        self.world = world
+        full = self.state
+        self.state = ShardState(self.n, world, device)
+        self.state.w.copy_(full.w)
+        del full  # the one-process [w | m | v] is not kept: m and v live as this rank's slices only
+        bind_flat(self.model, self.state.w, self.state.grad)
+        self.lo, self.hi = self.state.lo, self.state.hi
+        self.rows = dist_.row_bounds(cfg.train.batch_size, world.size, world.rank)
+        self.decay_shard = self.decay[self.lo:self.hi]  # one view, kept: the CPU reference caches plans per mask
+        self._shard_adamw, self.adamw = self.adamw, self._zero_adamw
+
+    @property
+    def shard_len(self) -> int:
+        return self.hi - self.lo
+
+    # --- state -------------------------------------------------------------------------------------------
+    def load(self, payload: torch.Tensor) -> None:
+        """Take a full payload [w | m | v] (3·n, written by any world size): all of w, this rank's m and v."""
+        n, lo, hi = self.n, self.lo, self.hi
+        self._wait_snapshot()
+        self.state.w.copy_(payload[:n].to(self.device))
+        self.state.m.copy_(payload[n + lo:n + hi].to(self.device))
+        self.state.v.copy_(payload[2 * n + lo:2 * n + hi].to(self.device))
+
+    def snapshot(self, staging: tuple[torch.Tensor, ...]) -> Fence:
+        """Start copying this rank's w[lo:hi], m, v into the three (hi - lo) host views `staging` (a ShardImage's);
+        fenced as Trainer.snapshot."""
+        return self._start_copy(staging, (self.state.w[self.lo:self.hi], self.state.m, self.state.v))
+
+    # --- one step ----------------------------------------------------------------------------------------
+    def train_step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> StepOutput:
+        """Trainer.train_step on this rank's rows of the global batch; the losses come back global."""
+        lo, hi = self.rows
+        out = super().train_step(step, x[lo:hi], y[lo:hi])
+        seq = torch.empty(self.cfg.train.batch_size, dtype=torch.float32, device=self.device)
+        dist_.all_gather(seq, out.seq_losses.float().contiguous())
+        # The batch mean over all B rows, as one process computes it (same rows, same order).
+        return StepOutput(out.step, out.lr, seq.mean(), out.grad_norm, seq)
+
+    def _all_ranks_ok(self, ok: bool) -> bool:
+        """"auto"'s first step: did every rank's pass fit? (one tiny MIN all-reduce; every rank halves together)"""
+        flag = torch.tensor([int(ok)], dtype=torch.int64, device=self.device)
+        dist_.all_reduce_min(flag)
+        return bool(flag.item())
+
+    @torch.no_grad()
+    def _zero_adamw(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, step: int,
+                    lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                    decay_mask: torch.Tensor | None = None, max_grad_norm: float | None = None) -> torch.Tensor:
+        """The optimizer call Trainer.train_step makes, ZeRO-1: reduce-scatter, global norm, slice update, gather.
+
+        Same signature as adamw_reference/adamw_step (w, g, m, v are this trainer's state); returns the global
+        pre-clip gradient norm as a 0-d device tensor (no host sync on CUDA).
+        """
+        st, k = self.state, self.shard_len
+        dist_.reduce_scatter_mean(st.g_shard, st.grad_padded)
+        g_r = st.g_shard[:k]
+        sumsq = torch.linalg.vector_norm(g_r, 2.0, dtype=torch.float32).double().square().view(1)
+        dist_.all_reduce_sum(sumsq)
+        norm = sumsq.sqrt().float().view(())
+        if max_grad_norm:
+            # clip_coefficient's formula on the global norm; g·c with the same c is what the update would do.
+            g_r.mul_(torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0))
+        self._shard_adamw(st.w[self.lo:self.hi], g_r, st.m, st.v, step=step, lr=lr, beta1=beta1, beta2=beta2,
+                          eps=eps, weight_decay=weight_decay,
+                          decay_mask=self.decay_shard if decay_mask is not None else None, max_grad_norm=None)
+        st.w_send[:k].copy_(st.w[self.lo:self.hi])
+        dist_.all_gather(st.w_padded, st.w_send)
+        return norm
+
+
+def trainer_for(world: World, cfg: RunConfig, device: torch.device, kernels: str) -> Trainer:
+    """The one-process Trainer, or the ZeRO-1 one when torchrun started several ranks."""
+    return ZeroTrainer(cfg, device, kernels, world) if world.distributed else Trainer(cfg, device, kernels)

@@ -1,0 +1,363 @@
+"""The replicator: each committed checkpoint and the ledger copied to the run's replica on its own thread.
+
+Off the hot path. One `andrea-replica` thread (niced: on a busy CPU the training threads go first) reads committed
+files (never the staging buffers) and talks to the store (replica/store.py); the training loop only calls
+`notify()` when a commit lands, which sets a flag. A step never waits for the store: a slow store delays the
+replica, not training. A store that is down or refusing is said in ONE warning line when it starts failing (and
+again only when the problem changes), retried with exponential backoff, and told once more when it is back.
+Passes start at most every MIN_INTERVAL seconds (commits landing faster coalesce: a bounded request rate, whatever
+the cadence), and each sends the newest checkpoint and the keep_every milestones the replica lacks. What to send,
+drop and say is decided in replica/plan.py (plain functions over plain data and an injected clock).
+
+The abandoned timeline. A guard rollback to step G (run/boundary.py) and a start that resumes from step S
+below the replica's newest (a newer checkpoint failed verification, was lost, or was not restored) abandon every
+step after G or S: `supersede(step)` has the next pass unpublish the replica's checkpoints above it
+(`superseded`) before it uploads anything, so a `restore` never brings back a checkpoint the ledger superseded,
+and a step trained again is uploaded again instead of being taken for the abandoned copy of the same name.
+A process that ended between its rollback and its next pass leaves such a copy behind; the first pass of every
+process therefore compares the `.sum.json` of each published checkpoint the run directory also holds with the
+local one (a few hundred bytes each) and unpublishes the copies that differ (`Replicator._stale`).
+
+One pass (`sync`), in order: the owner check and claim of the replica (replica/store.py's `replica.json`, before
+anything else is written), the abandoned timeline's checkpoints unpublished, run.toml, tokenizer.json, the
+sidecars and data/ (a data file already there at its size is never sent again), the checkpoints of the plan (each:
+`.bin` verified on the way and read back, companions, the ledger, then its `.sum.json`), the ledger, the
+replica's retention (the run's keep_last / keep_every over its published checkpoints), and the objects of
+checkpoints never published (an upload a kill interrupted). Then `RUN_DIR/.replica.json` (`andrea status`) and
+TensorBoard's `replica/lag_steps` and `replica/lag_s`.
+
+Retention with a replica: `protected()` names the newest replicated checkpoint and the one being uploaded; the
+writer's retention spares them (with the divergence guard's known-good checkpoint, run/runtime.py), so the
+newest checkpoint the replica holds is never deleted locally before a newer one is replicated.
+
+At a stop `finish(timeout)` asks for one last pass and waits for it at most `checkpoint.replica_wait` seconds; an
+upload still in flight then is abandoned (the store publishes nothing half-written) and the next start finishes it.
+Test hook: `ANDREA_TEST_REPLICA_BACKOFF=<seconds>`: the first retry's delay (1 s; doubling up to 60 s). Never set
+in production.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from andrea.replica.plan import Health, remote_victims, superseded, upload_plan
+from andrea.rundir import checkpoint as ckpt, checksum
+from andrea.replica import store as rep
+from andrea.rundir.names import LEDGER_NAME, checkpoint_name
+from andrea.rundir.ledger import read_ledger
+
+log = logging.getLogger("andrea.replica")
+MIN_INTERVAL = 2.0  # seconds between the starts of two passes: commits landing faster coalesce into one pass
+NICE = 10  # the replica thread's niceness (Linux: per thread), above the trainer's own
+BACKOFF_BASE = float(os.environ.get("ANDREA_TEST_REPLICA_BACKOFF", "1") or 1)  # test hook (module docstring)
+
+
+def run_record(run_dir: Path) -> dict | None:
+    """This run's {"identity", "started", "branched"}: the newest `start` marker of its ledger and the time of the
+    `branch` marker after it (an audit branch carries its parent's start marker, but is another run); None before
+    the run has a start marker."""
+    try:
+        entries = read_ledger(run_dir / LEDGER_NAME).entries
+    except ValueError:
+        return None
+    starts = [i for i, e in enumerate(entries) if e.get("event") == "start"]
+    if not starts:
+        return None
+    start = entries[starts[-1]]
+    branches = [e for e in entries[starts[-1]:] if e.get("event") == "branch"]
+    return {"identity": start.get("identity"), "started": start.get("time"),
+            "branched": branches[-1].get("time") if branches else None}
+
+
+# --- the thread --------------------------------------------------------------------------------------------
+@dataclass
+class Position:
+    """What the replica holds, as this process last saw it."""
+    steps: list[int] = field(default_factory=list)
+    ledger_size: int | None = None
+    sent: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (size, mtime_ns) uploaded
+    claimed: bool = False
+    compared: bool = False  # the published checkpoints' checksums compared with the run directory's (once)
+
+
+class Replicator:
+    def __init__(self, uri: str, run_dir: Path, *, keep_last: int, keep_every: int,
+                 clock: Callable[[], float] = time.monotonic, on_lag: Callable[[int, int, float], None] | None = None,
+                 base_delay: float = 1.0, max_delay: float = 60.0, replica: rep.Replica | None = None,
+                 min_interval: float = MIN_INTERVAL):
+        self.uri, self.run_dir = uri, run_dir
+        self.keep_last, self.keep_every = keep_last, keep_every
+        self.clock, self.on_lag = clock, on_lag
+        self.health = Health(base_delay, max_delay)
+        self.replica = replica
+        self.pos = Position()
+        self.uploading: int | None = None
+        self._cv = threading.Condition()
+        self._asked = 1  # passes asked for so far (a commit landed, the stop): the first one at start
+        self._served = 0  # the last ask a successful pass started after: caught up when it equals _asked
+        self._stopping = False
+        self._floor: int | None = None  # supersede(): the replica's checkpoints above it are abandoned
+        self._floor_asked = 0  # supersede() calls so far: a pass clears the floor only if none came during it
+        self.min_interval = min_interval
+        self._last_start: float | None = None
+        self.thread = threading.Thread(target=self._run, name="andrea-replica", daemon=True)
+
+    @property
+    def newest(self) -> int | None:
+        return self.pos.steps[-1] if self.pos.steps else None
+
+    def start(self) -> Replicator:
+        self.thread.start()
+        return self
+
+    def notify(self, *_) -> None:
+        """A commit landed (or anything worth a pass): never blocks (a done-callback of the commit future)."""
+        with self._cv:
+            self._asked += 1
+            self._cv.notify_all()
+
+    def supersede(self, step: int) -> None:
+        """The run went back to `step` (a rollback, a resume): the next pass unpublishes the replica's checkpoints
+        above it before it uploads anything. Never blocks."""
+        with self._cv:
+            self._floor = step if self._floor is None else min(self._floor, step)
+            self._floor_asked += 1
+            self._asked += 1
+            self._cv.notify_all()
+
+    def protected(self) -> list[int]:
+        """Steps local retention must keep: the newest replicated one and the one being uploaded."""
+        return [s for s in (self.newest, self.uploading) if s is not None]
+
+    def finish(self, timeout: float) -> bool:
+        """One last pass, started after everything committed so far, waited for at most `timeout` seconds; True
+        when it succeeded (the replica holds the newest checkpoint)."""
+        with self._cv:
+            self._asked += 1
+            ask = self._asked
+            self._stopping = True
+            self._cv.notify_all()
+            deadline = self.clock() + timeout
+            while self._served < ask and self.thread.is_alive():
+                left = deadline - self.clock()
+                if left <= 0:
+                    break
+                self._cv.wait(min(left, 0.5))
+            caught_up = self._served >= ask
+        local = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
+        if caught_up:
+            log.info("replica %s: holds step %s", self.uri, self.newest)
+        else:
+            log.warning("replica %s: stopping after %.0fs without it (holds step %s, the newest checkpoint is %s); "
+                        "the next start uploads what is missing", self.uri, timeout, self.newest,
+                        local[-1] if local else None)
+        return caught_up
+
+    def _run(self) -> None:
+        tid = threading.get_native_id()
+        try:  # this thread alone, niced: under CPU contention the training threads go first
+            os.setpriority(os.PRIO_PROCESS, tid, NICE)
+        except (AttributeError, OSError):
+            pass
+        try:  # its name for the OS too (Linux, 15 bytes): `top -H` and /proc show what the CPU is spent on
+            with open(f"/proc/self/task/{tid}/comm", "w") as f:
+                f.write(self.thread.name[:15])
+        except OSError:
+            pass
+        while True:
+            with self._cv:
+                while self._served >= self._asked or not self._due():
+                    if self._stopping and self._served >= self._asked:
+                        return
+                    wait = None if self._served >= self._asked else self._next() - self.clock()
+                    self._cv.wait(None if wait is None else max(0.01, wait))
+                ask = self._asked
+                self._last_start = self.clock()
+            ok = self.pass_once()
+            with self._cv:
+                if ok:
+                    self._served = max(self._served, ask)
+                self._cv.notify_all()
+
+    def _next(self) -> float:
+        """When the next pass may start: after the backoff of a failure, and (unless stopping) `min_interval` after
+        the previous pass started."""
+        spaced = 0.0 if self._stopping or self._last_start is None else self._last_start + self.min_interval
+        return max(self.health.next_try, spaced)
+
+    def _due(self) -> bool:
+        return self.clock() >= self._next()
+
+    def pass_once(self) -> bool:
+        """One pass; store errors are recorded and said, never raised (the run goes on)."""
+        try:
+            self.sync()
+        except rep.ReplicaError as e:
+            self.uploading = None
+            line = self.health.failed(e, self.clock())
+            if line:
+                log.warning("%s", line)
+            self._status()
+            return False  # asked again when due (Health.next_try)
+        except Exception as e:  # noqa: BLE001  (a bug or a local read error: said, retried, never the run's end)
+            self.uploading = None
+            line = self.health.failed(rep.ReplicaError(f"replica {self.uri}: {type(e).__name__}: {e}"), self.clock())
+            if line:
+                log.warning("%s", line)
+            return False
+        line = self.health.succeeded()
+        if line:
+            log.warning("replica %s: %s (step %s)", self.uri, line, self.newest)
+        self._status()
+        return True
+
+    # --- one pass ------------------------------------------------------------------------------------------
+    def sync(self) -> None:
+        if self.replica is None:
+            self.replica = rep.Replica(self.uri)
+        r, pos = self.replica, self.pos
+        if not pos.claimed:
+            record = run_record(self.run_dir)
+            if record is None:
+                return  # no start marker yet: nothing of this run to claim a replica with
+            r.claim(record)
+            pos.claimed = True
+        with self._cv:
+            floor, floor_asked = self._floor, self._floor_asked
+        listing = r.listing()
+        pos.steps = rep.published_steps(listing)
+        pos.ledger_size = listing.get(LEDGER_NAME)
+        for step in superseded(pos.steps, floor) if floor is not None else ():
+            log.info("replica %s: step %d belongs to an abandoned timeline (the run went back to %d): unpublished",
+                     self.uri, step, floor)
+            self._unpublish(step, listing)
+        if floor in pos.steps:  # a rollback rewrites its known-good checkpoint's guard companion: send it again
+            for key in rep.companion_keys(floor, run_dir=self.run_dir):
+                r.put_file(key, self.run_dir / key)
+        with self._cv:
+            if self._floor_asked == floor_asked:  # no rollback since this pass read the floor: done with it
+                self._floor = None
+        for step in self._stale(pos.steps) if not pos.compared else ():
+            log.info("replica %s: step %d is not the run directory's checkpoint of that step (an abandoned "
+                     "timeline's copy): unpublished", self.uri, step)
+            self._unpublish(step, listing)
+        pos.compared = True
+        self._files(listing)
+        local = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
+        for step in upload_plan(local, pos.steps, self.keep_every):
+            self.uploading = step
+            if not (self.run_dir / f"step_{step:06d}.bin").exists():
+                continue  # retention took it meanwhile
+            log.info("replica %s: uploading step %d", self.uri, step)
+            try:
+                rep.upload_checkpoint(r, self.run_dir, step, self._ledger)
+            except FileNotFoundError:
+                continue  # released by retention while it was read: a newer one is there
+            pos.steps = sorted(set(pos.steps) | {step})
+            self.uploading = None
+            log.info("replica %s: step %d published", self.uri, step)
+        self.uploading = None
+        self._ledger()
+        for step in remote_victims(pos.steps, self.keep_last, self.keep_every):
+            self._unpublish(step, listing)
+        for step in rep.unpublished_steps(listing, pos.steps):  # what an interrupted upload left: never restored
+            rep.remove_checkpoint(r, step, listing)
+
+    def _unpublish(self, step: int, listing: dict[str, int]) -> None:
+        """Remove a published checkpoint from the replica (its `.sum.json` first) and from what this process knows."""
+        rep.remove_checkpoint(self.replica, step, listing)
+        self.pos.steps = [s for s in self.pos.steps if s != step]  # a new list: protected() reads it on the I/O thread
+
+    def _stale(self, steps: list[int]) -> list[int]:
+        """Published steps whose `.sum.json` differs from the run directory's for the same step."""
+        stale = []
+        for step in steps:
+            local = checksum.sum_path(self.run_dir / checkpoint_name(step))
+            try:
+                mine = local.read_bytes()
+            except FileNotFoundError:
+                continue  # retention took it: nothing here to differ from
+            if self.replica.get(local.name) != mine:
+                stale.append(step)
+        return stale
+
+    def _ledger(self) -> None:
+        self.pos.ledger_size = rep.upload_ledger(self.replica, self.run_dir, self.pos.ledger_size)
+
+    def _files(self, listing: dict[str, int]) -> None:
+        """run.toml, tokenizer.json, sidecars, archive/, data/: what changed since this process sent it; a data
+        or archive file the replica holds at its size is not sent again."""
+        for key in rep.run_files(self.run_dir):
+            path = self.run_dir / key
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            signature = (st.st_size, st.st_mtime_ns)
+            if self.pos.sent.get(key) == signature:
+                continue
+            if "/" in key and listing.get(key) == st.st_size:  # data/ and archive/ files are written once
+                self.pos.sent[key] = signature
+                continue
+            self.replica.put_file(key, path)
+            self.pos.sent[key] = signature
+
+    def _status(self) -> None:
+        local = [(s, p) for s, p in ckpt.list_checkpoints(self.run_dir)]
+        newest_local = local[-1][0] if local else None
+        behind = [p for s, p in local if self.newest is None or s > self.newest]
+        try:
+            lag_s = max(0.0, time.time() - min(p.stat().st_mtime for p in behind)) if behind else 0.0
+        except FileNotFoundError:
+            lag_s = 0.0
+        lag_steps = (newest_local or 0) - (self.newest or 0) if behind else 0
+        try:
+            rep.write_status(self.run_dir, {"uri": self.uri, "step": self.newest, "local_step": newest_local,
+                                            "lag_steps": lag_steps, "lag_seconds": round(lag_s, 1),
+                                            "error": self.health.error})
+        except OSError as e:
+            log.debug("%s: %s", rep.STATUS_NAME, e)
+        if self.on_lag is not None and newest_local is not None:
+            self.on_lag(newest_local, lag_steps, lag_s)
+
+
+def check_at_start(uri: str, run_dir: Path, has_checkpoints: bool) -> str | None:
+    """Before a start writes anything: refuse (ReplicaError, one line) a replica that holds another run, a missing
+    bucket, refused credentials, or (first start) an unreachable store; a warning line when a run that has
+    checkpoints finds its store unreachable (training goes on, the replica catches up later)."""
+    try:
+        replica = rep.Replica(uri, timeout_s=15, create=False)
+        replica.check_owner(run_record(run_dir) if run_dir.is_dir() else None)
+    except rep.ReplicaError as e:
+        if e.kind == "missing":
+            return None  # a plain path not made yet: an empty replica, made by the first pass
+        if e.kind in ("unreachable", "other") and has_checkpoints:
+            return f"{e}; training goes on and the replica catches up when the store is back"
+        raise
+    return None
+
+
+def start_for(cfg, run_dir: Path, writer, views=None, resumed_from: int = 0) -> Replicator | None:
+    """The run's replicator when `checkpoint.replica` is set (rank 0): started, told that the run goes on from step
+    `resumed_from` (the replica's checkpoints above it belong to an abandoned timeline), and wired into the writer's
+    retention (the newest replicated checkpoint and the one uploading are spared)."""
+    if not cfg.replica:
+        return None
+
+    def on_lag(step: int, lag_steps: int, lag_s: float) -> None:
+        try:
+            views.add_replica(step, lag_steps, lag_s)
+        except RuntimeError:  # TensorBoard already closed at the end of the run
+            pass
+    r = Replicator(cfg.replica, run_dir, keep_last=cfg.keep_last, keep_every=cfg.keep_every,
+                   on_lag=on_lag if views is not None else None, base_delay=BACKOFF_BASE)
+    spared = writer.protected
+    writer.protected = lambda: (*spared(), *r.protected())
+    r.supersede(resumed_from)
+    return r.start()

@@ -1,0 +1,1 @@
+"""One training process: the step engine, the asyncio loop, the step boundary, signals, resume, identity."""

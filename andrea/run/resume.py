@@ -1,0 +1,109 @@
+"""Where a run starts again: the checkpoint it resumes from, and the data proxy as of that checkpoint.
+
+Reads checkpoints (andrea/rundir/checkpoint.py: names, sizes, headers, values), `step_NNNNNN.state.json` and
+`.state.json` (rundir/sidecars.py); moves checkpoints that failed validation, newer than the one it resumes
+from, into `quarantine/` (the run would commit those steps again over the evidence). Used at the start of a
+process and by the divergence guard's rollback (run/runtime.py), which resumes in-process from its known-good
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from andrea.config.schema import RunConfig
+from andrea.mixture.proxy import DataProxy
+from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars
+from andrea.rundir.ledger import LedgerError, ledger_problem, marker, unreadable_lines
+
+log = logging.getLogger("andrea.run")
+
+
+def resume_point(run_dir: Path, init_from: Path | None, n: int) -> tuple[ckpt.CheckpointInfo, np.ndarray] | None:
+    """The checkpoint to start from and its payload, checked as read (`ckpt.load`: the file is read once):
+    `--init-from`'s, else the newest valid one in `run_dir`, else None (a fresh start). Refuses what would
+    silently bury a run: checkpoints newer than `--init-from`'s (two timelines in one directory), or checkpoints
+    none of which fits this model."""
+    if init_from is not None:
+        info, payload = ckpt.load(init_from, n)
+        newer = [p.name for s, p in ckpt.list_checkpoints(run_dir) if s > info.step]
+        if newer:
+            raise ckpt.CheckpointError(f"{run_dir}: holds checkpoints newer than {info.path.name} "
+                                       f"({newer[-1]}); use `andrea branch` or move them away first")
+        return info, payload
+    info, payload, skipped = ckpt.newest_loaded(run_dir, n)
+    if info is None and skipped:  # e.g. a forgotten --preset
+        raise ckpt.CheckpointError(f"{skipped[0]} (no checkpoint in {run_dir} fits this model; "
+                                   "refusing to start over in a run directory that holds checkpoints)")
+    for line in skipped:
+        log.warning("skipping invalid checkpoint, resuming from an older one: %s", line)
+    return (info, payload) if info is not None else None
+
+
+def set_aside_newer(run_dir: Path, info: ckpt.CheckpointInfo) -> None:
+    """Checkpoints newer than the one resumed from failed validation (resume_point skipped them); the run will
+    commit those steps again, so they move out of its way, kept as evidence. Called once the start's checks
+    have passed: a start that is refused moves nothing."""
+    for s, path in ckpt.list_checkpoints(run_dir):
+        if s > info.step:
+            log.warning("%s: moved to %s/ with its companions (kept as evidence, never deleted)", path.name,
+                        quarantine(run_dir, path))
+
+
+def check_ledger(run_dir: Path, info: ckpt.CheckpointInfo, accept_gap: bool) -> dict | None:
+    """The ledger against what the checkpoint resumed from recorded of it (its `ledger` companion): None when
+    it holds those bytes (or the checkpoint predates the record), else the `gap` marker to append when
+    `accept_gap`; refused in one line otherwise (LedgerError), before anything is written."""
+    recorded = sidecars.read_json(names.companion_path(info.path.parent, info.step, "ledger"))
+    if not isinstance(recorded, dict) or info.path.parent != run_dir:
+        return None
+    path = run_dir / names.LEDGER_NAME
+    problem = ledger_problem(path, recorded, info.path.name)
+    if problem is None:
+        return None
+    if not accept_gap:
+        raise LedgerError(f"{problem}; restore {names.LEDGER_NAME} from a copy that holds those lines, or start "
+                          "with --accept-ledger-gap to continue past the gap (recorded as a `gap` marker)")
+    log.warning("%s; continuing past the gap (--accept-ledger-gap): a `gap` marker records it", problem)
+    return marker("gap", info.step, reason=problem, recorded_bytes=recorded["bytes"],
+                  unreadable_lines=unreadable_lines(path))
+
+
+def quarantine(run_dir: Path, path: Path) -> Path:
+    """Move a checkpoint that failed validation, and its companions, into RUN_DIR/quarantine/ (a name taken
+    there gets a numbered suffix); returns the directory."""
+    step = names.step_of(path)
+    dest = run_dir / names.QUARANTINE_DIR
+    dest.mkdir(exist_ok=True)
+    for f in [path, *names.companions(run_dir, step)]:
+        target, k = dest / f.name, 1
+        while target.exists():
+            target, k = dest / f"{f.name}.{k}", k + 1
+        os.rename(f, target)
+    atomic.fsync_dir(dest)
+    atomic.fsync_dir(run_dir)
+    return dest
+
+
+def restore_proxy(cfg: RunConfig, run_dir: Path, arms, info: ckpt.CheckpointInfo,
+                  read_json: Callable[[Path], object] = sidecars.read_json) -> DataProxy:
+    """The data proxy as of the checkpoint: its step_S.state.json, else .state.json if at S, else fresh.
+    `read_json`: how this rank reads a sidecar (on separate disks, rank 0 reads for it: parallel/sharing.py)."""
+    step = info.step
+    for path in (sidecars.checkpoint_state_path(info.path.parent, step), run_dir / names.STATE_NAME):
+        d = read_json(path)
+        if d is None or (isinstance(d, dict) and d.get("step") != step and path.name == names.STATE_NAME):
+            continue
+        proxy, warnings = DataProxy.from_state(cfg, arms, d, step, str(path))
+        for w in warnings:
+            log.warning("%s: %s", path, w)
+        return proxy
+    if step > 0:
+        log.warning("no data-proxy state for step %d: the bandit starts fresh (data order after this point "
+                    "differs from the original run's)", step)
+    return DataProxy(cfg, arms, phase_start=step)

@@ -1,0 +1,153 @@
+"""Smoke test of the benchmarks: they run end to end and report every method; timings never decide pass/fail.
+
+Runs `bench/checkpoint.py --synthetic-params 200000 --repeats 1 --json` as a subprocess (writes a few MB in a
+temporary directory under pytest's tmp_path, and the JSON there), `bench/train.py` on the tiny preset (and
+`--help`), and bench/kernels.py's functions on tiny CPU shapes under the Triton interpreter (its GPU-only entry
+point must refuse here). About 20 s on 2 CPU cores. Run: `pytest tests/e2e/test_bench_smoke.py`.
+"""
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+MEASURED_HERE = ("andrea", "andrea buffered", "torch.save", "buffered write", "O_DIRECT write",
+                 "memcpy")  # need nothing beyond torch and a disk (that takes O_DIRECT, as tmp_path's does)
+
+
+def run_bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def test_checkpoint_bench_reports_every_method(tmp_path):
+    out = tmp_path / "ckpt.json"
+    result = run_bench("bench/checkpoint.py", "--synthetic-params", "200000", "--repeats", "1",
+                       "--device", "cpu", "--dir", str(tmp_path / "disk"), "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    res = json.loads(out.read_text())
+    assert res["n_params"] == 200_000 and res["payload_bytes"] == 12 * 200_000
+    methods = res["methods"]
+    assert set(methods) == {"andrea", "andrea buffered", "torch.save", "dcp.async_save", "buffered write",
+                            "O_DIRECT write", "memcpy"}
+    for name, m in methods.items():
+        if name not in MEASURED_HERE and m["status"] != "ok":
+            assert m["reason"], f"{name} skipped without a reason"  # DCP may be unavailable: it must say why
+            continue
+        assert m["status"] == "ok", (name, m)
+        assert len(m["stall_s"]) == len(m["total_s"]) == 1, name
+        assert all(s > 0 for s in m["stall_s"] + m["total_s"]), (name, m)
+        assert m["bytes"] >= 12 * 200_000, (name, m["bytes"])
+    assert len(methods["andrea"]["cpu_s"]) == len(methods["andrea buffered"]["cpu_s"]) == 1  # I/O-thread CPU
+    assert res["cadence"]["status"] == "skipped" and res["cadence"]["reason"]  # a synthetic size has no model
+    assert {t["verdict"] for t in res["targets"]} <= {"PASS", "MISS"}  # reported, never asserted
+    assert "| andrea |" in result.stdout and "## Targets" in result.stdout
+    assert list((tmp_path / "disk").iterdir()) == []  # the bench removes what it wrote
+
+
+def test_train_bench_help():
+    result = run_bench("bench/train.py", "--help", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "--include-120m-cpu" in result.stdout and "--json" in result.stdout
+
+
+def test_train_bench_runs_both_loops_in_parity(tmp_path):
+    """bench/train.py end to end on the tiny preset: both subjects timed on every step, and the same model, init and
+    batches really are trained by both (the first losses agree to fp32 rounding, and after three AdamW updates the
+    losses still agree: a subject training something else would drift by >1e-3)."""
+    out = tmp_path / "train.json"
+    result = run_bench("bench/train.py", "--presets", "andrea-tiny", "--warmup", "1", "--steps", "3",
+                       "--batch-size", "2", "--threads", "1", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    rows = {r["subject"]: r for r in json.loads(out.read_text())["results"][0]["rows"]}
+    assert set(rows) == {"andrea (torch)", "reference (torch.optim.AdamW)"}
+    andrea, reference = rows["andrea (torch)"], rows["reference (torch.optim.AdamW)"]
+    assert len(andrea["step_s"]) == len(reference["step_s"]) == 3 and len(andrea["warmup_s"]) == 1
+    assert andrea["first_loss"] == pytest.approx(reference["first_loss"], rel=1e-6)
+    assert andrea["last_loss"] == pytest.approx(reference["last_loss"], rel=1e-5)
+    assert andrea["last_loss"] != andrea["first_loss"]  # the updates happened
+    assert "| andrea-tiny | andrea (torch) | 2 x 64 |" in result.stdout
+    assert re.search(r"^- andrea-tiny: \d+\.\d\dx -> (PASS|MISS)$", result.stdout, re.M)  # the verdict is printed
+
+
+def _load_kernel_bench():
+    spec = importlib.util.spec_from_file_location("bench_kernels", REPO / "bench" / "kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kernel_bench_runs_every_kernel_on_tiny_shapes():
+    """bench/kernels.py's functions on a CPU under the interpreter: the rows the GPU run will print, computed by the
+    same code, with each kernel's result checked against its baseline (max_err) on the way."""
+    kb = _load_kernel_bench()
+    cpu = torch.device("cpu")
+    attention = kb.bench_attention([17], [16], cpu, kb.wall_timer, dtype=torch.float32, tokens=34, model_dim=32)
+    assert {(r["impl"], r["pass"]) for r in attention} == {(i, p) for i in ("andrea", "sdpa-flash")
+                                                           for p in ("fwd", "bwd")}
+    assert all(r["B"] == 2 and r["H"] == 2 and r["max_err"] < 1e-5 for r in attention)  # fp32: ~1e-7 apart
+    adamw = kb.bench_adamw([1000], peak_gbs=1.0, device=cpu, timer=kb.wall_timer)
+    assert [r["impl"] for r in adamw] == ["andrea adamw_step", "andrea adamw_step +mask +clip",
+                                          "torch AdamW(fused=True)"]
+    ce = kb.bench_cross_entropy([(5, 300)], cpu, kb.wall_timer, dtype=torch.float16)
+    assert [r["impl"] for r in ce] == ["andrea fused", "torch F.cross_entropy(fp32 copy)"]
+    assert all(r["max_err"] < 1e-5 and r["extra_mib"] is None for r in ce)  # same fp16 logits, fp32 math
+    ln = kb.bench_layer_norm([(7, 100)], cpu, kb.wall_timer)
+    assert [r["impl"] for r in ln] == ["andrea fused", "torch F.layer_norm"] and ln[0]["max_err"] < 1e-5
+    for row in attention + adamw + ce + ln:
+        assert row["ms"] > 0 and all(v is not None for k, v in row.items() if k != "extra_mib"), row
+    table = kb.markdown(ce, ["N", "V", "impl", "ms", "gbs", "extra_mib", "max_err"])
+    assert table.count("\n") == 3 and "| 5 | 300 | andrea fused |" in table
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU this would run the whole benchmark")
+def test_kernel_bench_refuses_without_a_gpu():
+    result = run_bench("bench/kernels.py", timeout=60)
+    assert result.returncode == 2 and "no CUDA GPU" in result.stderr and result.stdout == ""
+
+
+def test_audit_bench_times_both_variants_and_the_in_process_audit(prepared, tmp_path):
+    """bench/audit.py on the tiny preset, from the session's prepared run: the end-to-end table (with and without
+    an audit per step) and the in-process comparison of the cached and uncached paths are printed."""
+    result = run_bench("bench/audit.py", "--preset", "andrea-tiny", "--steps", "2", "--repeats", "1",
+                       "--micro-repeats", "1", "--threads", "1", "--prepared", str(prepared),
+                       "--dir", str(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| median step interval, an audit at every step |" in result.stdout
+    assert re.search(r"audit cost = \*\*-?\d+\.\d{3}\*\* of a training step", result.stdout), result.stdout
+    assert re.search(r"speed-up \d+\.\dx", result.stdout), result.stdout
+    assert list(tmp_path.iterdir()) == []  # its temporary run directories are removed
+
+
+def test_zero_dist_bench_reports_the_share_of_a_step_in_collectives():
+    result = run_bench("bench/zero_dist.py", "--preset", "andrea-tiny", "--ranks", "2", "--steps", "2", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| 1 process |" in result.stdout
+    assert re.search(r"^\| 2 ranks \| \d+\.\d{4} \| \d+\.\d{4} \| \d+\.\d % \|$", result.stdout, re.M), result.stdout
+
+
+def test_mixture_bench_compares_each_policy_with_uniform(tmp_path):
+    """bench/mixture.py at a smoke size: each policy's final held-out target loss against uniform's, per arm set."""
+    out = tmp_path / "mixture.json"
+    result = run_bench("bench/mixture.py", "--steps", "20", "--eval-every", "10", "--seeds", "1",
+                       "--max-bytes", "40000", "--sets", "noise", "--policies", "default", "--json", str(out),
+                       timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = json.loads(out.read_text())["noise"]
+    assert set(runs) == {"default", "uniform"}  # uniform is always added: it is the reference
+    for kind, seeds in runs.items():
+        [evals] = seeds
+        assert [e["step"] for e in evals] == [10, 20] and all(e["target_loss"] > 0 for e in evals), (kind, evals)
+    assert "| default |" in result.stdout and "| uniform |" in result.stdout and "vs uniform" in result.stdout
+
+
+def test_verify_tokens_bench_prints_its_cost_per_gb(tmp_path):
+    result = run_bench("bench/verify_tokens.py", "--gb", "0.01", "--dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"token_digest of 0\.01 GB \((cold|warm) page cache\): [\d.]+ s, [\d.]+ s per GB", result.stdout)
+    assert not list(tmp_path.iterdir())  # its file is removed

@@ -1,0 +1,404 @@
+"""The replica in process: the replicator's decisions (pure, an injected clock, no sleeping), its passes against a
+plain-path replica (complete-or-absent publication, the ledger never shorter, retention both sides), restore
+(newest verified checkpoint, fallback, refusal, an interrupted restore completed), and the bad inputs against the
+real S3 server (tests/s3server.py), each one line naming the replica and the problem."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from andrea import cli
+from andrea.commands.restore import restore
+from andrea.replica import plan, replicator as rp
+from andrea.guard import rollback
+from andrea.rundir import checkpoint as ckpt
+from andrea.replica import store as rep
+from andrea.rundir.ledger import LossLedger, marker
+from andrea.rundir.names import LEDGER_NAME, RESTORING_NAME, checkpoint_name, companion_path
+from tests.runs import wait_until
+from tests.s3server import BUCKET, S3Server
+
+N = 64  # parameters of the synthetic checkpoints
+
+
+# --- decisions ---------------------------------------------------------------------------------------------
+def test_retry_delay_doubles_and_is_capped():
+    assert [plan.retry_delay(k, 1.0, 60.0) for k in range(9)] == [0, 1, 2, 4, 8, 16, 32, 60, 60]
+    assert plan.retry_delay(10**6, 0.5, 30.0) == 30.0
+
+
+def test_upload_plan_is_the_newest_and_the_milestones_the_replica_lacks():
+    assert plan.upload_plan([10, 20, 30, 40], [10], keep_every=0) == [40]  # 20, 30: superseded before a pass came
+    assert plan.upload_plan([10, 20, 30], [10, 20, 30], 0) == [] and plan.upload_plan([], [10], 0) == []
+    assert plan.upload_plan([100, 150, 200, 250], [250], keep_every=100) == [200, 100]  # milestones, kept for good
+    assert plan.upload_plan([100, 150, 200, 250], [], keep_every=100) == [250, 200, 100]
+    assert plan.remote_victims([10, 20, 30], 2, 0) == [10]
+
+
+def test_superseded_is_what_lies_above_the_step_the_run_went_back_to():
+    assert plan.superseded([10, 20, 30, 40], 20) == [30, 40]
+    assert plan.superseded([10, 20], 20) == [] and plan.superseded([], 0) == []
+
+
+def test_health_says_one_line_per_problem_and_one_when_back():
+    h, err = plan.Health(1.0, 8.0), rep.ReplicaError("replica s3://b/p: the endpoint cannot be reached", "unreachable")
+    said = [h.failed(err, now=t) for t in (0.0, 1.0, 3.0, 7.0, 15.0)]
+    assert said[0] is not None and "training goes on" in said[0] and said[1:] == [None] * 4
+    assert h.next_try == 15.0 + 8.0 and not h.due(22.9) and h.due(23.0)  # capped backoff, on the injected clock
+    assert h.failed(rep.ReplicaError("full", "full"), 23.0) is not None  # a new problem is said
+    assert h.succeeded() is not None and h.succeeded() is None and h.due(0.0)
+
+
+def test_classify_names_the_problem():
+    kinds = {msg: rep.classify("s3://b/p", Exception(msg)).kind for msg in
+             ("<Code>NoSuchBucket</Code>", "<Code>InvalidAccessKeyId</Code>", "error sending request for url",
+              "<Code>QuotaExceeded</Code>", "something else")}
+    assert list(kinds.values()) == ["bucket", "credentials", "unreachable", "full", "other"]
+    assert "\n" not in str(rep.classify("s3://b/p", Exception("a\nb\nc")))
+
+
+# --- a synthetic run and a plain-path replica -------------------------------------------------------------------
+def make_run(run_dir: Path, steps: list[int], seed: int = 0) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "run.toml").write_text("[train]\nseed = 1\n")
+    (run_dir / "tokenizer.json").write_text("{}")
+    (run_dir / "data").mkdir(exist_ok=True)
+    (run_dir / "data" / "arm.train.bin").write_bytes(bytes(range(256)) * 4)
+    (run_dir / "data" / "manifest.json").write_text("{}")
+    ledger = LossLedger(run_dir / LEDGER_NAME)
+    if ledger.size == 0:
+        ledger.append([{**marker("start", 0, identity={"train.seed": seed}), "time": 1000.0 + seed}])
+    for step in steps:
+        ledger.append([{"step": s, "loss": 1.0} for s in range(step - 9, step + 1)])
+        ledger.sync()
+        payload = np.random.default_rng(step).random(3 * N, dtype=np.float32)
+        companion_path(run_dir, step, "ledger").write_text(json.dumps(ledger.seal()))
+        companion_path(run_dir, step, "state").write_text("{}")
+        ckpt.commit_checkpoint(run_dir, step, payload)
+    ledger.close()
+    return run_dir
+
+
+def replicator(run_dir: Path, uri: Path, **kw) -> rp.Replicator:
+    return rp.Replicator(str(uri), run_dir, keep_last=kw.pop("keep_last", 2), keep_every=kw.pop("keep_every", 0), **kw)
+
+
+def test_a_pass_publishes_each_checkpoint_whole_with_companions_ledger_and_files(tmp_path):
+    run, remote = make_run(tmp_path / "run", [10, 20, 30]), tmp_path / "replica"
+    r = replicator(run, remote)
+    assert r.pass_once() and r.newest == 30 and r.protected() == [30]
+    keys = {str(p.relative_to(remote)) for p in remote.rglob("*") if p.is_file()}
+    assert {"replica.json", "run.toml", "tokenizer.json", LEDGER_NAME, "data/manifest.json", "data/arm.train.bin",
+            "step_000030.bin", "step_000030.sum.json", "step_000030.ledger.json"} <= keys
+    assert "step_000020.bin" not in keys  # superseded by 30 before a pass came: the newest is what is sent
+    make_run(run, [40, 50])
+    assert r.pass_once() and r.newest == 50
+    published = sorted(p.name for p in remote.glob("*.sum.json"))
+    assert published == ["step_000030.sum.json", "step_000050.sum.json"]  # keep_last = 2: the run's retention
+    for step in (30, 50):
+        assert (remote / checkpoint_name(step)).read_bytes() == (run / checkpoint_name(step)).read_bytes()
+    assert json.loads((run / rep.STATUS_NAME).read_text())["lag_steps"] == 0
+    (remote / "step_000040.bin").write_bytes(b"an upload a kill interrupted")  # no .sum.json: never published
+    assert r.pass_once() and not (remote / "step_000040.bin").exists() and r.newest == 50
+
+
+def test_the_ledger_is_never_replaced_by_a_shorter_copy(tmp_path):
+    run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
+    assert replicator(run, remote).pass_once()
+    longer = (run / LEDGER_NAME).read_bytes() + b'{"step":99,"loss":1.0}\n'
+    (remote / LEDGER_NAME).write_bytes(longer)
+    assert replicator(run, remote).pass_once()
+    assert (remote / LEDGER_NAME).read_bytes() == longer
+
+
+def test_a_checkpoint_changed_after_its_commit_is_never_published(tmp_path, caplog):
+    run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
+    path = run / checkpoint_name(10)
+    data = bytearray(path.read_bytes())
+    data[100] ^= 1
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, "andrea.replica"):
+        assert not replicator(run, remote).pass_once()
+    assert not (remote / checkpoint_name(10)).exists() and not (remote / "step_000010.sum.json").exists()
+    assert "checksum mismatch in weights" in caplog.text and len(caplog.records) == 1
+
+
+class Flaky(rep.Replica):
+    """The store, down while `down` is set: every call refuses (an in-process outage; the end-to-end test kills
+    the real server)."""
+
+    def __init__(self, uri: str):
+        super().__init__(uri)
+        self.down = False
+
+    def _call(self, fn, *args, **kwargs):
+        if self.down:
+            raise rep.ReplicaError(f"replica {self.uri}: the endpoint cannot be reached", "unreachable")
+        return super()._call(fn, *args, **kwargs)
+
+
+def test_an_outage_costs_one_line_backs_off_and_catches_up(tmp_path, caplog):
+    run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
+    now = [0.0]
+    store = Flaky(str(remote))
+    r = replicator(run, remote, replica=store, clock=lambda: now[0])
+    assert r.pass_once() and r.newest == 10
+    store.down = True
+    make_run(run, [20, 30])
+    with caplog.at_level(logging.WARNING, "andrea.replica"):
+        for t in (1.0, 2.0, 4.0):
+            now[0] = t
+            assert not r.pass_once()
+        assert [rec.message.count("cannot be reached") for rec in caplog.records] == [1]
+        assert r.health.next_try == 4.0 + 4.0 and r.protected() == [10]
+        status = json.loads((run / rep.STATUS_NAME).read_text())
+        assert status["step"] == 10 and status["lag_steps"] == 20 and "cannot be reached" in status["error"]
+        store.down, now[0] = False, 8.0
+        assert r.pass_once() and r.newest == 30
+        assert "caught up" in caplog.records[-1].message
+    assert (remote / "step_000030.sum.json").exists()  # the newest; 20 was superseded while the store was down
+
+
+def test_the_abandoned_timeline_is_unpublished_and_a_step_trained_again_is_sent_again(tmp_path):
+    run, remote = make_run(tmp_path / "run", [10, 20]), tmp_path / "replica"
+    r = replicator(run, remote, keep_last=5)
+    assert r.pass_once() and make_run(run, [30]) and r.pass_once() and r.pos.steps == [20, 30]
+    abandoned = (remote / checkpoint_name(30)).read_bytes()
+    rollback.drop_after(run, 20)  # a guard rollback to 20 (run/boundary.py): 30 is the abandoned timeline's
+    rollback.write_companion(run, 20, {"incident": 30})  # and 20's guard state rewritten with its decisions
+    r.supersede(20)
+    assert r.pass_once() and r.pos.steps == [20] and not list(remote.glob("step_000030.*"))  # never restored
+    guard = companion_path(run, 20, "guard").name
+    assert (remote / guard).read_bytes() == (run / guard).read_bytes()  # a restore from 20 resumes mid-incident
+    companion_path(run, 30, "state").write_text("{}")
+    ckpt.commit_checkpoint(run, 30, np.random.default_rng(99).random(3 * N, dtype=np.float32))  # trained again
+    assert r.pass_once() and r.pos.steps == [20, 30]
+    assert (remote / checkpoint_name(30)).read_bytes() == (run / checkpoint_name(30)).read_bytes() != abandoned
+    rollback.drop_after(run, 10)  # a start that resumes from 10 (20 and 30 failed verification, say)
+    r.supersede(10)  # run/runtime.py: start_for(..., resumed_from=10)
+    r.supersede(20)  # two before a pass: the lower one holds
+    assert r.pass_once() and r.pos.steps == [10]
+
+
+def test_an_abandoned_copy_left_by_a_process_that_ended_is_replaced_at_the_next_start(tmp_path):
+    run, remote = make_run(tmp_path / "run", [10, 20]), tmp_path / "replica"
+    assert replicator(run, remote).pass_once()  # the replica holds 20
+    rollback.drop_after(run, 10)  # a rollback to 10; its process ended before its next pass
+    companion_path(run, 20, "state").write_text("{}")
+    ckpt.commit_checkpoint(run, 20, np.random.default_rng(99).random(3 * N, dtype=np.float32))  # 20 trained again
+    r = replicator(run, remote)
+    r.supersede(20)  # what start_for tells the next process: the run goes on from 20
+    assert r.pass_once() and r.pos.steps == [20]
+    assert (remote / checkpoint_name(20)).read_bytes() == (run / checkpoint_name(20)).read_bytes()
+
+
+def test_retention_spares_the_newest_replicated_checkpoint(tmp_path):
+    run = make_run(tmp_path / "run", [10, 20, 30])
+    r = replicator(run, tmp_path / "replica", keep_last=5)
+    r.pos.steps = [10]  # the replica holds 10 only (the store was down since)
+    assert ckpt.retention_victims([10, 20, 30], keep_last=1, keep_every=0, protect=r.protected()) == [20]
+
+
+def test_finish_waits_for_a_pass_that_covers_every_commit(tmp_path):
+    run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
+    r = replicator(run, remote).start()
+    wait_until(lambda: r.newest == 10, 60, "the first pass")
+    tid = r.thread.native_id  # the thread is niced and named for the OS (top -H; bench/replica.py counts its CPU)
+    assert Path(f"/proc/self/task/{tid}/comm").read_text().strip() == "andrea-replica"
+    assert os.getpriority(os.PRIO_PROCESS, tid) >= rp.NICE
+    make_run(run, [20])
+    r.notify()
+    assert r.finish(60) is True and r.newest == 20
+    r.thread.join(60)
+    assert not r.thread.is_alive()
+
+
+def test_finish_waits_at_most_its_bound(tmp_path):
+    run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
+    gate = threading.Event()
+
+    class Stuck(rep.Replica):
+        def _call(self, fn, *args, **kwargs):
+            gate.wait(30)
+            return super()._call(fn, *args, **kwargs)
+    r = replicator(run, remote, replica=Stuck(str(remote))).start()
+    assert r.finish(0.3) is False  # the pass is stuck in the store: the stop goes on
+    gate.set()
+    r.thread.join(30)
+
+
+# --- restore -----------------------------------------------------------------------------------------------
+def test_restore_takes_the_newest_verified_checkpoint_and_completes_when_run_again(tmp_path, capsys):
+    run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
+    r = replicator(run, remote)
+    assert r.pass_once() and make_run(run, [20]) and r.pass_once() and r.pos.steps == [10, 20]
+    corrupt = bytearray((remote / checkpoint_name(20)).read_bytes())
+    corrupt[-1] ^= 0xFF
+    (remote / checkpoint_name(20)).write_bytes(bytes(corrupt))
+    target = tmp_path / "restored"
+    target.mkdir()
+    (target / RESTORING_NAME).write_text("{}")  # an interrupted restore: completed, not refused
+    (target / "run.toml").write_text("half")
+    (target / "step_000030.bin.restore").write_text("an older attempt's staging file, of another checkpoint")
+    assert restore(str(remote), target) == 0
+    assert "restored step 10" in capsys.readouterr().out
+    assert (target / checkpoint_name(10)).read_bytes() == (run / checkpoint_name(10)).read_bytes()
+    assert sorted(p.name for p in target.glob("step_*")) == [f"step_000010.{k}" for k in
+                                                            ("bin", "ledger.json", "state.json", "sum.json")]
+    assert not (target / RESTORING_NAME).exists()
+    for name in (LEDGER_NAME, "run.toml", "tokenizer.json", "data/manifest.json", "data/arm.train.bin"):
+        assert (target / name).read_bytes() == (run / name).read_bytes(), name
+    assert ckpt.validate(target / checkpoint_name(10), N, deep=True).checksum == ckpt.VERIFIED
+
+
+def test_restore_refuses_a_non_empty_directory_in_one_line(tmp_path, capsys):
+    run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
+    assert replicator(run, remote).pass_once()
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    assert cli.main(["restore", str(remote), "--run-dir", str(tmp_path / "busy")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not empty" in err
+    assert [p.name for p in (tmp_path / "busy").iterdir()] == ["notes.txt"]
+
+
+def test_a_replica_holding_another_run_is_refused_before_anything_is_written(tmp_path):
+    remote = tmp_path / "replica"
+    assert replicator(make_run(tmp_path / "a", [10], seed=1), remote).pass_once()
+    before = sorted(p.name for p in remote.iterdir())
+    other = make_run(tmp_path / "b", [10], seed=2)
+    with pytest.raises(rep.ReplicaError, match="already holds another run"):
+        rp.check_at_start(str(remote), other, has_checkpoints=True)
+    with pytest.raises(rep.ReplicaError, match="already holds another run"):
+        rp.check_at_start(str(remote), tmp_path / "fresh", has_checkpoints=False)
+    assert not replicator(other, remote).pass_once()
+    assert sorted(p.name for p in remote.iterdir()) == before
+    branch = make_run(tmp_path / "branch", [10], seed=1)  # the parent's start marker, then a branch marker
+    ledger = LossLedger(branch / LEDGER_NAME)
+    ledger.append([marker("branch", 10, parent="a")])
+    ledger.close()
+    with pytest.raises(rep.ReplicaError, match="already holds another run"):
+        rp.check_at_start(str(remote), branch, has_checkpoints=True)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "x").write_text("not ours")
+    with pytest.raises(rep.ReplicaError, match="not an andrea replica"):
+        rp.check_at_start(str(tmp_path / "junk"), other, has_checkpoints=True)
+
+
+# --- bad input against the real server, one line each -------------------------------------------------------
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    server = S3Server(tmp_path_factory.mktemp("s3") / "data").start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("case, uri, env, words", [
+    ("no bucket", "s3://no-such-bucket/run", {}, "the bucket does not exist"),
+    ("bad key", f"s3://{BUCKET}/run", {"AWS_SECRET_ACCESS_KEY": "wrong"}, "refuses the credentials"),
+    ("unreachable", f"s3://{BUCKET}/run", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "cannot be reached"),
+])
+def test_train_refuses_a_bad_replica_in_one_line_before_writing(s3, tmp_path, monkeypatch, capsys, case, uri, env,
+                                                                words):
+    for key, value in s3.env(**env).items():
+        monkeypatch.setenv(key, value)
+    run_dir = tmp_path / "run"
+    rc = cli.main(["train", "--preset", "andrea-tiny", "--run-dir", str(run_dir), "--steps", "0",
+                   "--set", f'checkpoint.replica="{uri}"'])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and words in err and uri in err, err
+    assert "wrong" not in err and not run_dir.exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs: a replica that fills up mid-upload (skipped where mounting is not allowed)."""
+    import subprocess
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_replica_mid_upload_is_one_line_and_loses_nothing(tmp_path, small_disk, caplog):
+    run = make_run(tmp_path / "run", [10])
+    big = np.random.default_rng(1).random(3 * 50_000, dtype=np.float32)  # 600 KB each: the second one does not fit
+    companion_path(run, 20, "state").write_text("{}")
+    ckpt.commit_checkpoint(run, 20, big)
+    r = replicator(run, small_disk / "replica", keep_last=5)
+    assert r.pass_once() and r.newest == 20
+    companion_path(run, 30, "state").write_text("{}")
+    ckpt.commit_checkpoint(run, 30, big)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != rep.STATUS_NAME}
+    with caplog.at_level(logging.WARNING, "andrea.replica"):
+        assert not r.pass_once() and not r.pass_once()
+    assert [rec.message.count("full or over its quota") for rec in caplog.records] == [1], caplog.text
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != rep.STATUS_NAME} == before
+    listing = rep.Replica(str(small_disk / "replica")).listing()
+    for step in rep.published_steps(listing):  # what is published is whole
+        assert listing[checkpoint_name(step)] == (run / checkpoint_name(step)).stat().st_size
+    assert rep.published_steps(listing) == [20]  # 30 did not fit: not published, 20 still is
+
+
+def test_without_the_extra_one_line_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "obstore.store", None)  # as if `andrea[replica]` were missing
+    with pytest.raises(rep.ReplicaError, match=r"pip install 'andrea\[replica\]'"):
+        rep.Replica(str(tmp_path / "replica"))
+
+
+def test_tensorboard_gets_the_lag(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from andrea.observe.tensorboard import TensorBoardLog
+    tb = TensorBoardLog(tmp_path, 0, 1.0, 10)
+    tb.add_replica(40, 20, 12.5)
+    tb.add_replica(50, 0, 0.0)
+    tb.close()
+    events = EventAccumulator(str(tmp_path / "tb")).Reload()
+    assert [(e.step, e.value) for e in events.Scalars("replica/lag_steps")] == [(40, 20.0), (50, 0.0)]
+    assert [(e.step, e.value) for e in events.Scalars("replica/lag_s")] == [(40, 12.5), (50, 0.0)]
+
+
+def test_train_refuses_a_directory_with_an_interrupted_restore(tmp_path, capsys):
+    target = tmp_path / "half"
+    target.mkdir()
+    (target / RESTORING_NAME).write_text("{}")
+    assert cli.main(["train", "--preset", "andrea-tiny", "--run-dir", str(target), "--steps", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run it again" in err and [p.name for p in target.iterdir()] == [RESTORING_NAME]
+
+
+def test_the_etag_is_checked_as_the_md5_of_what_was_sent():
+    import hashlib
+    parts = [hashlib.md5(b"a" * 10).digest(), hashlib.md5(b"b").digest()]
+    multi = hashlib.md5(b"".join(parts)).hexdigest() + "-2"
+    assert rep.etag_matches(f'"{multi}"', parts) and not rep.etag_matches(f'"{multi[:-1]}3"', parts)
+    assert rep.etag_matches(hashlib.md5(b"b").hexdigest(), parts[1:]) and not rep.etag_matches("inode-mtime", parts)
+    assert not rep.etag_matches(None, parts[:1])
+
+
+class Counting(rep.Replica):
+    read_backs = 0
+
+    def chunks(self, key):
+        Counting.read_backs += 1
+        return super().chunks(key)
+
+
+def test_s3_checks_the_etag_a_plain_path_reads_back(s3, tmp_path, monkeypatch):
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    run = make_run(tmp_path / "run", [10])
+    for uri, read_backs in ((f"s3://{BUCKET}/etag", 0), (str(tmp_path / "plain"), 1)):
+        Counting.read_backs = 0
+        rep.upload_checkpoint(Counting(uri), run, 10, lambda: None)
+        assert Counting.read_backs == read_backs, uri

@@ -1,0 +1,133 @@
+"""The watchdog and the notices end to end: real `python -m andrea train` processes on the tiny preset.
+
+A hung training step and a hung checkpoint write (the test hook ANDREA_TEST_HANG, observe/watchdog.py) end the
+process with exit code 75 within the watchdog's limit, every thread's stack in its log, and a restart resumes to
+the same bytes as a run that never hung. Notices (observe/notify.py) reach a loopback HTTP server; a hook command
+that fails does not fail the run.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import sys
+import time
+
+import pytest
+
+from andrea.config.keepers import STALL_EXIT_CODE
+from tests.notices import Inbox
+from tests.runs import Launched, Trainer, launcher_argv, ledger, seed_data, train
+
+STEPS = ["--steps", "30", "--checkpoint-every", "10"]
+FLOOR = 4.0
+# A small limit: the floor, or twice the longest wait without progress seen (the tiny preset's steps are short).
+FAST_DOG = ["--set", f"watchdog.floor_s={FLOOR}", "--set", "watchdog.factor=2"]
+CALM = ["--set", "watchdog.floor_s=300"]  # the restart: run.toml kept the test's small limit
+
+
+@pytest.fixture(scope="module")
+def reference(prepared, tmp_path_factory):
+    """30 steps that never hung, without a watchdog: the bytes a restarted run (watchdog on) must reach."""
+    run = seed_data(prepared, tmp_path_factory.mktemp("reference") / "run")
+    r = train(run, *STEPS, "--set", "watchdog.enabled=false")
+    assert r.returncode == 0, r.stderr[-4000:]
+    return run
+
+
+@pytest.fixture
+def inbox():
+    box = Inbox()
+    yield box
+    box.close()
+
+
+def until_exit_after_the_hang(t: Trainer) -> tuple[int, float]:
+    """(exit status, seconds from the test hook's hang to the process's exit)."""
+    try:
+        t.wait_for(lambda line: "ANDREA_TEST_HANG" in line and "hangs now" in line, timeout=240)
+        hung_at = time.monotonic()
+        rc = t.wait_exit(120)
+        return rc, time.monotonic() - hung_at
+    finally:
+        t.kill()
+
+
+def hang_and_wait(run, where: str, inbox: Inbox) -> tuple[Trainer, float]:
+    """A trainer whose `where` thread hangs at step 20; (the trainer after its exit, seconds from hang to exit)."""
+    t = Trainer(run, *STEPS, *FAST_DOG, "--set", f'notify.url="{inbox.url}"',
+                extra_env={"ANDREA_TEST_HANG": f"{where}@20"})
+    rc, took = until_exit_after_the_hang(t)
+    assert rc == STALL_EXIT_CODE, t.output()[-4000:]
+    return t, took
+
+
+def assert_resumes_to_the_same_bytes(run, reference) -> None:
+    r = train(run, *STEPS, *CALM)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert (run / "step_000030.bin").read_bytes() == (reference / "step_000030.bin").read_bytes()
+
+
+def test_a_hung_training_step_exits_75_with_its_stacks_and_resumes_to_the_same_bytes(prepared, reference, inbox,
+                                                                                       tmp_path):
+    run = seed_data(prepared, tmp_path / "run")
+    t, took = hang_and_wait(run, "train", inbox)
+    out = t.output()
+    assert "watchdog: the training thread made no progress" in out, out[-4000:]
+    assert took < FLOOR + 10, f"exited {took:.1f}s after the hang, limit ~{FLOOR}s"  # the limit, and the slack of a
+    # loaded 2-core machine: never the 30 minutes of a collective timeout or forever
+    # every thread's stack, the hung one in the test hook's wait
+    assert "most recent call first" in out and 'Thread 0x' in out and "in test_hang" in out, out[-4000:]
+    (stall,) = [e for e in ledger(run) if e.get("event") == "stall"]
+    assert stall["component"] == "train" and stall["step"] >= 19 and stall["limit"] >= FLOOR
+    notice = inbox.wait_for("stall")
+    assert notice["component"] == "train" and notice["run_dir"] == str(run.resolve())
+    assert_resumes_to_the_same_bytes(run, reference)
+
+
+def test_a_hung_checkpoint_write_exits_75_and_resumes_to_the_same_bytes(prepared, reference, inbox, tmp_path):
+    run = seed_data(prepared, tmp_path / "run")
+    t, took = hang_and_wait(run, "io", inbox)
+    out = t.output()
+    assert "watchdog: the I/O thread made no progress" in out, out[-4000:]
+    assert took < FLOOR + 10 and "in test_hang" in out, out[-4000:]
+    assert not (run / "step_000020.bin").exists()
+    assert [e for e in ledger(run) if e.get("event") == "stall"] == []  # its thread was the one hung
+    assert inbox.wait_for("stall")["component"] == "io"
+    assert_resumes_to_the_same_bytes(run, reference)
+
+
+def test_notices_of_a_rollback_and_a_stop_reach_the_url_and_a_failing_command_is_only_a_warning(prepared, inbox,
+                                                                                                tmp_path):
+    run = seed_data(prepared, tmp_path / "run")
+    failing = shlex.join([sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(3)"])
+    t = Trainer(run, "--steps", "100000", "--checkpoint-every", "10", "--set", f'notify.url="{inbox.url}"',
+                "--set", f"notify.command={json.dumps(failing)}",
+                extra_env={"ANDREA_TEST_POISON_STEPS": "5", "ANDREA_TEST_STEP_DELAY": "0.05"})
+    try:
+        rollback = inbox.wait_for("rollback", timeout=180)
+        t.proc.send_signal(signal.SIGTERM)
+        assert t.wait_exit(60) == 0, t.output()[-4000:]
+    finally:
+        t.kill()
+    stopped = inbox.wait_for("stopped")
+    incident = inbox.wait_for("incident")
+    assert incident["step"] == 5 and "not finite" in incident["reason"]
+    assert (rollback["from"], rollback["step"]) == (5, 0)
+    assert stopped["signal"] == "SIGTERM" and stopped["step"] >= rollback["step"]
+    kinds = inbox.kinds()
+    assert kinds.index("incident") < kinds.index("rollback") < kinds.index("stopped") == len(kinds) - 1
+    assert "notify.command: the stopped notice exited 3" in t.output()
+
+
+def test_one_hung_rank_brings_the_whole_torchrun_job_down_within_the_limit(prepared, tmp_path):
+    """Rank 1's training thread hangs at step 15; rank 0 waits for it in a collective. Neither may wait forever:
+    the launcher (which ends only when both workers have ended) exits non-zero within the limit."""
+    run = seed_data(prepared, tmp_path / "run")
+    t = Launched(launcher_argv(run, *STEPS, *FAST_DOG), extra_env={"ANDREA_TEST_HANG": "train@15@1"})
+    rc, took = until_exit_after_the_hang(t)
+    out = t.output()
+    assert rc != 0 and took < FLOOR + 15, f"rc {rc} after {took:.1f}s:\n" + out[-4000:]
+    assert "andrea.watchdog[1]: watchdog: the training thread made no progress" in out, out[-4000:]
+    assert "in test_hang" in out

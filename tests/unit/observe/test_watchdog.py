@@ -1,0 +1,122 @@
+"""The watchdog's decisions over plain data (observe/watchdog.py): a fake clock, no threads hung, no sleeping."""
+
+import threading
+
+import pytest
+
+from andrea.config.check import ConfigError
+from andrea.config.keepers import WatchdogConfig
+from andrea.observe.watchdog import Beats, Tracker, WatchedExecutor, limit
+
+
+def tracker(floor=10.0, factor=10.0, max_tick=1.0) -> Tracker:
+    return Tracker(floor, factor, max_tick)
+
+
+def run(t: Tracker, polls):
+    """Feed (now, snapshot) polls; return the first stall and the time it was declared, or None."""
+    for now, snap in polls:
+        stalls = t.observe(now, snap)
+        if stalls:
+            return now, stalls[0]
+    return None
+
+
+def test_the_limit_is_the_floor_or_a_multiple_of_the_slowest_wait():
+    assert limit(900, 10, 0.0) == 900
+    assert limit(900, 10, 30.0) == 900
+    assert limit(900, 10, 120.0) == 1200
+
+
+def test_a_busy_component_without_progress_stalls_just_past_its_limit():
+    t = tracker(floor=10)
+    polls = [(0.5 * i, {"train": (True, 7), "io": (False, 3)}) for i in range(100)]
+    now, stall = run(t, polls)
+    assert stall.component == "train" and stall.limit == 10 and 10 < stall.seconds <= 10.5 and now == 10.5
+
+
+def test_an_idle_component_never_stalls():
+    t = tracker(floor=1)
+    assert run(t, [(float(i), {"train": (False, 1), "io": (False, 1), "boundary": (False, 2)})
+                   for i in range(1000)]) is None
+
+
+def test_a_slow_disk_that_keeps_moving_is_not_a_hang():
+    """One commit that takes 20 limits, its write calls returning every 0.9 limit: never a stall."""
+    t = tracker(floor=10)
+    polls, count = [], 0
+    for i in range(400):  # 0.5 s polls over 200 s; a write call returns every 9 s
+        now = 0.5 * i
+        if i % 18 == 0:
+            count += 1
+        polls.append((now, {"io": (True, count), "boundary": (True, count)}))
+    assert run(t, polls) is None
+
+
+def test_a_disk_that_stops_moving_is_a_hang_of_the_io_thread_not_the_boundary():
+    t = tracker(floor=10)
+    polls = [(0.5 * i, {"train": (False, 50), "io": (True, 9), "boundary": (True, 59)}) for i in range(60)]
+    _, stall = run(t, polls)
+    assert stall.component == "io"  # the most specific is named, though the boundary waits as long
+
+
+def test_the_limit_grows_with_the_slowest_wait_seen():
+    """Steps of 30 s raise the limit from the 40 s floor to 300 s: a 40 s step is then not a hang."""
+    polls, now, count = [], 0.0, 0
+    for _ in range(3):  # three 30 s steps, polled every 5 s
+        for _ in range(6):
+            now += 5
+            polls.append((now, {"train": (True, count)}))
+        count += 2
+    t2 = tracker(floor=40, max_tick=5)
+    assert run(t2, polls) is None and t2.slowest["train"] == 30 and t2.limit("train") == 300
+    more = [(now + 5 * i, {"train": (True, count)}) for i in range(1, 9)]  # a 40 s step
+    assert run(t2, more) is None
+
+
+def test_sigstop_then_sigcont_is_not_a_hang():
+    """A process stopped for an hour: the clock jumps by 3600 s between two polls, which counts as one tick."""
+    t = tracker(floor=10, max_tick=1.0)
+    polls = [(0.5 * i, {"train": (True, 4)}) for i in range(10)]  # 4.5 s busy
+    polls += [(3600 + 0.5 * i, {"train": (True, 4)}) for i in range(5)]  # resumed: 1 s + 2 s more
+    polls += [(3603.0, {"train": (True, 5)})]  # the step returns
+    assert run(t, polls) is None
+    assert t.slowest["train"] < 10
+
+
+def test_the_boundary_is_moving_while_what_it_waits_on_moves():
+    beats = Beats()
+    beats.begin("boundary")
+    before = beats.snapshot()["boundary"]
+    beats.begin("train")
+    beats.end("train")
+    after = beats.snapshot()["boundary"]
+    assert before[0] and after[0] and after[1] != before[1]
+
+
+def test_a_watched_executor_counts_its_jobs_as_busy_time_and_progress():
+    beats = Beats()
+    pool = WatchedExecutor(beats, "io", thread_name_prefix="test-io")
+    inside, release = threading.Event(), threading.Event()
+    try:
+        fut = pool.submit(lambda: (inside.set(), release.wait(30), 42)[-1])
+        assert inside.wait(30)
+        busy, count = beats.snapshot()["io"]
+        assert busy and beats.io_tid is not None
+        release.set()
+        assert fut.result(30) == 42
+        assert beats.snapshot()["io"][0] is False and beats.parts["io"].count == 2
+    finally:
+        release.set()
+        pool.shutdown()
+
+
+@pytest.mark.parametrize("key, value", [("floor_s", 0.0), ("factor", 1.5), ("poll_s", -1.0), ("poll_s", 1000.0)])
+def test_bad_watchdog_settings_are_one_line_naming_the_key(key, value):
+    with pytest.raises(ConfigError, match=rf"^watchdog\.{key}="):
+        WatchdogConfig(**{key: value})
+
+
+def test_the_defaults_wait_longer_than_a_slow_disks_checkpoint():
+    cfg = WatchdogConfig()
+    assert cfg.enabled and cfg.floor_s >= 600 and cfg.poll <= 5 and cfg.collective_timeout_s >= cfg.floor_s

@@ -1,0 +1,114 @@
+"""The import graph of `andrea`: no circle, and no arrow running back up the layers (docs/architecture.md).
+
+Reads every module's source (imports at module level and inside functions alike, found with `ast`), so a
+deferred import that only hides a circle counts as the circle it is. Imports nothing from andrea itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "andrea"
+
+# Lower layers never import higher ones. A module's layer is its package's, or its own where it has one.
+LAYERS = [
+    {"andrea.mixture.policy", "andrea.config.check", "andrea.observe.mfu"},  # pure: caps and floors; type checks; MFU
+    {"andrea.config", "andrea.config.schema", "andrea.config.keepers"},      # the schema
+    {"andrea.rundir", "andrea.replica.store"},                              # the run directory's files, its replica
+    {"andrea.config.load", "andrea.observe.progress"},                      # TOML layered; progress lines
+    {"andrea.data", "andrea.kernels", "andrea.run.devices", "andrea.model.memory"},
+    {"andrea.model", "andrea.parallel.distributed", "andrea.parallel.zero", "andrea.run.trainer", "andrea.evals",
+     "andrea.observe.plots", "andrea.config.doc",
+     "andrea.kernels.compile_check"},                                        # compiles the presets' launches
+    {"andrea.run", "andrea.commit", "andrea.replica", "andrea.parallel", "andrea.mixture", "andrea.guard",
+     "andrea.observe"},                                                      # the control plane
+    {"andrea.commands"},
+    {"andrea.cli", "andrea.__main__"},
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, name: str) -> set[str]:
+    found = set()
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}  # `from andrea.rundir import sidecars`
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in ROOT.rglob("*.py")}
+    # a module's own packages (their __init__, which Python runs first anyway) are no dependency of it
+    return {name: {m for m in imports_of(path, name) if m in modules and m != name and not name.startswith(m + ".")}
+            for name, path in modules.items()}
+
+
+def layer_of(module: str) -> int:
+    """The layer of the longest entry that names `module` or a package above it."""
+    matches = [(len(top), i) for i, layer in enumerate(LAYERS) for top in layer
+               if module == top or module.startswith(top + ".")]
+    if not matches:
+        raise AssertionError(f"{module} has no layer in tests/unit/test_imports.py: place it")
+    return max(matches)[1]
+
+
+def test_every_module_has_a_layer():
+    for module in graph():
+        if module != "andrea" and not module.startswith("andrea.presets"):
+            layer_of(module)
+
+
+def test_no_module_imports_a_higher_layer():
+    up = [(m, d) for m, deps in graph().items() if m != "andrea" and not m.startswith("andrea.presets")
+          for d in deps if d != "andrea" and layer_of(d) > layer_of(m)]
+    assert not up, "imports that run back up: " + ", ".join(f"{m} -> {d}" for m, d in sorted(up))
+
+
+def test_the_import_graph_has_no_circle():
+    g = graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in g[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    assert not circles, f"import circles: {circles}"
+
+
+def test_the_graph_sees_deferred_imports():
+    # The check is only as good as its reading: an import inside a function must count.
+    g = graph()
+    assert "andrea.run.runtime" in g["andrea.cli"]  # cli imports the runtime inside cmd_train
