@@ -155,10 +155,17 @@ def validate(path: str | Path, n_params: int | None = None, *, deep: bool = Fals
 
 
 def _recorded_checksum(path: Path) -> dict | None:
+    """The checkpoint's `.sum.json`; None for one from before checksums. CheckpointError for one that cannot be
+    read, or that is missing or another run's where its companions say it should be this run's
+    (checksum.companion_problem): unverified, refused like a bad one."""
     try:
-        return checksum.read(path)
+        recorded = checksum.read(path)
     except checksum.ChecksumError as e:
         raise CheckpointError(str(e)) from None
+    problem = checksum.check_companions(path, recorded)
+    if problem is not None:
+        raise CheckpointError(f"{path}: {problem}")
+    return recorded
 
 
 def _check_image(path: Path, image: np.ndarray, step: int, n: int, recorded: dict | None) -> CheckpointInfo:

@@ -7,7 +7,8 @@ a copy tool, another node's stale blocks) is seen by `verify`, by every start an
 Format (JSON, one object; format 1):
 
     {"format": 1, "algorithm": "xxh3_128", "step": 200, "n_params": 169728, "bytes": 2036744,
-     "regions": {"header": "<32 hex digits>", "weights": "...", "m": "...", "v": "..."}}
+     "regions": {"header": "<32 hex digits>", "weights": "...", "m": "...", "v": "..."},
+     "ledger": "<32 hex digits>"}
 
     format      1; a reader refuses a format it does not know (named, not guessed)
     algorithm   xxh3_128 (the xxhash library): ~4 GB/s on one core of a loaded 2-core machine, against
@@ -17,11 +18,18 @@ Format (JSON, one object; format 1):
     step, n_params, bytes   the header's values and the file size the digests belong to
     regions     one digest per region of the file, so a mismatch names the region that changed: header
                 (bytes 0-8), weights, m and v (4·n bytes each, in file order)
+    ledger      the `xxh3_128` of the checkpoint's `step_NNNNNN.ledger.json` (written before it, by the same
+                commit): the hash of every byte of the run's ledger when it committed, so this checksum belongs
+                to this run's history. Absent for a checkpoint committed without a ledger record (a tool's,
+                a test's, one from before ledger records existed)
 
 Written atomically (rundir/atomic.py) after the `.tmp` image is durable and before the rename that commits the
 checkpoint: a committed `.bin` always has its checksum. Deleted with its checkpoint by retention, copied with it by
 `andrea branch` (it is one of the checkpoint's companions, rundir/names.py). A checkpoint committed before
-checksums existed has none: readers call it unverifiable, never broken.
+checksums existed has none: readers call it unverifiable, never broken. A checkpoint that should have one and
+has not (`companion_problem`: it has a ledger record, which came after checksums, or an older checkpoint beside
+it has a checksum) lost it: it is unverified, and every reader refuses it like a bad one; so is one whose
+checksum names another ledger than its `step_NNNNNN.ledger.json` (another run's `.bin` and `.sum.json` copied in).
 """
 
 from __future__ import annotations
@@ -101,16 +109,64 @@ def file_digests(path: Path, n_params: int) -> dict[str, str]:
     return hasher.digests()
 
 
-def record(step: int, n_params: int, digests: dict[str, str]) -> dict:
-    return {"format": FORMAT, "algorithm": ALGORITHM, "step": step, "n_params": n_params,
-            "bytes": HEADER_BYTES + 12 * n_params, "regions": digests}
+def record(step: int, n_params: int, digests: dict[str, str], ledger: str | None = None) -> dict:
+    out = {"format": FORMAT, "algorithm": ALGORITHM, "step": step, "n_params": n_params,
+           "bytes": HEADER_BYTES + 12 * n_params, "regions": digests}
+    return out if ledger is None else {**out, "ledger": ledger}
 
 
 def write(checkpoint: Path, step: int, n_params: int, digests: dict[str, str]) -> Path:
-    """Write the checksum of the checkpoint that is about to be renamed onto `checkpoint`, durably."""
+    """Write the checksum of the checkpoint that is about to be renamed onto `checkpoint`, durably, bound to the
+    ledger record its commit wrote before it (when there is one)."""
     path = sum_path(checkpoint)
-    write_atomic(path, (json.dumps(record(step, n_params, digests), indent=1) + "\n").encode())
+    body = record(step, n_params, digests, _ledger_digest(companion_path(checkpoint.parent, step, "ledger")))
+    write_atomic(path, (json.dumps(body, indent=1) + "\n").encode())
     return path
+
+
+def _ledger_digest(path: Path) -> str | None:
+    """The `xxh3_128` a ledger record holds; None when there is none or it cannot be read."""
+    try:
+        digest = json.loads(path.read_bytes()).get("xxh3_128")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return digest if isinstance(digest, str) else None
+
+
+def companion_problem(recorded: dict | None, has_ledger_record: bool, ledger_digest: str | None,
+                      older_has_checksum: bool) -> str | None:
+    """Why a checkpoint cannot be verified by its companions, in words; None when it can (or when it predates
+    checksums, as every checkpoint beside it does). `recorded`: its `.sum.json` (None: absent);
+    `has_ledger_record`, `ledger_digest`: whether its `.ledger.json` exists and the hash it holds;
+    `older_has_checksum`: whether an older checkpoint in the same directory has a `.sum.json`."""
+    if recorded is None:
+        if has_ledger_record:
+            return "its checksum (step_NNNNNN.sum.json) is missing, though it has a ledger record, which only " \
+                   "checkpoints with checksums have: unverified"
+        if older_has_checksum:
+            return "its checksum (step_NNNNNN.sum.json) is missing, though older checkpoints beside it have one: " \
+                   "unverified"
+        return None
+    bound = recorded.get("ledger")
+    if bound is None:
+        return None
+    if not has_ledger_record:
+        return "its ledger record (step_NNNNNN.ledger.json) is missing, though its checksum names one: unverified"
+    if ledger_digest != bound:
+        return (f"its checksum belongs to another ledger (recorded {bound}, its ledger record holds "
+                f"{ledger_digest}): another run's checkpoint, or a stale copy")
+    return None
+
+
+def check_companions(checkpoint: Path, recorded: dict | None) -> str | None:
+    """`companion_problem` for the checkpoint file at `checkpoint`, its companions read from its directory."""
+    step = step_of(checkpoint)
+    ledger = companion_path(checkpoint.parent, step, "ledger")
+    older = recorded is None and any(
+        (s := step_of(p.name[:-len(".sum.json")] + ".bin")) is not None and s < step
+        for p in checkpoint.parent.glob("step_*.sum.json"))
+    problem = companion_problem(recorded, ledger.exists(), _ledger_digest(ledger), older)
+    return None if problem is None else problem.replace("step_NNNNNN", checkpoint.name[:-len(".bin")])
 
 
 def read(checkpoint: Path) -> dict | None:

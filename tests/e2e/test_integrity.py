@@ -88,6 +88,48 @@ def test_a_checkpoint_from_before_checksums_is_unverifiable_not_broken(tmp_path)
     assert code == 0 and out.startswith("unverifiable ") and "step_000100.bin" in out and not err
 
 
+def committed_with_ledger_records(run_dir, steps, tag: str):
+    """Checkpoints as the trainer commits them: each ledger record (`step_N.ledger.json`) written before it."""
+    run_dir.mkdir(exist_ok=True)
+    for step in steps:
+        names.companion_path(run_dir, step, "ledger").write_text(
+            f'{{"bytes": {step}, "xxh3_128": "{tag}{step:030d}", "last_step": {step}}}')
+        ckpt.commit_checkpoint(run_dir, step, payload(N, step))
+    return run_dir
+
+
+def test_a_checkpoint_that_lost_its_checksum_is_unverified_refused_by_verify_and_skipped_at_a_start(tmp_path):
+    from andrea.run import resume
+    run = committed_with_ledger_records(tmp_path / "run", [10, 20], "a")
+    newest = run / names.checkpoint_name(20)
+    checksum.sum_path(newest).unlink()
+    flip_bit(newest, region_offset("weights", N, 517), 0)  # a value check cannot see it; only the checksum could
+    code, out, err = verify(run)
+    assert code == 1 and "step_000020.bin" in err and "missing" in err and "unverified" in err
+    assert "unverifiable" not in out and out.startswith("ok ") and "step_000010" in out
+    with pytest.raises(ckpt.CheckpointError, match="sum.json\\) is missing"):
+        ckpt.read_payload(newest, N)  # the guard's rollback, export, sample and branch read through this
+    info, _ = resume.resume_point(run, None, N)
+    assert info.step == 10  # skipped like a bad one
+    resume.set_aside_newer(run, info)
+    assert (run / names.QUARANTINE_DIR / newest.name).exists() and not newest.exists()
+
+
+def test_another_runs_checkpoint_with_its_checksum_copied_in_is_refused(tmp_path):
+    from andrea.run import resume
+    mine = committed_with_ledger_records(tmp_path / "mine", [10, 20], "a")
+    other = committed_with_ledger_records(tmp_path / "other", [20], "b")
+    for name in (names.checkpoint_name(20), "step_000020.sum.json"):  # this run keeps its own ledger record
+        shutil.copy(other / name, mine / name)
+    with pytest.raises(ckpt.CheckpointError, match="another ledger"):
+        ckpt.validate(mine / names.checkpoint_name(20), N, deep=True)
+    assert verify(mine)[0] == 1
+    assert resume.resume_point(mine, None, N)[0].step == 10
+    names.companion_path(mine, 20, "ledger").unlink()  # and without one: its checksum names a record it lacks
+    with pytest.raises(ckpt.CheckpointError, match="ledger record .* is missing"):
+        ckpt.validate(mine / names.checkpoint_name(20), N, deep=True)
+
+
 def test_a_garbled_checksum_file_is_one_line_naming_it(tmp_path):
     path = ckpt.commit_checkpoint(tmp_path, 100, payload(N, 1))
     checksum.sum_path(path).write_text("{not json")
