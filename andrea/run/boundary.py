@@ -30,24 +30,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
-from pathlib import Path
 
 import numpy as np
 
 from andrea.evals import audit
-from andrea.config.schema import RunConfig
 from andrea.mixture import pivot
 from andrea.parallel import ranks, sharing
 from andrea.run import resume
 from andrea.guard import rollback
-from andrea.guard.decisions import INCIDENT, SUSPECT, Guard
-from andrea.run.ledger_feed import LedgerFeed
+from andrea.guard.decisions import INCIDENT, SUSPECT
 from andrea.mixture.proxy import Batch, DataProxy
 from andrea.run.records import StepRecord, StepRecords
 from andrea.run.signals import Requests, boundary_action
-from andrea.parallel.distributed import World
-from andrea.observe.mfu import Meter
+from andrea.run.started import Started
 from andrea.observe.progress import Progress
 from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars
 from andrea.rundir.ledger import marker
@@ -61,30 +56,24 @@ class RunFailed(RuntimeError):
 
 class Boundary:
     """The run's position (header step S, the configuration in force, the data proxy, the next batch) and the
-    sequence at each of its step boundaries; the collaborators are passed in, so the order can be tested with
-    fakes (tests/unit/run/test_boundary.py)."""
+    sequence at each of its step boundaries. The collaborators come in the started run (run/started.py) and beside
+    it, so the order can be tested with fakes (tests/unit/run/test_boundary.py)."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, *, step: int, proxy: DataProxy, trainer, writer,
-                 guard: Guard, feed: LedgerFeed, req: Requests, records: StepRecords, progress: Progress,
-                 train: Executor, io: Executor, world: World | None = None, codec=None, views=None, replicator=None,
-                 evaluate: Callable = audit.evaluate, sample: Callable = audit.sample_audits,
-                 notify: Callable[..., None] = lambda kind, step, **detail: None, meter: Meter | None = None,
-                 tasks: Callable | None = None):
-        self.cfg, self.run_dir = cfg, run_dir
-        self.step, self.proxy = step, proxy
-        self.start = step  # the audits of this step ran before: in the previous process, or the first timeline
+    def __init__(self, run: Started, *, req: Requests, records: StepRecords, progress: Progress, views=None,
+                 replicator=None, notify: Callable[..., None] = lambda kind, step, **detail: None,
+                 evaluate: Callable = audit.evaluate, sample: Callable = audit.sample_audits):
+        self.cfg, self.run_dir, self.world = run.cfg, run.run_dir, run.world
+        self.step, self.proxy = run.step, run.proxy
+        self.start = run.step  # the audits of this step ran before: in the previous process, or the first timeline
         self.batch: Batch | None = None  # what the next update trains on (drawn while the previous one runs)
-        self.trainer, self.writer, self.guard, self.feed, self.req = trainer, writer, guard, feed, req
-        self.records, self.progress = records, progress
-        self.train, self.io = train, io  # the training thread (the model's only user) and the FIFO I/O thread
-        self.world = world or World()
-        self.codec = codec
+        self.trainer, self.writer, self.guard, self.feed = run.trainer, run.writer, run.guard, run.feed
+        self.codec, self.tasks, self.meter = run.codec, run.tasks, run.meter
+        self.train, self.io = run.train, run.io  # the training thread (the model's only user) and the FIFO I/O thread
+        self.req, self.records, self.progress = req, records, progress
         self.views = views  # observe/views.py: TensorBoard and W&B, when on
         self.replicator = replicator  # replica/replicator.py: told of each commit, uploads on its own thread
-        self.evaluate, self.sample = evaluate, sample
         self.notify = notify  # observe/notify.py: Notifier.send (a pivot, a failed write)
-        self.meter = meter  # andrea/observe/mfu.py: tokens/s and MFU over the last steps, in each step entry
-        self.tasks = tasks  # eval.tasks: audit.TaskAudit, scored at its cadence
+        self.evaluate, self.sample = evaluate, sample
 
     # --- the sequence ------------------------------------------------------------------------------------
     async def cross(self, stop_at: int) -> bool:

@@ -52,6 +52,7 @@ from andrea.run.boundary import Boundary, RunFailed
 from andrea.run.ledger_feed import LedgerFeed
 from andrea.mixture.proxy import Batch, DataProxy
 from andrea.run.records import StepRecords
+from andrea.run.started import Started
 from andrea.run.signals import EarlySignals, Requests, abort_now, install_handlers, remove_handlers
 from andrea.data.preparation import Interrupted
 from andrea.parallel.distributed import World
@@ -86,6 +87,7 @@ class TrainingRun:
         self.device, self.kernels, self.init_from = device, kernels, init_from
         self.accept_ledger_gap = accept_ledger_gap  # continue past a ledger the checkpoint does not vouch for
         self.req = Requests()
+        self.started: Started | None = None  # what `start` built (the trainer, data, writer, guard, ledger)
         self.boundary: Boundary | None = None  # the run's position once it has started (step, cfg, data)
         self._cfg, self._resumed = cfg, 0  # until then: the configuration, and the step resumed from
         # Both threads wait on or launch GPU work: each makes this rank's GPU current first (a thread starts on
@@ -160,26 +162,28 @@ class TrainingRun:
         finally:
             self.preparing = False
 
-    def open_ledger(self, info) -> None:
+    def open_ledger(self, info) -> tuple[LossLedger | ranks.FollowerLedger, LedgerFeed]:
         """The ledger, checked first against what the checkpoint resumed from recorded of it (rank 0; a refusal
         leaves the file as it found it), then opened (a crash's torn last line is cut) and fed."""
         gap = resume.check_ledger(self.run_dir, info, self.accept_ledger_gap) \
             if self.world.leader and info is not None else None
         if self.world.leader and info is not None:
             resume.set_aside_newer(self.run_dir, info)
-        self.ledger = (LossLedger if self.world.leader else ranks.FollowerLedger)(self.run_dir / LEDGER_NAME)
-        self.feed = LedgerFeed(self.ledger, self.io)
-        if self.ledger.torn_bytes:
-            log.warning("%s: cut a torn last line of %d bytes left by a crash", LEDGER_NAME, self.ledger.torn_bytes)
+        ledger = (LossLedger if self.world.leader else ranks.FollowerLedger)(self.run_dir / LEDGER_NAME)
+        feed = LedgerFeed(ledger, self.io)
+        if ledger.torn_bytes:
+            log.warning("%s: cut a torn last line of %d bytes left by a crash", LEDGER_NAME, ledger.torn_bytes)
         if gap is not None:
-            self.feed.lines.append(gap)
+            feed.lines.append(gap)
+        return ledger, feed
 
-    async def start(self) -> tuple[Trainer, DataProxy]:
+    async def start(self) -> Started:
+        """The trainer, the data, the weights (--init-from or the checkpoint resumed from), the ledger, the writer
+        and the guard: everything the step loop needs, built in this order."""
         loop = asyncio.get_running_loop()
         trainer = await loop.run_in_executor(self.train, trainer_for, self.world, self.cfg, self.device, self.kernels)
         codec, arms = await loop.run_in_executor(self.train, self.prepare_data)
-        self.codec = codec
-        self.tasks = self.task_audit(codec) if self.world.leader else None
+        tasks = self.task_audit(codec) if self.world.leader else None
         # --init-from weights (safetensors, npz, a GPT-2 directory): loaded now, step 0, m = v = 0 (model/export.py)
         imported = await loop.run_in_executor(self.train, export.load_init_weights, self.init_from, trainer,
                                               self.run_dir)
@@ -187,15 +191,28 @@ class TrainingRun:
         found = resume.resume_point(self.run_dir, self.init_from, trainer.n) \
             if self.world.leader and not imported else None
         info = None if imported else self.world.broadcast(found[0] if found is not None else None)
-        self.open_ledger(info)
-        self.meter = self.mfu_meter(trainer.n)
-        measure = {"flops_per_token": self.meter.flops_token, "peak_flops": self.meter.peak.flops,
-                   "peak": self.meter.peak.source}  # what the step entries' `mfu` is measured against
+        ledger, feed = self.open_ledger(info)
+        try:
+            proxy, writer, guard, meter = await self.resume_or_begin(trainer, arms, info, found, imported, feed)
+        except BaseException:
+            ledger.close()  # fsynced and closed as main's clean-up closes a started run's
+            raise
+        return Started(cfg=self.cfg, run_dir=self.run_dir, world=self.world, step=self.step, trainer=trainer,
+                       proxy=proxy, writer=writer, guard=guard, ledger=ledger, feed=feed, codec=codec, tasks=tasks,
+                       meter=meter, train=self.train, io=self.io)
+
+    async def resume_or_begin(self, trainer: Trainer, arms, info, found, imported: dict | None, feed: LedgerFeed):
+        """The start's second half: the first marker (`start`, or `resume` with the checkpoint's weights loaded),
+        then the writer and the guard as the checkpoint left them. Returns (proxy, writer, guard, meter)."""
+        loop = asyncio.get_running_loop()
+        meter = self.mfu_meter(trainer.n)
+        measure = {"flops_per_token": meter.flops_token, "peak_flops": meter.peak.flops,
+                   "peak": meter.peak.source}  # what the step entries' `mfu` is measured against
         if info is None:
             proxy = DataProxy(self.cfg, arms)
-            self.feed.lines.append(marker("start", 0, n_params=trainer.n, seed=self.cfg.train.seed,
-                                          identity=identity.identity(self.cfg, identity.tokenizer_sha256(self.run_dir)),
-                                          **measure, **(imported or {})))
+            feed.lines.append(marker("start", 0, n_params=trainer.n, seed=self.cfg.train.seed,
+                                     identity=identity.identity(self.cfg, identity.tokenizer_sha256(self.run_dir)),
+                                     **measure, **(imported or {})))
         else:  # on separate disks rank 0 reads and validates, and sends the others theirs (parallel/sharing.py)
             def read() -> np.ndarray:  # rank 0 has it; another rank of a shared directory reads its own
                 return found[1] if found is not None else ckpt.read_payload(info.path, trainer.n)[1]
@@ -204,21 +221,20 @@ class TrainingRun:
             self._resumed = info.step
             proxy = resume.restore_proxy(self.cfg, self.run_dir, arms, info, sharing.json_reader(self.world))
             origin = info.path.name if info.path.parent == self.run_dir else str(info.path.resolve())
-            self.feed.lines.append(marker("resume", info.step, phase=proxy.phase, **measure, **{"from": origin}))
-        self.writer = shards.writer_for(self.world, self.run_dir, trainer, self.device, self.io,
-                                       keep_last=self.cfg.checkpoint.keep_last,
-                                       keep_every=self.cfg.checkpoint.keep_every)
+            feed.lines.append(marker("resume", info.step, phase=proxy.phase, **measure, **{"from": origin}))
+        writer = shards.writer_for(self.world, self.run_dir, trainer, self.device, self.io,
+                                   keep_last=self.cfg.checkpoint.keep_last, keep_every=self.cfg.checkpoint.keep_every)
         if info is not None and info.path.parent == self.run_dir:
-            self.writer.last_committed = self.step
-        self.guard, warning = rollback.load_guard(self.cfg, info, self.run_dir, (imported or {}).get("from"),
-                                                  sharing.json_reader(self.world))
+            writer.last_committed = self.step
+        guard, warning = rollback.load_guard(self.cfg, info, self.run_dir, (imported or {}).get("from"),
+                                             sharing.json_reader(self.world))
         if warning:
             log.warning("%s", warning)
         if info is not None and proxy.phase > 0 and proxy.phase_start == self.step:  # resumed at a pivot: as
-            self.guard.pivot(self.step, names.checkpoint_name(self.step))  # the hot pivot did (idempotent)
-        self.writer.protected = self.guard.protected  # retention never deletes the known-good checkpoint
-        trainer.lr_scale, proxy.data_offset = self.guard.remedy["lr_scale"], self.guard.remedy["data_offset"]
-        return trainer, proxy
+            guard.pivot(self.step, names.checkpoint_name(self.step))  # the hot pivot did (idempotent)
+        writer.protected = guard.protected  # retention never deletes the known-good checkpoint
+        trainer.lr_scale, proxy.data_offset = guard.remedy["lr_scale"], guard.remedy["data_offset"]
+        return proxy, writer, guard, meter
 
     def task_audit(self, codec) -> audit.TaskAudit | None:
         """eval.tasks, made absolute (run.toml keeps it so, whatever the next start's working directory), read
@@ -255,24 +271,24 @@ class TrainingRun:
             for stale in ckpt.remove_stale_tmp(self.run_dir) if self.world.view == self.world.rank else ():
                 log.warning("removed %s left by an interrupted write (never read as a checkpoint or sidecar)",
                             stale.relative_to(self.run_dir))
-            trainer, proxy = await self.start()
+            run = self.started = await self.start()
             if self.world.leader:
                 log_every = self.cfg.train.log_every
                 self.views = views.open_views(
                     tensorboard.open_log(self.cfg.log, self.run_dir, self.step, log_every),
                     wandb_log.open_log(self.cfg.log, self.run_dir, self.cfg.to_dict(), log_every))
-                self.feed.on_flush = notify.chain(self.views.add_records if self.views is not None else None,
-                                                  self.notifier.lines)
+                run.feed.on_flush = notify.chain(self.views.add_records if self.views is not None else None,
+                                                 self.notifier.lines)
                 atomic.write_atomic(self.run_dir / names.CONFIG_NAME, self.cfg.to_toml().encode())
-            self.feed.flush(force_sync=True)
+            run.feed.flush(force_sync=True)
             if self.world.leader:  # after the start marker is durable: the replica is claimed with it
-                self.replicator = replicator.start_for(self.cfg.checkpoint, self.run_dir, self.writer, self.views,
+                self.replicator = replicator.start_for(self.cfg.checkpoint, self.run_dir, run.writer, self.views,
                                                        resumed_from=self.step)
             print(f"ready pid={os.getpid()} run_dir={self.run_dir} step={self.step} "
                   f"stop_at={stop_at} device={self.device} kernels={self.kernels}"
                   + (f" rank={self.world.rank}/{self.world.size}" if self.world.distributed else ""),
                   file=out, flush=True)
-            return await self.loop(trainer, proxy, stop_at)
+            return await self.loop(run, stop_at)
         except Interrupted as e:  # a stop during data preparation: nothing trained, everything prepared kept
             log.warning("%s", e)
             return 0
@@ -285,22 +301,18 @@ class TrainingRun:
                 self.replicator.finish(self.cfg.checkpoint.replica_wait)
             if self.views is not None:  # each bounded (log.wandb_timeout_s)
                 self.views.close(self.boundary.settled_step() if self.boundary is not None else None)
-            if hasattr(self, "ledger"):
-                self.ledger.close()
+            if self.started is not None:
+                self.started.ledger.close()
             lock.release()
             self.notifier.close(self.cfg.notify.timeout_s)
 
-    async def loop(self, trainer: Trainer, proxy: DataProxy, stop_at: int) -> int:
+    async def loop(self, run: Started, stop_at: int) -> int:
         """Boundary, step, boundary, ... until a stop; then everything in flight lands."""
-        tc = self.cfg.train
+        tc, trainer = self.cfg.train, run.trainer
         records = StepRecords(64, tc.batch_size, self.device)
         progress = Progress(self.step, stop_at, tc.batch_size * self.cfg.model.block_size, tc.log_every)
-        b = self.boundary = Boundary(self.cfg, self.run_dir, step=self.step, proxy=proxy, trainer=trainer,
-                                     writer=self.writer, guard=self.guard, feed=self.feed, req=self.req,
-                                     records=records, progress=progress, train=self.train, io=self.io,
-                                     world=self.world, codec=self.codec, views=self.views, notify=self.notifier.send,
-                                     replicator=self.replicator, meter=self.meter,
-                                     tasks=self.tasks)
+        b = self.boundary = Boundary(run, req=self.req, records=records, progress=progress, views=self.views,
+                                     replicator=self.replicator, notify=self.notifier.send)
         dog = watchdog.Watchdog(self.cfg.watchdog, self.beats, self.on_stall).start()
         watched = self.beats.watch
         try:
@@ -320,7 +332,7 @@ class TrainingRun:
                            message=f"stopped at step {self.step} ({self.req.stop or 'step target reached'})",
                            signal=self.req.stop)
         log.info("stopped at step %d (%s); newest checkpoint %s", self.step,
-                 self.req.stop or "step target reached", names.checkpoint_name(self.writer.last_committed or 0))
+                 self.req.stop or "step target reached", names.checkpoint_name(run.writer.last_committed or 0))
         return 0
 
     def on_stall(self, stall: watchdog.Stall) -> None:
@@ -330,8 +342,8 @@ class TrainingRun:
 
     def _append_marker(self, line: dict) -> None:
         """On the I/O thread: one marker appended and fsynced (after everything queued before it)."""
-        self.ledger.append([line])
-        self.ledger.sync()
+        self.started.ledger.append([line])
+        self.started.ledger.sync()
 
     def _step(self, trainer: Trainer, records: StepRecords, batch: Batch) -> int:
         """One update on the training thread; its record goes to `records` without a sync."""

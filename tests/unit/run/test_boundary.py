@@ -28,6 +28,8 @@ from andrea.run.ledger_feed import LedgerFeed
 from andrea.mixture.proxy import DataProxy
 from andrea.run.records import StepRecords
 from andrea.run.signals import Requests
+from andrea.run.started import Started
+from andrea.parallel.distributed import World
 from andrea.data.store import ArmTokens
 from andrea.observe.progress import Progress
 from andrea.rundir import checkpoint as ckpt, names, sidecars
@@ -142,7 +144,7 @@ def make_cfg(**sections) -> config.RunConfig:
 
 
 def make_boundary(tmp_path: Path, cfg: config.RunConfig, *, step: int = 0, nan_at=(), fail=(), writes: bool = True,
-                  **kw) -> Boundary:
+                  world: World | None = None, **kw) -> Boundary:
     events: list = []
     io = ThreadPoolExecutor(1)
     train = ThreadPoolExecutor(1)
@@ -152,10 +154,12 @@ def make_boundary(tmp_path: Path, cfg: config.RunConfig, *, step: int = 0, nan_a
                       rng.integers(0, cfg.model.vocab_size, 2_000).astype(np.uint16)) for name in cfg.data.arms]
     trainer = Trainer(events, records, set(nan_at))
     trainer.state += step
-    b = Boundary(cfg, tmp_path, step=step, proxy=DataProxy(cfg, arms, phase_start=step), trainer=trainer,
-                 writer=Writer(tmp_path, io, events, set(fail), writes), guard=Guard(cfg.guard, good_step=step),
-                 feed=LedgerFeed(Ledger(events, tmp_path / ".loss.json"), io), req=Requests(), records=records,
-                 progress=Progress(step, 10_000, 1, 10_000), train=train, io=io, **kw)
+    ledger = Ledger(events, tmp_path / ".loss.json")
+    run = Started(cfg=cfg, run_dir=tmp_path, world=world or World(), step=step, trainer=trainer,
+                  proxy=DataProxy(cfg, arms, phase_start=step), writer=Writer(tmp_path, io, events, set(fail), writes),
+                  guard=Guard(cfg.guard, good_step=step), ledger=ledger, feed=LedgerFeed(ledger, io), codec=None,
+                  tasks=None, meter=None, train=train, io=io)
+    b = Boundary(run, req=Requests(), records=records, progress=Progress(step, 10_000, 1, 10_000), **kw)
     b.events = events
     return b
 
