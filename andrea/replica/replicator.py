@@ -219,55 +219,82 @@ class Replicator:
 
     # --- one pass ------------------------------------------------------------------------------------------
     def sync(self) -> None:
+        """One pass, its phases in the order the module docstring gives (each reads what the previous left)."""
         if self.replica is None:
             self.replica = rep.Replica(self.uri)
-        r, pos = self.replica, self.pos
-        if not pos.claimed:
-            record = run_record(self.run_dir)
-            if record is None:
-                return  # no start marker yet: nothing of this run to claim a replica with
-            r.claim(record)
-            pos.claimed = True
+        if not self._claim():
+            return  # no start marker yet: nothing of this run to claim a replica with
         with self._cv:
             floor, floor_asked = self._floor, self._floor_asked
-        listing = r.listing()
-        pos.steps = rep.published_steps(listing)
-        pos.ledger_size = listing.get(LEDGER_NAME)
-        for step in superseded(pos.steps, floor) if floor is not None else ():
-            log.info("replica %s: step %d belongs to an abandoned timeline (the run went back to %d): unpublished",
-                     self.uri, step, floor)
-            self._unpublish(step, listing)
-        if floor in pos.steps:  # a rollback rewrites its known-good checkpoint's guard companion: send it again
-            for key in rep.companion_keys(floor, run_dir=self.run_dir):
-                r.put_file(key, self.run_dir / key)
+        listing = self.replica.listing()
+        self.pos.steps = rep.published_steps(listing)
+        self.pos.ledger_size = listing.get(LEDGER_NAME)
+        if floor is not None:
+            self._drop_abandoned(floor, listing)
         with self._cv:
             if self._floor_asked == floor_asked:  # no rollback since this pass read the floor: done with it
                 self._floor = None
-        for step in self._stale(pos.steps) if not pos.compared else ():
+        if not self.pos.compared:
+            self._drop_stale(listing)
+        self._files(listing)
+        self._upload_checkpoints()
+        self._ledger()
+        self._retain(listing)
+
+    def _claim(self) -> bool:
+        """The owner check and claim of the replica, once a process (before anything else is written); False
+        before the run has a start marker."""
+        if not self.pos.claimed:
+            record = run_record(self.run_dir)
+            if record is None:
+                return False
+            self.replica.claim(record)
+            self.pos.claimed = True
+        return True
+
+    def _drop_abandoned(self, floor: int, listing: dict[str, int]) -> None:
+        """The run went back to `floor`: the replica's checkpoints above it unpublished, and the guard companion a
+        rollback rewrote at `floor` sent again."""
+        for step in superseded(self.pos.steps, floor):
+            log.info("replica %s: step %d belongs to an abandoned timeline (the run went back to %d): unpublished",
+                     self.uri, step, floor)
+            self._unpublish(step, listing)
+        if floor in self.pos.steps:
+            for key in rep.companion_keys(floor, run_dir=self.run_dir):
+                self.replica.put_file(key, self.run_dir / key)
+
+    def _drop_stale(self, listing: dict[str, int]) -> None:
+        """The first pass of a process: published copies that differ from the run directory's, unpublished."""
+        for step in self._stale(self.pos.steps):
             log.info("replica %s: step %d is not the run directory's checkpoint of that step (an abandoned "
                      "timeline's copy): unpublished", self.uri, step)
             self._unpublish(step, listing)
-        pos.compared = True
-        self._files(listing)
+        self.pos.compared = True
+
+    def _upload_checkpoints(self) -> None:
+        """The checkpoints of the plan, newest first (`upload_plan`); one retention took meanwhile is skipped."""
         local = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
-        for step in upload_plan(local, pos.steps, self.keep_every):
+        for step in upload_plan(local, self.pos.steps, self.keep_every):
             self.uploading = step
-            if not (self.run_dir / f"step_{step:06d}.bin").exists():
+            if not (self.run_dir / checkpoint_name(step)).exists():
                 continue  # retention took it meanwhile
             log.info("replica %s: uploading step %d", self.uri, step)
             try:
-                rep.upload_checkpoint(r, self.run_dir, step, self._ledger)
+                rep.upload_checkpoint(self.replica, self.run_dir, step, self._ledger)
             except FileNotFoundError:
                 continue  # released by retention while it was read: a newer one is there
-            pos.steps = sorted(set(pos.steps) | {step})
+            self.pos.steps = sorted(set(self.pos.steps) | {step})
             self.uploading = None
             log.info("replica %s: step %d published", self.uri, step)
         self.uploading = None
-        self._ledger()
-        for step in remote_victims(pos.steps, self.keep_last, self.keep_every):
+
+    def _retain(self, listing: dict[str, int]) -> None:
+        """The replica's retention (the run's keep_last / keep_every), then the objects of checkpoints never
+        published (an upload a kill interrupted: never restored)."""
+        for step in remote_victims(self.pos.steps, self.keep_last, self.keep_every):
             self._unpublish(step, listing)
-        for step in rep.unpublished_steps(listing, pos.steps):  # what an interrupted upload left: never restored
-            rep.remove_checkpoint(r, step, listing)
+        for step in rep.unpublished_steps(listing, self.pos.steps):
+            rep.remove_checkpoint(self.replica, step, listing)
 
     def _unpublish(self, step: int, listing: dict[str, int]) -> None:
         """Remove a published checkpoint from the replica (its `.sum.json` first) and from what this process knows."""
