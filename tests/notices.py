@@ -1,7 +1,9 @@
 """A loopback HTTP server that collects the notices a trainer POSTs (observe/notify.py), for end-to-end tests.
 
 stdlib `http.server` on 127.0.0.1, port 0 (the kernel picks a free one), served on a daemon thread; `events`
-is every JSON body received, in arrival order.
+is every JSON body received, in arrival order. `Inbox(trickle_s=0.2)` is a hostile server: it records the body,
+then answers one byte of a header line every `trickle_s` seconds, for as long as the client listens (each read
+is quick, so only a deadline over the whole exchange ends it); `hung` counts the replies being trickled.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Inbox:
-    def __init__(self) -> None:
+    def __init__(self, trickle_s: float | None = None) -> None:
         self.events: list[dict] = []
+        self.hung = 0
         self._cond = threading.Condition()
+        self._closed = threading.Event()
         inbox = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -24,8 +28,27 @@ class Inbox:
                 with inbox._cond:
                     inbox.events.append(json.loads(body))
                     inbox._cond.notify_all()
+                if trickle_s is not None:
+                    self.trickle(trickle_s)
+                    return
                 self.send_response(204)
                 self.end_headers()
+
+            def trickle(self, every: float) -> None:
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Trickle: ")
+                with inbox._cond:
+                    inbox.hung += 1
+                try:
+                    while not inbox._closed.wait(every):
+                        self.wfile.write(b"z")
+                        self.wfile.flush()
+                except OSError:  # the client gave up: what a deadline is for
+                    pass
+                finally:
+                    with inbox._cond:
+                        inbox.hung -= 1
+                        inbox._cond.notify_all()
+                    self.close_connection = True
 
             def log_message(self, *args) -> None:  # quiet: the test asserts on what arrived
                 pass
@@ -53,6 +76,13 @@ class Inbox:
                     raise TimeoutError(f"no {kind!r} notice within {timeout}s; received {self.kinds()}")
                 self._cond.wait(remaining)
 
+    def wait_until(self, done, timeout: float = 30.0) -> None:
+        """Wait until `done(self)` holds (checked at each received body and each trickle that ends)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: done(self), timeout):
+                raise TimeoutError(f"not within {timeout}s; received {self.kinds()}, {self.hung} replies trickling")
+
     def close(self) -> None:
+        self._closed.set()
         self.server.shutdown()
         self.server.server_close()

@@ -126,7 +126,8 @@ class NotifyConfig:
     """The kinds sent: any of incident, rollback, guard_stop, write_error, stall, pivot, finished, stopped,
     failed."""
     timeout_s: float = 10.0
-    """The longest a command or a POST may take before it is abandoned with a warning."""
+    """The longest a command or a POST may take, the whole exchange, before it is abandoned with a warning (a
+    command's whole process group is ended then; observe/delivery.py)."""
     max_per_hour: int = 6
     """Notices of one kind sent per rolling hour at most; the rest are dropped and counted in the next one
     (`suppressed`). The last notice of a process (finished, stopped, failed, stall) is always sent."""

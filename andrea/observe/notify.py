@@ -1,7 +1,9 @@
 """Notices to the operator (`[notify]`): the events they act on, as JSON, to a command and/or an HTTP URL.
 
 Sending never blocks a step and never fails the run: `Notifier.send` puts the event on a bounded queue that the
-`andrea-notify` thread empties; a command or POST that fails or outlasts notify.timeout_s is one warning line.
+`andrea-notify` thread empties; a command or POST that fails or outlasts notify.timeout_s is one warning line, and
+the next notice still goes. How each is sent, bounded in time (the whole exchange), in captured bytes and in the
+processes it leaves (none): observe/delivery.py.
 `admit` (the rate limit) and `event` (the format) are plain functions, tested with an injected clock.
 
 The event, one JSON object (UTF-8), the same on a command's stdin and as the POST body:
@@ -32,16 +34,15 @@ import queue
 import shlex
 import shutil
 import socket
-import subprocess
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from andrea.config.check import ConfigError
 from andrea.config.keepers import NotifyConfig
+from andrea.observe import delivery
 
 log = logging.getLogger("andrea.notify")
 
@@ -144,24 +145,29 @@ class Notifier:
 
     def _command(self, body: bytes, kind: str) -> None:
         try:
-            r = subprocess.run(self.argv, input=body, capture_output=True, timeout=self.cfg.timeout_s)
-        except subprocess.TimeoutExpired:
-            log.warning("notify.command: the %s notice took longer than %g s; abandoned", kind, self.cfg.timeout_s)
+            r = delivery.run_command(self.argv, body, self.cfg.timeout_s)
+        except delivery.Expired:
+            log.warning("notify.command: the %s notice took longer than %g s; abandoned (its process group ended)",
+                        kind, self.cfg.timeout_s)
         except OSError as e:
             log.warning("notify.command: the %s notice failed: %s", kind, e)
         else:
             if r.returncode != 0:
-                tail = r.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+                tail = r.stderr_tail.decode(errors="replace").strip().splitlines()[-1:] or [""]
                 log.warning("notify.command: the %s notice exited %d %s", kind, r.returncode, tail[0][:200])
 
     def _post(self, body: bytes, kind: str) -> None:
-        req = urllib.request.Request(self.cfg.url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json", "User-Agent": "andrea"})
         try:
-            with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as r:
-                r.read()
-        except Exception as e:  # noqa: BLE001  (HTTPError, URLError, timeouts, a reset: a notice is never the run's)
+            status = delivery.post(self.cfg.url, body, self.cfg.timeout_s,
+                                   {"Content-Type": "application/json", "User-Agent": "andrea"})
+        except delivery.Expired:
+            log.warning("notify.url: the %s notice took longer than %g s (the whole exchange); abandoned", kind,
+                        self.cfg.timeout_s)
+        except Exception as e:  # noqa: BLE001  (refused, reset, TLS: a notice is never the run's)
             log.warning("notify.url: the %s notice was not delivered: %s", kind, e)
+        else:
+            if status >= 400:
+                log.warning("notify.url: the %s notice was not delivered: HTTP %d", kind, status)
 
 
 def chain(*handlers: Callable[[list], None] | None) -> Callable[[list], None] | None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import socket
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -126,6 +129,77 @@ def test_failures_and_timeouts_are_one_warning_each(tmp_path, caplog):
     assert any(line.startswith("notify.url: the failed notice was not delivered") for line in lines), lines
     assert any("notify.command: the stall notice took longer than 0.5 s" in line for line in lines), lines
     assert len(lines) == 3
+
+
+def test_a_trickling_url_is_abandoned_at_its_deadline_and_the_next_notice_still_goes(tmp_path, caplog):
+    """The server answers a byte every 0.1 s, forever: each read is quick, so a per-read timeout never fires.
+    A deadline over the whole exchange ends each POST, and the thread goes on to the next notice."""
+    slow = Inbox(trickle_s=0.1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="andrea.notify"):
+            n = Notifier(NotifyConfig(url=slow.url, timeout_s=0.5), tmp_path)
+            n.send("incident", 1, message="x")
+            n.send("rollback", 2, message="x")
+            slow.wait_until(lambda box: len(box.events) == 2 and box.hung == 0)  # both sent, both cut off
+            n.close(30)
+    finally:
+        slow.close()
+    assert [e["event"] for e in slow.events] == ["incident", "rollback"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [f"notify.url: the {kind} notice took longer than 0.5 s (the whole exchange); abandoned"
+                     for kind in ("incident", "rollback")]
+
+
+def test_a_command_that_floods_its_output_costs_the_trainer_bounded_memory(tmp_path):
+    """A command writing 400 MB to stderr (and as much to stdout) before it fails: the notifier's process keeps
+    a few kB of it, quotes the last line, and its peak memory does not grow by the flood."""
+    flood = shlex.join([sys.executable, "-c", "import os, sys\nchunk = b'x' * (1 << 20)\nfor _ in range(400):\n"
+                        "    os.write(1, chunk); os.write(2, chunk)\nsys.stderr.write('\\nlast words\\n'); "
+                        "sys.exit(3)"])
+    probe = ("import json, logging, resource, sys\nfrom pathlib import Path\n"
+             "from andrea.config.keepers import NotifyConfig\nfrom andrea.observe.notify import Notifier\n"
+             "logging.basicConfig(stream=sys.stdout, format='%(message)s')\n"
+             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+             f"n = Notifier(NotifyConfig(command={flood!r}, timeout_s=120), Path({str(tmp_path)!r}))\n"
+             "n.send('failed', 1, message='x')\nn.close(120)\n"
+             "print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before))\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                       env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.returncode == 0, r.stderr
+    said, grown_kb = r.stdout.strip().splitlines()[:-1], json.loads(r.stdout.strip().splitlines()[-1])
+    assert said == ["notify.command: the failed notice exited 3 last words"]
+    assert grown_kb < 50 * 1024  # ru_maxrss is in kB on Linux: < 50 MB against a 400 MB flood
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie waiting for its reaper does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_hung_command_is_ended_with_everything_it_started(tmp_path, caplog):
+    """`sh` starts a `sleep 1000` and waits for it: at the deadline the whole process group ends, the sleep
+    included (killing the shell alone would leave the sleep running, orphaned)."""
+    pidfile = tmp_path / "sleep.pid"
+    cmd = shlex.join(["sh", "-c", f"sleep 1000 & echo $! > {shlex.quote(str(pidfile))}; wait"])
+    with caplog.at_level(logging.WARNING, logger="andrea.notify"):
+        n = Notifier(NotifyConfig(command=cmd, timeout_s=1), tmp_path)
+        n.send("stall", 1, message="x")
+        n.close(30)
+    pid = int(pidfile.read_text())
+    try:
+        deadline = time.monotonic() + 10  # SIGKILL is delivered at once; init reaps the orphan shortly after
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(pid), f"the command's sleep (pid {pid}) outlived the notice"
+    finally:
+        if alive(pid):
+            os.kill(pid, 9)
+    assert [r.getMessage() for r in caplog.records] == [
+        "notify.command: the stall notice took longer than 1 s; abandoned (its process group ended)"]
 
 
 def test_chain_calls_every_handler():
