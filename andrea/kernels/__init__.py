@@ -7,10 +7,11 @@ from andrea.kernels.adamw import adamw_reference, adamw_step
 from andrea.kernels.attention import attention, attention_reference
 from andrea.kernels.cross_entropy import cross_entropy, cross_entropy_reference
 from andrea.kernels.layernorm import layer_norm, layer_norm_reference
-from andrea.kernels.muon import muon_apply_reference, muon_momentum_reference
-from andrea.kernels.rmsnorm import rms_norm_reference
-from andrea.kernels.rotary import rotary_reference, rotary_tables
+from andrea.kernels.muon import muon_apply, muon_apply_reference, muon_momentum, muon_momentum_reference
+from andrea.kernels.rmsnorm import rms_norm, rms_norm_reference
+from andrea.kernels.rotary import rotary, rotary_reference, rotary_tables
 
 __all__ = ["adamw_reference", "adamw_step", "attention", "attention_reference", "cross_entropy",
-           "cross_entropy_reference", "layer_norm", "layer_norm_reference", "muon_apply_reference",
-           "muon_momentum_reference", "rms_norm_reference", "rotary_reference", "rotary_tables"]
+           "cross_entropy_reference", "layer_norm", "layer_norm_reference", "muon_apply", "muon_apply_reference",
+           "muon_momentum", "muon_momentum_reference", "rms_norm", "rms_norm_reference", "rotary", "rotary_reference",
+           "rotary_tables"]

@@ -7,13 +7,14 @@ CPU that dtype is fp32 (plus fp16 on two shapes); on CUDA every case runs in fp3
 Shapes are odd on purpose (T = 1, 7, 65, 129 with 16-wide tiles: a single partial tile, ragged tails, several
 causal diagonal blocks) and B·H small because the interpreter runs every program in Python. On CUDA the same shapes
 meet 64/128-wide tiles (mostly one partial tile); CUDA_SHAPES adds the model's sequence lengths, where the wide
-tiles have several causal blocks and ragged tails of their own.
+tiles have several causal blocks and ragged tails of their own. The modern GPT's q and k (QK-normed, rotary-embedded)
+meet the same rule.
 """
 
 import pytest
 import torch
 
-from andrea.kernels import attention, attention_reference
+from andrea.kernels import attention, attention_reference, rms_norm_reference, rotary_reference, rotary_tables
 from andrea.kernels.attention import AttentionConfig, attention_config
 from tests.unit.kernels.conftest import DEVICES, ON_CPU, ON_CUDA
 
@@ -49,8 +50,11 @@ def _inputs(B, H, T, D, seed=0, device="cpu"):
     return [torch.randn(B, H, T, D, generator=gen, dtype=torch.float64).to(device) for _ in range(4)]  # q, k, v, dO
 
 
-def _assert_flash_rule(kernel_fn, B, H, T, D, dtype=torch.float32, device="cpu", **kwargs):
+def _assert_flash_rule(kernel_fn, B, H, T, D, dtype=torch.float32, device="cpu", modern=False, **kwargs):
     q, k, v, do = _inputs(B, H, T, D, device=device)
+    if modern:  # the modern GPT's q and k: QK-normed per head, then rotary-embedded (in fp64, before any rounding)
+        cos, sin = (t.double() for t in rotary_tables(T, D, 10000.0, device))
+        q, k = (rotary_reference(rms_norm_reference(t), cos, sin) for t in (q, k))
     truth = _run(attention_reference, q, k, v, do, torch.float64, **kwargs)
     plain_torch = _run(attention_reference, q, k, v, do, dtype, **kwargs)
     kernel = _run(kernel_fn, q, k, v, do, dtype, **kwargs)
@@ -87,6 +91,14 @@ def test_model_shapes_match_fp64_reference_on_cuda(causal, dtype, B, H, T, D):
 @pytest.mark.parametrize("B,H,T,D", [(1, 2, 65, 32), (1, 1, 129, 64)])
 def test_fp16_matches_fp64_reference(B, H, T, D):
     _assert_flash_rule(attention, B, H, T, D, dtype=torch.float16, causal=True)
+
+
+# arch = "modern": q and k arrive RMS-normed per head (|q| = |k| = sqrt(D) exactly, so every score is within
+# ±sqrt(D)) and rotated by position; the kernel is just q, k and must meet the same rule on them.
+@pytest.mark.parametrize("B,H,T,D", [(1, 2, 7, 32), (1, 1, 65, 64)])
+@pytest.mark.parametrize("device,dtype", FLASH_CASES)
+def test_rotary_qk_normed_inputs_match_fp64_reference(device, dtype, B, H, T, D):
+    _assert_flash_rule(attention, B, H, T, D, dtype, device, modern=True, causal=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
