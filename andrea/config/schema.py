@@ -19,9 +19,18 @@ from andrea.config.keepers import GuardConfig, NotifyConfig, WatchdogConfig
 from andrea.mixture.policy import PolicyError, validate_policy
 
 
+ARCHS = ("gpt2", "modern")
+
+
 @dataclass
 class ModelConfig:
-    """The GPT-2-shaped model; its shape fixes n_params and so the checkpoint size (8 + 12·n bytes)."""
+    """The model (`arch`) and its shape; the shape fixes n_params and so the checkpoint size (8 + 12·n bytes)."""
+
+    arch: str = "gpt2"
+    """gpt2 | modern. gpt2 (andrea/model/gpt.py): learned positions, LayerNorm with biases, GELU MLP, as in 2019.
+    modern (andrea/model/modern.py): rotary positions (no position table), parameter-free RMSNorm before each
+    sublayer and at the end, QK-norm, SwiGLU MLP (hidden size 8·n_embd/3 rounded to a multiple of 64), no biases,
+    an untied head: what Hugging Face's Qwen3ForCausalLM loads (`andrea export`)."""
 
     n_layer: int = 4
     """Transformer blocks."""
@@ -30,18 +39,27 @@ class ModelConfig:
     n_embd: int = 128
     """Width of the residual stream (embedding size)."""
     block_size: int = 128
-    """Context length; also the number of learned position embeddings."""
+    """Context length; for gpt2 also the number of learned position embeddings."""
     vocab_size: int = 4096
     """Size of the byte-level BPE vocabulary trained at the run's first start (at least 256 + specials); token
     files are uint16 up to 65,536 and uint32 above."""
     dropout: float = 0.0
     """0 for long pretraining runs; when > 0 the dropout RNG is seeded from (seed, step) so resume stays exact."""
     bias: bool = True
-    """Biases in Linear and LayerNorm, as GPT-2."""
+    """Biases in Linear and LayerNorm, as GPT-2 (arch = gpt2 only: the modern model has no biases)."""
+    rope_base: float = 10_000.0
+    """Rotary position embeddings' base (arch = modern): pair i of a head turns by position · rope_base^(−2i/head_dim)."""
 
     def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ConfigError(f"model.arch={self.arch!r} must be one of {', '.join(ARCHS)}")
         if self.n_embd % self.n_head:
             raise ConfigError(f"model.n_embd={self.n_embd} is not a multiple of model.n_head={self.n_head}")
+        if self.arch == "modern" and (self.n_embd // self.n_head) % 2:
+            raise ConfigError(f"model.arch=modern: rotary needs an even head dim, and n_embd / n_head = "
+                              f"{self.n_embd // self.n_head}")
+        if not self.rope_base > 1.0:
+            raise ConfigError(f"model.rope_base={self.rope_base} must be > 1")
         if self.vocab_size < 260:
             raise ConfigError(f"model.vocab_size={self.vocab_size} must be at least 260 (256 bytes + specials)")
         if self.vocab_size > 2**31 - 1:

@@ -28,7 +28,11 @@ padding slots in front, and slot j of row r holds the token at position j - pad[
 of every row's keys (their own, unused outputs attend to themselves, so no softmax row is empty). Each new token
 takes the next slot in every row, at position = that row's length, so one forward serves the whole batch.
 
-Past block_size: positions are learned and absolute, and the uncached loop feeds the last block_size tokens at
+The modern model (andrea/model/modern.py) runs the same loop through `_modern_blocks`: RMSNorms, q/k/v/o, QK-norm,
+rotary at each slot's position (the tables gathered per row, so left padding shifts them as it shifts the GPT's
+positions), SwiGLU.
+
+Past block_size: positions are learned and absolute (rotary tables stop at block_size), and the uncached loop feeds the last block_size tokens at
 positions 0..block_size-1; once a row is longer than that, every token's position shifts with each new token and
 no cached key stays valid. So when the next token would make the longest row exceed block_size, the batch is
 re-prefilled from each row's last block_size tokens (shorter rows are re-prefilled unchanged, at the same
@@ -55,7 +59,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from andrea.model.gpt import GPT
+from andrea.model.gpt import GPT, torch_rotary
+from andrea.model.modern import Modern
 
 Pick = Callable[[torch.Tensor], list[int]]  # fp32 logits of each row's last token (B, V) → each row's next token
 
@@ -76,33 +81,64 @@ class KVCache:
 
 
 @torch.no_grad()
-def forward_cached(model: GPT, cache: KVCache, idx: torch.Tensor) -> torch.Tensor:
+def forward_cached(model: GPT | Modern, cache: KVCache, idx: torch.Tensor) -> torch.Tensor:
     """Run tokens idx (B, t) through slots used..used+t of the cache → fp32 logits of the last slot (B, V)."""
     B, t = idx.shape
-    C, nh = model.cfg.n_embd, model.cfg.n_head
     s0, s1 = cache.used, cache.used + t
     if s1 > cache.capacity:
         raise ValueError(f"KV cache full: {s1} slots needed, {cache.capacity} allocated")
-    x = model.wte(idx) + model.wpe(cache.pos[:, s0:s1])  # (B, t, C)
     q_slot = torch.arange(s0, s1, device=idx.device)[:, None]  # (t, 1)
     k_slot = torch.arange(s1, device=idx.device)[None, :]  # (1, s1)
     mask = (k_slot <= q_slot) & (cache.valid[:, None, :s1] | (k_slot == q_slot))  # (B, t, s1) causal, no padding
     mask = mask[:, None]  # (B, 1, t, s1): the same for every head
-    for i, block in enumerate(model.h):
-        q, k, v = _linear(block.attn.c_attn, block.ln_1(x)).split(C, dim=2)
-        q, k, v = (z.view(B, t, nh, C // nh).transpose(1, 2) for z in (q, k, v))  # (B, nh, t, hs)
+
+    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Layer i: k, v (B, nh, t, hs) into the cache; q's attention over the cached keys → (B, t, C)."""
         if cache.k is None:
-            shape = (len(model.h), B, nh, cache.capacity, C // nh)
+            shape = (len(model.h), B, k.size(1), cache.capacity, k.size(3))
             cache.k = torch.empty(shape, dtype=k.dtype, device=k.device)
             cache.v = torch.empty(shape, dtype=v.dtype, device=v.device)
         cache.k[i, :, :, s0:s1] = k
         cache.v[i, :, :, s0:s1] = v
         y = F.scaled_dot_product_attention(q, cache.k[i, :, :, :s1], cache.v[i, :, :, :s1], attn_mask=mask)
-        x = x + _linear(block.attn.c_proj, y.transpose(1, 2).reshape(B, t, C))  # resid_dropout: identity in eval
+        return y.transpose(1, 2).reshape(B, t, -1)
+
+    logits = (_modern_blocks if isinstance(model, Modern) else _gpt_blocks)(model, cache.pos[:, s0:s1], idx, attend)
+    cache.used = s1
+    return logits
+
+
+def _gpt_blocks(model: GPT, pos: torch.Tensor, idx: torch.Tensor, attend) -> torch.Tensor:
+    """The GPT's forward over idx (B, t) at positions pos (B, t) → fp32 logits of the last slot (B, V)."""
+    B, t = idx.shape
+    C, nh = model.cfg.n_embd, model.cfg.n_head
+    x = model.wte(idx) + model.wpe(pos)  # (B, t, C)
+    for i, block in enumerate(model.h):
+        q, k, v = _linear(block.attn.c_attn, block.ln_1(x)).split(C, dim=2)
+        q, k, v = (z.view(B, t, nh, C // nh).transpose(1, 2) for z in (q, k, v))  # (B, nh, t, hs)
+        x = x + _linear(block.attn.c_proj, attend(i, q, k, v))  # resid_dropout: identity in eval
         mlp = block.mlp  # MLP.forward's math (dropout: identity in eval), through _linear
         x = x + _linear(mlp.c_proj, F.gelu(_linear(mlp.c_fc, block.ln_2(x)), approximate="tanh"))
-    cache.used = s1
     return _linear(model.lm_head, model.ln_f(x[:, -1])).float()  # (B, V)
+
+
+def _modern_blocks(model: Modern, pos: torch.Tensor, idx: torch.Tensor, attend) -> torch.Tensor:
+    """Modern.forward's math over idx (B, t) at positions pos (B, t) → fp32 logits of the last slot (B, V). Rotary
+    takes each row's own positions (left padding shifts them), so it is the torch reference here, with the tables
+    gathered per row; the norms are the model's (the Triton RMSNorm under --kernels triton)."""
+    B, t = idx.shape
+    C, nh = model.cfg.n_embd, model.cfg.n_head
+    cos, sin = (tab[pos][:, None] for tab in model.rotary_tables(idx.device))  # (B, 1, t, hs/2): every head
+    x = model.wte(idx)  # (B, t, C)
+    for i, block in enumerate(model.h):
+        attn, h = block.attn, block.norm_1(x)
+        q, k, v = (_linear(p, h).view(B, t, nh, C // nh) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        q = torch_rotary(attn.q_norm(q).transpose(1, 2), cos, sin)  # (B, nh, t, hs)
+        k = torch_rotary(attn.k_norm(k).transpose(1, 2), cos, sin)
+        x = x + _linear(attn.o_proj, attend(i, q, k, v.transpose(1, 2)))
+        mlp, h = block.mlp, block.norm_2(x)
+        x = x + _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, h)) * _linear(mlp.up_proj, h))
+    return _linear(model.lm_head, model.norm_f(x[:, -1])).float()  # (B, V)
 
 
 def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -118,7 +154,7 @@ def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return y.t().contiguous().view(*x.shape[:-1], -1)
 
 
-def _prefill(model: GPT, window: list[list[int]], capacity: int) -> tuple[KVCache, torch.Tensor]:
+def _prefill(model: GPT | Modern, window: list[list[int]], capacity: int) -> tuple[KVCache, torch.Tensor]:
     device = model.wte.weight.device
     cache = KVCache([len(r) for r in window], capacity, device)
     width = max(len(r) for r in window)
@@ -126,7 +162,7 @@ def _prefill(model: GPT, window: list[list[int]], capacity: int) -> tuple[KVCach
     return cache, forward_cached(model, cache, idx)
 
 
-def decode(model: GPT, prompts: list[list[int]], max_new_tokens: int, pick: Pick) -> list[list[int]]:
+def decode(model: GPT | Modern, prompts: list[list[int]], max_new_tokens: int, pick: Pick) -> list[list[int]]:
     """Extend every prompt by max_new_tokens tokens chosen by `pick`, all rows in one KV-cached batch."""
     if model.training:
         raise ValueError("generation needs the model in eval mode (dropout off)")
@@ -174,7 +210,7 @@ def _one_cpu_thread(device: torch.device) -> Iterator[None]:
 
 
 @torch.no_grad()
-def decode_uncached(model: GPT, prompts: list[list[int]], max_new_tokens: int, pick: Pick) -> list[list[int]]:
+def decode_uncached(model: GPT | Modern, prompts: list[list[int]], max_new_tokens: int, pick: Pick) -> list[list[int]]:
     """The reference loop: per new token, a full forward of each row's last block_size tokens, row by row."""
     block = model.cfg.block_size
     device = model.wte.weight.device

@@ -32,6 +32,8 @@ from andrea.config.schema import ModelConfig
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 LayerNormFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor]
 TokenLossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # logits (N, V), targets (N,) → fp32 (N,)
+RmsNormFn = Callable[[torch.Tensor, float], torch.Tensor]  # x (..., C), eps → (..., C), no weight
+RotaryFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # x (B, H, T, D), cos, sin (T, D/2)
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -68,13 +70,29 @@ def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
     return _TokenCrossEntropy.apply(logits.float(), targets)
 
 
+def torch_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """The parameter-free RMSNorm's torch reference (andrea/kernels/rmsnorm.py), imported at the first call: a
+    process that only lays out a model (`info`, export) does not import the kernels' package and Triton."""
+    from andrea.kernels.rmsnorm import rms_norm_reference
+    return rms_norm_reference(x, eps)
+
+
+def torch_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary's torch reference (andrea/kernels/rotary.py), imported at the first call as torch_rms_norm."""
+    from andrea.kernels.rotary import rotary_reference
+    return rotary_reference(x, cos, sin)
+
+
 class ModelMath(NamedTuple):
     """Where the model's math comes from: torch (the defaults) or the Triton kernels (--kernels triton).
-    The choice never changes the parameters, their order or the checkpoint."""
+    The choice never changes the parameters, their order or the checkpoint. `rms_norm` and `rotary` serve the
+    modern model (andrea/model/modern.py); the GPT has neither."""
 
     attention: AttentionFn = sdpa_attention
     layer_norm: LayerNormFn | None = None  # None: torch's LayerNorm
     token_loss: TokenLossFn = token_cross_entropy
+    rms_norm: RmsNormFn = torch_rms_norm
+    rotary: RotaryFn = torch_rotary
 
 
 class LayerNorm(nn.LayerNorm):
@@ -143,6 +161,8 @@ def _embedding(n: int, dim: int) -> nn.Embedding:
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: ModelMath = ModelMath()):
         super().__init__()
+        if cfg.arch != "gpt2":
+            raise ValueError(f"GPT needs model.arch=gpt2, not {cfg.arch!r} (andrea/model/arch.py builds either)")
         self.cfg = cfg
         self.token_loss = ops.token_loss
         # Registration order below IS the checkpoint's parameter order; do not reorder.
@@ -199,7 +219,8 @@ def param_layout(model: nn.Module) -> list[ParamSpec]:
 
 
 def layout_for(cfg: ModelConfig) -> list[ParamSpec]:
-    """The layout of a configuration without allocating it (a 120M model costs nothing here)."""
+    """The GPT's layout of a configuration without allocating it (a 120M model costs nothing here); either arch's:
+    andrea/model/arch.py."""
     with torch.device("meta"):
         return param_layout(GPT(cfg))
 

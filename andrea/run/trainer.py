@@ -41,7 +41,8 @@ from andrea.model import memory
 from andrea.config.schema import RunConfig, TrainConfig
 from andrea.config.check import ConfigError
 from andrea.data.store import DROPOUT_STREAM, rng_for
-from andrea.model.gpt import GPT, ModelMath, ParamSpec, bind_flat, decay_mask, init_weights, n_params, param_layout
+from andrea.model import arch
+from andrea.model.gpt import ModelMath, ParamSpec, bind_flat, decay_mask, n_params, param_layout
 
 log = logging.getLogger("andrea.run.trainer")
 OOM_HOOK = "ANDREA_TEST_OOM_ROWS"
@@ -117,11 +118,11 @@ class Trainer:
         self.device = device
         self.kernels = kernels
         with torch.device("meta"):
-            self.model = GPT(cfg.model, _model_math(kernels))
+            self.model = arch.build(cfg.model, _model_math(kernels))  # GPT or Modern (model.arch)
         self.layout: list[ParamSpec] = param_layout(self.model)
         self.n = n_params(self.layout)
         self.state = FlatState(self.n, device)
-        self.state.w.copy_(init_weights(self.layout, cfg.model, cfg.train.seed))
+        self.state.w.copy_(arch.init_weights(self.layout, cfg.model, cfg.train.seed))
         bind_flat(self.model, self.state.w, self.state.grad)
         self.model.to(device)  # buffers only: parameters already live in the flat state
         self.decay = decay_mask(self.layout, device)
@@ -274,10 +275,12 @@ class Trainer:
 
 
 def _model_math(kernels: str) -> ModelMath:
-    """The Triton kernels for attention, LayerNorm and the loss, or torch's math (ModelMath's defaults)."""
+    """The Triton kernels for attention, LayerNorm, RMSNorm, rotary and the loss, or torch's math (ModelMath's
+    defaults: SDPA, torch's LayerNorm, the RMSNorm and rotary references of andrea/kernels/)."""
     if kernels == "triton":
-        from andrea.kernels import attention, cross_entropy, layer_norm
-        return ModelMath(attention, layer_norm, partial(cross_entropy, reduction="none"))
+        from andrea.kernels import attention, cross_entropy, layer_norm, rms_norm_reference, rotary_reference
+        return ModelMath(attention, layer_norm, partial(cross_entropy, reduction="none"), rms_norm_reference,
+                         rotary_reference)
     return ModelMath()
 
 

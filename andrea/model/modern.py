@@ -1,0 +1,168 @@
+"""The modern decoder (`model.arch = "modern"`): the 2026 recipe's model, parameters views into one flat fp32 buffer.
+
+Rotary position embeddings (no position table), parameter-free RMSNorm before each sublayer and at the end,
+QK-norm (an RMSNorm per head on q and k, before rotary, as Qwen3), a SwiGLU MLP, no biases and an untied head.
+It is Qwen3's decoder with every norm weight fixed at one, so Hugging Face's stock `Qwen3ForCausalLM` loads its
+export without custom code (andrea/model/qwen3.py; why that class: docs/operating.md#export-and---init-from).
+
+The flat-buffer machinery is the GPT's (andrea/model/gpt.py: `param_layout`, `bind_flat`, `decay_mask`,
+`n_params`); this module adds the model, its initialisation and the MLP's width. Parameter-iteration order —
+part of the checkpoint format (docs/formats.md), listed by `param_layout` and printed by `python -m andrea info`:
+    wte.weight (V, C),
+    for each layer i: h.i.attn.{q_proj, k_proj, v_proj, o_proj}.weight (C, C),
+                      h.i.mlp.{gate_proj, up_proj}.weight (H, C), h.i.mlp.down_proj.weight (C, H),
+    lm_head.weight (V, C).
+H = `swiglu_hidden(C)`. The norms have no parameters and no place in the buffer. Linear weights are (out, in).
+
+The math (`ModelMath`): attention, RMSNorm, rotary and the loss come from torch's references or, with
+`--kernels triton`, the Triton kernels; neither changes a parameter or its order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from andrea.config.schema import ModelConfig
+from andrea.model.gpt import ModelMath, ParamSpec, RmsNormFn, _embedding, n_params
+
+NORM_EPS = 1e-6  # every RMSNorm's eps (Qwen3's rms_norm_eps)
+
+
+def swiglu_hidden(n_embd: int) -> int:
+    """The SwiGLU MLP's hidden width H: three (H, C) matrices hold as many parameters as the GPT's two (4C, C) ones
+    when H = 8C/3; rounded to the nearest multiple of 64 (matmul tiles; Llama rounds up to 256, too coarse at
+    andrea's widths), at least 64. C = 320 → 832, C = 768 → 2048."""
+    return max(64, round(8 * n_embd / 3 / 64) * 64)
+
+
+class RMSNorm(nn.Module):
+    """Parameter-free RMSNorm over the last dim: x · rsqrt(mean(x²) + eps), its math from `fn`."""
+
+    def __init__(self, fn: RmsNormFn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x, NORM_EPS)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: ModelMath):
+        super().__init__()
+        C = cfg.n_embd
+        self.n_head = cfg.n_head
+        # Registration order below IS the checkpoint's parameter order; do not reorder.
+        self.q_proj = nn.Linear(C, C, bias=False)
+        self.k_proj = nn.Linear(C, C, bias=False)
+        self.v_proj = nn.Linear(C, C, bias=False)
+        self.o_proj = nn.Linear(C, C, bias=False)
+        self.q_norm, self.k_norm = RMSNorm(ops.rms_norm), RMSNorm(ops.rms_norm)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.attention, self.rotary = ops.attention, ops.rotary
+
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, C) → q, k (QK-normed, not yet rotated) and v, each (B, nh, T, hs)."""
+        B, T, C = x.shape
+        q, k, v = (p(x).view(B, T, self.n_head, C // self.n_head) for p in (self.q_proj, self.k_proj, self.v_proj))
+        return self.q_norm(q).transpose(1, 2), self.k_norm(k).transpose(1, 2), v.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.heads(x)
+        y = self.attention(self.rotary(q, cos, sin), self.rotary(k, cos, sin), v)  # (B, nh, T, hs)
+        return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(B, T, C)))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        C, H = cfg.n_embd, swiglu_hidden(cfg.n_embd)
+        self.gate_proj = nn.Linear(C, H, bias=False)
+        self.up_proj = nn.Linear(C, H, bias=False)
+        self.down_proj = nn.Linear(H, C, bias=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: ModelMath):
+        super().__init__()
+        self.norm_1 = RMSNorm(ops.rms_norm)
+        self.attn = Attention(cfg, ops)
+        self.norm_2 = RMSNorm(ops.rms_norm)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm_1(x), cos, sin)
+        return x + self.mlp(self.norm_2(x))
+
+
+class Modern(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: ModelMath = ModelMath()):
+        super().__init__()
+        if cfg.arch != "modern":
+            raise ValueError(f"Modern needs model.arch=modern, not {cfg.arch!r}")
+        self.cfg = cfg
+        self.token_loss = ops.token_loss
+        # Registration order below IS the checkpoint's parameter order; do not reorder.
+        self.wte = _embedding(cfg.vocab_size, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.h = nn.ModuleList(Block(cfg, ops) for _ in range(cfg.n_layer))
+        self.norm_f = RMSNorm(ops.rms_norm)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.checkpoint_blocks = False  # as GPT.checkpoint_blocks (andrea/model/gpt.py)
+        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos, sin) (block_size, hs/2) fp32
+
+    def rotary_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (block_size, hs/2) fp32 on `device`, computed once per device (not parameters, not saved)."""
+        if self._tables is None or self._tables[0].device != device:
+            from andrea.kernels.rotary import rotary_tables
+            self._tables = rotary_tables(self.cfg.block_size, self.cfg.n_embd // self.cfg.n_head, self.cfg.rope_base,
+                                         device)
+        return self._tables
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) → logits (B, T, V) and, with targets, the per-sequence mean loss (B,)."""
+        B, T = idx.shape
+        cos, sin = (t[:T] for t in self.rotary_tables(idx.device))  # (T, hs/2) each
+        x = self.drop(self.wte(idx))  # (B, T, C)
+        recompute = self.checkpoint_blocks and torch.is_grad_enabled()
+        for block in self.h:
+            x = checkpoint(block, x, cos, sin, use_reentrant=False) if recompute else block(x, cos, sin)
+        logits = self.lm_head(self.norm_f(x))  # (B, T, V)
+        if targets is None:
+            return logits, None
+        token_loss = self.token_loss(logits.view(-1, logits.size(-1)), targets.reshape(-1))  # (B·T,) fp32
+        return logits, token_loss.view(B, T).mean(dim=1)
+
+
+def init_weights(layout: list[ParamSpec], cfg: ModelConfig, seed: int) -> torch.Tensor:
+    """Deterministic initialisation of the flat weights on CPU (nanochat's for this architecture).
+
+    wte ~ N(0, 1): no norm follows the embedding, and the first RMSNorm sees unit-scale rows; q, k, v, gate and up
+    ~ U(±√3/√C), std 1/√C, so each projection starts variance-preserving; o_proj and down_proj are zero, so every
+    block starts as the identity on the residual stream (depth needs no 1/√L scale); lm_head ~ N(0, 0.001): the
+    first logits are near zero and the loss starts at ln V.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    flat = torch.empty(n_params(layout), dtype=torch.float32)
+    bound = math.sqrt(3.0 / cfg.n_embd)
+    for spec in layout:
+        view = flat[spec.offset:spec.offset + spec.numel]
+        if spec.name == "wte.weight":
+            view.normal_(0.0, 1.0, generator=gen)
+        elif spec.name == "lm_head.weight":
+            view.normal_(0.0, 0.001, generator=gen)
+        elif spec.name.endswith(("o_proj.weight", "down_proj.weight")):
+            view.zero_()
+        else:
+            view.uniform_(-bound, bound, generator=gen)
+    return flat
