@@ -310,7 +310,9 @@ class EvalConfig:
     tasks: str = ""
     """A tasks file in HellaSwag's JSON Lines format (ctx, endings, label), scored on the live model at every
     `every` steps, its accuracies a `tasks` marker in .loss.json; empty: off. Resolved to an absolute path when the
-    run starts (run.toml keeps that), and read then: a bad file refuses the start in one line."""
+    run starts (run.toml keeps that), and read then: a missing or bad file refuses the start in one line, as a
+    configuration error (exit 2: a restart cannot mend it). UTF-8 (a byte-order mark allowed), one example per
+    line of at most 1 MiB."""
     every: int = 0
     """Task-audit cadence in steps; 0 means equal to checkpoint.every."""
     limit: int = 0

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from andrea.evals import tasks as evaltasks
+from andrea.config.check import ConfigError
 from andrea.config.schema import RunConfig
 from andrea.data.store import EVAL_STREAM, SAMPLE_STREAM, ArmTokens, TextCodec, rng_for, rows
 from andrea.run.trainer import Trainer
@@ -63,17 +64,21 @@ def sample_audits(trainer: Trainer, codec: TextCodec, cfg: RunConfig, step: int)
 
 
 class TaskAudit:
-    """`eval.tasks` during training: the file read and tokenized once at the start (a bad file refuses the start),
-    then scored on the live model at a step boundary (andrea/evals/tasks.py; its `tasks` marker fields)."""
+    """`eval.tasks` during training: the file read and tokenized once at the start (a missing or bad file refuses
+    the start as a configuration error: ConfigError, exit 2), then scored on the live model at a step boundary
+    (andrea/evals/tasks.py; its `tasks` marker fields)."""
 
     def __init__(self, path: Path, codec: TextCodec, cfg: RunConfig):
-        taskfile = evaltasks.read_tasks(path)
+        try:  # the file is the configuration's: missing or bad, a restart cannot mend it (exit 2, not 1)
+            taskfile = evaltasks.read_tasks(path)
+            self.tasks = taskfile.tasks[:cfg.eval.limit] if cfg.eval.limit else taskfile.tasks
+            self.codec = _Memo(codec)  # every audit scores the same text: its tokens once
+            for task in self.tasks:  # an encoding problem (a context of no tokens) is said now, not at step 5,000
+                evaltasks.encode_task(task, self.codec, str(path))
+        except (OSError, evaltasks.TaskFileError) as e:
+            raise ConfigError(f"eval.tasks: {e}") from None
         self.path, self.sha256 = path, taskfile.sha256
-        self.tasks = taskfile.tasks[:cfg.eval.limit] if cfg.eval.limit else taskfile.tasks
-        self.codec = _Memo(codec)  # every audit scores the same text: its tokens once
         self.block_size, self.batch_rows = cfg.model.block_size, cfg.eval.batch_rows
-        for task in self.tasks:  # an encoding problem (a context of no tokens) is said now, not at step 5,000
-            evaltasks.encode_task(task, self.codec, str(path))
 
     def __call__(self, trainer: Trainer) -> dict:
         score = evaltasks.score_tasks(evaltasks.trainer_forward(trainer), self.codec, self.tasks, self.block_size,

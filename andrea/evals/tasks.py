@@ -5,7 +5,8 @@ model: `andrea eval` (commands/evaluate.py) with a checkpoint loaded into a Trai
 step boundary, with its live model (`trainer_forward`). No dataset is downloaded: the user supplies the file, e.g.
 llm.c's `hellaswag_val.jsonl` (10,042 examples) or one of their own.
 
-The file, one JSON object per line (blank lines are skipped; other keys, such as HellaSwag's `ind`,
+The file, UTF-8 (a byte-order mark at its start is allowed), one JSON object per line of at most 1 MiB
+(MAX_LINE_BYTES; blank lines are skipped; other keys, such as HellaSwag's `ind`,
 `activity_label`, `ctx_a`, `ctx_b`, `split`, `source_id`, are ignored):
     ctx       str, non-empty         the context
     endings   list of >= 2 str       the candidate continuations, each non-empty
@@ -35,13 +36,15 @@ only scored positions' logits enter a score: padding changes no score beyond flo
 
 from __future__ import annotations
 
+import codecs
 import hashlib
+import itertools
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 import torch
 
@@ -52,6 +55,7 @@ if TYPE_CHECKING:
 
 ModelForward = Callable[[torch.Tensor], torch.Tensor]  # idx (B, T) int64 → logits (B, T, V), on any device
 FIELDS = ("ctx", "endings", "label")
+MAX_LINE_BYTES = 1 << 20  # one example's line: HellaSwag's longest is ~1.5 kB
 
 
 class TaskFileError(DataError):
@@ -149,16 +153,38 @@ def read_tasks(path: Path) -> TaskFile:
     if path.is_dir():
         raise IsADirectoryError(f"{path}: is a directory, not a tasks file (JSON Lines)")
     try:
-        data = path.read_bytes()
+        f = path.open("rb")
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such file (the tasks file, JSON Lines)") from None
     except OSError as e:
         raise OSError(f"{path}: cannot read the tasks file: {e.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise TaskFileError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    return TaskFile(path, tuple(parse_tasks(text.splitlines(), str(path))), hashlib.sha256(data).hexdigest())
+    digest = hashlib.sha256()
+    with f:
+        try:
+            tasks = parse_tasks(text_lines(f, digest, str(path)), str(path))
+        except OSError as e:
+            raise OSError(f"{path}: cannot read the tasks file: {e.strerror}") from None
+    return TaskFile(path, tuple(tasks), digest.hexdigest())
+
+
+def text_lines(f: BinaryIO, digest, where: str) -> Iterator[str]:
+    """The file's lines as text, each read no further than MAX_LINE_BYTES (a longer one is refused: it is no
+    example, and would cost memory many times its size), fed to `digest` as read. UTF-8, a byte-order mark at
+    the start allowed (as editors on Windows save it); a line that is not UTF-8 is named."""
+    for n in itertools.count(1):
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        digest.update(raw)
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            raise TaskFileError(f"{where}:{n}: longer than {MAX_LINE_BYTES >> 20} MiB (an example is a context and "
+                                "a few endings: a few kB)")
+        if n == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8):]
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TaskFileError(f"{where}:{n}: not UTF-8 text (byte {e.start} of the line)") from None
 
 
 def parse_tasks(lines: Iterable[str], where: str) -> list[Task]:

@@ -287,15 +287,15 @@ def test_a_bad_tasks_file_is_one_line_naming_the_file_and_line(case, untrained, 
 
 
 @pytest.mark.parametrize("case,words", [("missing", "no such file"), ("directory", "is a directory"),
-                                        ("not UTF-8", "not UTF-8 text (byte 3)")])
+                                        ("not UTF-8", "3: not UTF-8 text (byte 3 of the line)")])
 def test_a_tasks_path_that_is_no_text_file_is_one_line(case, words, untrained, tmp_path, capsys):
     path = tmp_path / "tasks.jsonl"
     if case == "directory":
         path.mkdir()
-    elif case == "not UTF-8":
-        path.write_bytes(b'{"c\xff')
+    elif case == "not UTF-8":  # on line 3: the line is named
+        path.write_bytes(b'{"ctx": "a", "endings": ["b", "c"], "label": 0}\n\n{"c\xff')
     error = refused(["eval", str(untrained), "--tasks", str(path)], capsys)
-    assert error.startswith(f"andrea: error: {path}: ") and words in error, error
+    assert error.startswith(f"andrea: error: {path}") and words in error, error
 
 
 def test_a_run_without_checkpoints_is_refused_after_the_file_is_read(untrained, capsys):
@@ -342,13 +342,18 @@ def test_the_task_audit_while_training_scores_what_eval_scores_on_that_steps_che
     assert cli_main(["plot", str(run), "--out", str(tmp_path / "loss.png")]) == 0  # accuracy on its own axis
 
 
-def test_a_bad_tasks_file_refuses_the_start_in_one_line_before_a_step(prepared, tmp_path):
+@pytest.mark.parametrize("case", ["bad", "deleted"])
+def test_a_bad_or_missing_tasks_file_refuses_the_start_as_a_configuration_error(case, prepared, tmp_path):
+    """Exit 2, as a bad configuration: the docs' systemd unit (RestartPreventExitStatus=2) does not restart a
+    run whose eval.tasks file is gone or broken in a loop."""
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"ctx": "a", "endings": ["b"], "label": 0}\n')
+    if case == "bad":
+        bad.write_text('{"ctx": "a", "endings": ["b"], "label": 0}\n')
     result = train(seed_data(prepared, tmp_path / "run"), "--steps", "5", "--set", f"eval.tasks='{bad}'")
-    assert result.returncode != 0
+    assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
-    assert len(errors) == 1 and str(bad) in errors[0] and ":1:" in errors[0], result.stderr
+    assert len(errors) == 1 and errors[0].startswith(f"andrea: error: eval.tasks: {bad}"), result.stderr
+    assert (":1: " in errors[0]) if case == "bad" else ("no such file" in errors[0]), errors
     assert not list((tmp_path / "run").glob("step_*.bin"))
 
 
