@@ -122,6 +122,23 @@ def test_norms_have_no_parameters_and_rotary_no_table():
     assert not list(model.buffers())  # the rotary tables are computed, never saved
 
 
+def test_triton_kernels_replace_the_math_not_the_parameters():
+    """--kernels triton (the interpreter on CPU: the smallest shapes): RMSNorm, rotary, attention and the loss
+    come from the kernels; the parameters, their order and the loss do not change beyond rounding."""
+    from andrea.kernels import attention, rms_norm, rotary
+    cfg = modern_cfg(model={"n_layer": 1, "block_size": 8}, batch_size=2)
+    plain, fused = Trainer(cfg, torch.device("cpu")), Trainer(cfg, torch.device("cpu"), kernels="triton")
+    block = fused.model.h[0]
+    assert block.attn.attention is attention and block.attn.rotary is rotary
+    assert block.norm_1.fn is block.attn.q_norm.fn is fused.model.norm_f.fn is rms_norm
+    assert [n for n, _ in fused.model.named_parameters()] == [n for n, _ in plain.model.named_parameters()]
+    sharp(plain), sharp(fused)
+    x = batches(1, rows=2, T=8)[0][0]
+    ours, theirs = fused.train_step(0, x, x), plain.train_step(0, x, x)  # every gradient through the kernels
+    torch.testing.assert_close(ours.loss, theirs.loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused.state.grad, plain.state.grad, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("micro", [2, 4])
 def test_micro_batches_follow_the_plain_run(micro):
     data = batches(4)
