@@ -8,8 +8,8 @@ the ledger's lines and releases a step once the *settled* step has passed it —
 committed and, with the guard on, confirmed good (no resume or rollback can go below it; the runtime says which
 step that is at each boundary). W&B's history is then `ledger.history`, a checkpoint interval or so behind the
 ledger, and never shows a step twice or a rolled-back step as real. One exception is said in a warning: a start
-that falls back past a checkpoint that failed verification (run/resume.py) resumes below what W&B already
-holds; W&B keeps those steps, and the ledger stays the record.
+that resumes below what W&B was sent (a newer checkpoint failed verification, run/resume.py, or went missing);
+W&B keeps those steps, and the ledger stays the record.
 
 A row is a step: its entry's scalars, named as in TensorBoard (observe/scalars.py), the markers at that step
 (eval, tasks), the checkpoint's `checkpoint/stall_s`, `checkpoint/commit_s` and `data/share/<arm>`, and the run's
@@ -19,7 +19,9 @@ step entry after it (the first step a resume or rollback trains; an incident's o
 
 Files: `RUN_DIR/.wandb.json` {"id": ..., "logged_through": S} — the W&B run's id (created at the first start, kept
 for every later one) and the newest step logged; written atomically after each batch of rows is handed to W&B.
-A restart backfills from `.loss.json` everything after S. W&B's own files go under RUN_DIR/wandb/ (offline mode:
+A restart backfills from `.loss.json` everything after S. A record of the wrong shape never stops a start: one
+warning line, and a new W&B run when its id is unusable, else the same run offered the whole ledger again
+(`from_record`). W&B's own files go under RUN_DIR/wandb/ (offline mode:
 one `offline-run-*` directory per process, all with the run's id; `wandb sync` uploads them in start order).
 
 Threads: one daemon thread owns the W&B SDK; the event loop only puts on its queue. W&B absent (the extra not
@@ -35,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
 import secrets
 import threading
 import time
@@ -43,11 +46,13 @@ from typing import Any
 
 from andrea.config.schema import LogConfig
 from andrea.observe.scalars import RESETS, LedgerScalars
-from andrea.rundir import atomic
+from andrea.rundir import atomic, checkpoint as ckpt
 from andrea.rundir.ledger import read_ledger
-from andrea.rundir.names import LEDGER_NAME, WANDB_DIR, WANDB_STATE_NAME
+from andrea.rundir.names import LEDGER_NAME, QUARANTINE_DIR, WANDB_DIR, WANDB_STATE_NAME
 
 log = logging.getLogger("andrea.wandb")
+
+RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # W&B run ids (andrea makes 8 hex digits): no / \\ # ? % :
 
 EVENTS = ("start", "resume", "branch", "pivot", "incident", "rollback", "recovered", "gap", "stall", "guard_stop",
           "micro_batch")
@@ -67,7 +72,8 @@ class Rows:
         self.rows: dict[int, dict[str, Any]] = {}
         self.carry: dict[str, Any] = {}  # values for a step already logged: they go with the next row
         self.scalars = LedgerScalars(log_every)
-        self.rewound_below: int | None = None  # a live reset went below what W&B holds (said once)
+        self.rewound_below: tuple[int, int] | None = None  # (logged, step): a live reset went below what W&B
+        self.rewound_said = False                            # was sent (said once)
 
     def add(self, lines: list[dict[str, Any]], live: bool = True) -> None:
         for e in lines:
@@ -75,8 +81,8 @@ class Rows:
             values = dict(self.scalars.of(e))
             if event in RESETS:
                 self.rows = {s: row for s, row in self.rows.items() if s <= step}
-                if live and step < self.logged and self.rewound_below is None:
-                    self.rewound_below = step
+                if live and step < self.logged and not self.rewound_said:
+                    self.rewound_below, self.rewound_said = (self.logged, step), True
             if event is None:
                 if step > self.logged:
                     self.rows.setdefault(step, {}).update(values | self.carry)
@@ -109,7 +115,8 @@ class Rows:
         return out
 
 
-def read_state(run_dir: Path) -> dict[str, Any]:
+def read_state(run_dir: Path) -> Any:
+    """`.wandb.json` as parsed JSON ({} when absent); anything unreadable is one warning line and {}."""
     try:
         return json.loads((run_dir / WANDB_STATE_NAME).read_text())
     except FileNotFoundError:
@@ -117,6 +124,44 @@ def read_state(run_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError) as e:  # a damaged record: a new W&B run rather than no W&B at all
         log.warning("%s: unreadable (%s): a new W&B run is started", run_dir / WANDB_STATE_NAME, e)
         return {}
+
+
+def newest_checkpoint(run_dir: Path) -> int:
+    """The newest checkpoint step the run has written that is still on disk (set aside ones included), -1 if none:
+    W&B is only ever sent steps a checkpoint settled, so `logged_through` cannot be past it."""
+    return max((s for d in (run_dir, run_dir / QUARANTINE_DIR) for s, _ in ckpt.list_checkpoints(d)), default=-1)
+
+
+def from_record(raw: Any, newest: int, where: str) -> tuple[str | None, int, str | None]:
+    """(W&B run id or None for a new run, logged_through, the one warning line or None) from `.wandb.json`.
+
+    The record only ever says which W&B run this is and how far it got, so a record of the wrong shape never
+    stops training: an id that is no W&B run id starts a new W&B run (the old one, if any, keeps its charts);
+    a usable id with a `logged_through` that is no step keeps that run and offers it the whole ledger again
+    (W&B drops the steps it holds: its history only moves forward). A `logged_through` past the run's newest
+    checkpoint (`newest`, newest_checkpoint) cannot be true: it is taken as that step."""
+    if not isinstance(raw, dict):
+        return None, -1, (f"{where}: a JSON {type(raw).__name__}, not the W&B record "
+                          '{"id": ..., "logged_through": STEP}: a new W&B run is started')
+    run_id, through = raw.get("id"), raw.get("logged_through", -1)
+    if run_id is not None and not (isinstance(run_id, str) and RUN_ID.fullmatch(run_id)):
+        return None, -1, f"{where}: id {run_id!r} is no W&B run id: a new W&B run is started"
+    if run_id is None:
+        return None, -1, None
+    if isinstance(through, bool) or not isinstance(through, int) or through < -1:
+        return run_id, -1, (f"{where}: logged_through {through!r} is no step: W&B run {run_id} goes on and is "
+                            "offered every step of the ledger (it keeps the ones it has)")
+    if through > newest:
+        return run_id, newest, (f"{where}: logged_through {through} is past the run's newest checkpoint, step "
+                                f"{newest} (W&B is only sent steps a checkpoint has settled): taken as {newest}")
+    return run_id, through, None
+
+
+def rewound_warning(logged: int, resumed_from: int) -> str:
+    """What a start that resumed below what W&B was sent means for W&B (said once)."""
+    return (f"this start resumed from step {resumed_from}, below step {logged} that W&B was sent "
+            f"({WANDB_STATE_NAME}): W&B keeps the steps it has, and steps {resumed_from + 1}..{logged} of this "
+            "timeline will not reach it (its history only moves forward); the ledger is the record")
 
 
 class WandbLog:
@@ -128,10 +173,12 @@ class WandbLog:
 
     def __init__(self, cfg: LogConfig, run_dir: Path, run_config: dict[str, Any], log_every: int):
         self.cfg, self.run_dir, self.run_config = cfg, run_dir, run_config
-        state = read_state(run_dir)
-        self.id: str | None = state.get("id")
-        self.rows = Rows(int(state.get("logged_through", -1)), log_every)
         # The backfill: every ledger line on disk now, before this process appends its own (they come live).
+        self.id, logged_through, warning = from_record(read_state(run_dir), newest_checkpoint(run_dir),
+                                                       str(run_dir / WANDB_STATE_NAME))
+        if warning:
+            log.warning("%s", warning)
+        self.rows = Rows(logged_through, log_every)
         self.rows.add(read_ledger(run_dir / LEDGER_NAME).entries, live=False)
         self.run = None
         self.failures, self.retry_at = 0, 0.0
@@ -190,10 +237,8 @@ class WandbLog:
 
     def _settle(self, step: int, final: bool) -> None:
         if self.rows.rewound_below is not None:
-            log.warning("W&B already holds steps up to %d; this start resumed from step %d (a newer checkpoint "
-                        "failed verification): W&B keeps the steps it has, the ledger is the record",
-                        self.rows.logged, self.rows.rewound_below)
-            self.rows.rewound_below = -1  # said once
+            log.warning("W&B: %s", rewound_warning(*self.rows.rewound_below))
+            self.rows.rewound_below = None  # said once
         if self.run is None and len(self.rows.rows) > self.MAX_PENDING:
             self._stop(f"W&B has not been reachable for {len(self.rows.rows)} steps: this process stops holding rows "
                        f"for it; the next start sends W&B every step after {self.rows.logged} from the ledger")

@@ -103,7 +103,7 @@ def test_a_restart_backfills_after_what_was_logged_and_says_when_it_resumed_belo
     assert rows.rows == {21: rows.rows[21]} and rows.rows[21]["train/loss"] == 2.0  # 21..30 were superseded
     assert rows.rows[21]["event/resume"] == 20 and rows.rewound_below is None
     rows.add([marker("resume", 15)])  # a checkpoint newer than 15 failed verification: W&B holds 16..20
-    assert rows.rewound_below == 15 and not rows.rows
+    assert rows.rewound_below == (20, 15) and not rows.rows
 
 
 def test_the_offline_run_equals_the_ledgers_history_through_a_rollback_and_a_resume(prepared, tmp_path):
