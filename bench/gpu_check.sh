@@ -17,13 +17,14 @@
 #   kernels        (1) TRITON_INTERPRET=0 pytest tests/unit/kernels, less the CPU-only compile check (test_compile.py):
 #                  every kernel compiled for CUDA against its reference on the presets' shapes and dtypes
 #                  (attention at T 256 / 1024 and head dim 64 in fp32/bf16/fp16 by the FlashAttention 2x rule,
-#                  AdamW vs torch.optim.AdamW, cross-entropy, LayerNorm, bit-identical reruns).
+#                  AdamW vs torch.optim.AdamW, cross-entropy, LayerNorm, RMSNorm, rotary, Muon, bit-identical reruns).
 #   train          (2) bench/gpu_train.py: the real `andrea train` on CUDA, andrea-12m then andrea-120m: tokens/s
 #                  from its ledger, MFU (andrea/observe/mfu.py), peak memory vs `andrea info`, one SIGUSR1 checkpoint,
 #                  SIGTERM's exit 0, bit-exact resume.
-#   kernels_bench  (3) bench/kernels.py --only attention adamw: attention vs SDPA's flash backend (bf16, causal,
-#                  the presets' head dim 64 at T 256, 1024, 4096), AdamW's GB/s (both presets' sizes) vs torch's
-#                  fused AdamW and the HBM peak.
+#   kernels_bench  (3) bench/kernels.py --only attention adamw rms_norm rotary muon: attention vs SDPA's flash
+#                  backend (bf16, causal, the presets' head dim 64 at T 256, 1024, 4096), AdamW's GB/s (both
+#                  presets' sizes) vs torch's fused AdamW and the HBM peak; the modern recipe's RMSNorm, rotary and
+#                  Muon elementwise kernels at andrea-120m-modern's shapes vs torch.
 #   ckpt120        (4) bench/checkpoint.py --preset andrea-120m: the checkpoint's stall from GPU memory vs a
 #                  memcpy into pinned memory and the O_DIRECT write floor.
 #   peer           (5) bench/peer.py: a nanoGPT-style loop (SDPA, fused AdamW, bf16, torch.compile) on the same
@@ -44,12 +45,12 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 BUDGET=480
 PLAN=(env kernels train kernels_bench ckpt120 peer report)
-declare -A CAP=([env]=20 [kernels]=95 [train]=115 [kernels_bench]=40 [ckpt120]=40 [peer]=165 [report]=5)
+declare -A CAP=([env]=20 [kernels]=95 [train]=115 [kernels_bench]=55 [ckpt120]=40 [peer]=150 [report]=5)
 declare -A PROVES=(
     [env]="which Python sees the GPU; versions; what imports"
     [kernels]="(1) kernels compiled for CUDA vs references, presets' shapes and dtypes"
     [train]="(2) real andrea train, both presets: tokens/s, MFU, peak vs estimate, signals, resume"
-    [kernels_bench]="(3) attention vs SDPA flash, AdamW vs fused and the HBM peak"
+    [kernels_bench]="(3) attention vs SDPA flash, AdamW vs fused and the HBM peak; RMSNorm, rotary, Muon vs torch"
     [ckpt120]="(4) 120M checkpoint stall from GPU memory vs memcpy and O_DIRECT"
     [peer]="(5) nanoGPT-style compiled peer, tokens/s side by side, the gap by kernel"
     [report]="summary.json, summary.md, logs.tar.gz")
@@ -105,7 +106,8 @@ if [[ $SELFTEST == 1 ]]; then
     export TRITON_INTERPRET=1 KT_K="two_runs_are_bit_identical and (adamw or cross_entropy)" XDIST=0
     export TRAIN_ARGS="--presets andrea-tiny --device cpu --kernels torch --warmup-steps 3 --measure-steps 10
         --set data.max_bytes_per_arm=30000 --set data.tokenizer_sample_bytes=30000 --set train.batch_size=2"
-    export KB_ARGS="--device cpu --seq-lens 17 --head-dims 16 --tokens 34 --model-dim 32 --adamw-params 1000"
+    export KB_ARGS="--device cpu --seq-lens 17 --head-dims 16 --tokens 34 --model-dim 32 --adamw-params 1000
+        --rms-shapes 7x100xfp32 --rotary-shapes 1x2x17x16 --muon-params 1000"
     export CK_ARGS="--synthetic-params 200000 --device cpu --repeats 1"
     export PEER_ARGS="--presets andrea-tiny --device cpu --compile eager --warmup 1 --steps 2 --profile-steps 1
         --batch-size 2"
@@ -177,7 +179,8 @@ part_train() {
 
 part_kernels_bench() {
     # shellcheck disable=SC2086
-    "$PY" bench/kernels.py --json "$PARTS_DIR/kernels_bench.json" --only attention adamw $KB_ARGS
+    "$PY" bench/kernels.py --json "$PARTS_DIR/kernels_bench.json" --only attention adamw rms_norm rotary muon \
+        $KB_ARGS
 }
 
 part_ckpt120() {

@@ -99,7 +99,15 @@ def test_kernel_bench_runs_every_kernel_on_tiny_shapes():
     assert all(r["max_err"] < 1e-5 and r["extra_mib"] is None for r in ce)  # same fp16 logits, fp32 math
     ln = kb.bench_layer_norm([(7, 100)], cpu, kb.wall_timer)
     assert [r["impl"] for r in ln] == ["andrea fused", "torch F.layer_norm"] and ln[0]["max_err"] < 1e-5
-    for row in attention + adamw + ce + ln:
+    rms = kb.bench_rms_norm([(7, 100, "fp32")], cpu, kb.wall_timer)
+    assert [r["impl"] for r in rms] == ["andrea fused", "torch F.rms_norm", "torch eager reference"]
+    assert all(r["max_err"] < 1e-5 for r in rms)  # fp32 math on both sides: a few ulps apart
+    rotary = kb.bench_rotary([(1, 2, 17, 16)], cpu, kb.wall_timer, dtype=torch.float32)
+    assert [r["impl"] for r in rotary] == ["andrea fused", "torch eager reference"]
+    assert all(r["max_err"] < 1e-6 for r in rotary)
+    muon = kb.bench_muon([1000], cpu, kb.wall_timer)
+    assert [r["impl"] for r in muon] == ["andrea fused", "torch references"] and muon[0]["max_err"] < 1e-6
+    for row in attention + adamw + ce + ln + rms + rotary + muon:
         assert row["ms"] > 0 and all(v is not None for k, v in row.items() if k != "extra_mib"), row
     table = kb.markdown(ce, ["N", "V", "impl", "ms", "gbs", "extra_mib", "max_err"])
     assert table.count("\n") == 3 and "| 5 | 300 | andrea fused |" in table

@@ -109,7 +109,9 @@ def test_the_selftest_runs_every_part_into_one_results_directory(selftests):
     assert train["tokens_per_s"] > 0 and train["peak_bytes"] > 0 and train["estimate_bytes"] > 0
     bench = parts["kernels_bench"]["result"]
     assert {r["impl"] for r in bench["attention"]} == {"andrea", "sdpa-flash"} and len(bench["adamw"]) == 3
-    assert "cross_entropy" not in bench  # --only attention adamw
+    assert [r["impl"] for r in bench["rms_norm"]] == ["andrea fused", "torch F.rms_norm", "torch eager reference"]
+    assert len(bench["rotary"]) == 2 and len(bench["muon"]) == 2  # the modern recipe's kernels and their baselines
+    assert "cross_entropy" not in bench and "layer_norm" not in bench  # --only leaves them out
     methods = parts["ckpt120"]["result"]["methods"]
     assert {m for m, r in methods.items() if r["status"] == "ok"} == {"andrea", "memcpy", "O_DIRECT write"}
     [peer] = parts["peer"]["result"]["results"]
