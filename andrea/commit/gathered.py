@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from andrea.commit.writer import CheckpointWriter, CommitResult, aligned_host_buffer
-from andrea.parallel.distributed import World, shard_bounds
+from andrea.parallel.distributed import World
 from andrea.rundir import checkpoint as ckpt, names
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def gather_slices(world: World, n: int, mine: tuple[torch.Tensor, ...], image: t
                 world.send(view, 0, "io")
         return
     for r in range(1, world.size):
-        lo, hi = shard_bounds(n, world.size, r)
+        lo, hi = world.shard_bounds(n, r)
         if hi > lo:
             for view in image_views(image, n, lo, hi):
                 world.recv(view, r, "io")
@@ -60,7 +60,7 @@ class GatheredCheckpointWriter(CheckpointWriter):
 
     def __init__(self, run_dir: Path, n: int, world: World, device: torch.device, io, *,
                  keep_last: int, keep_every: int, direct: bool = True):
-        lo, hi = shard_bounds(n, world.size, world.rank)
+        lo, hi = world.shard_bounds(n)  # the ZeroTrainer's slice (the run's cuts, if any)
         pinned = device.type == "cuda"
         # Rank 0: the base's two whole images. The others: a 1-parameter placeholder (one 4 KiB page) keeps the
         # base's bookkeeping (slots, results, back-pressure) without a whole image.

@@ -2,7 +2,7 @@
 
 Pure layout over plain numbers, plus one host buffer; no I/O. The file (format: andrea/rundir/checkpoint.py) is, in
 file order, the header [0, 8) and then, for each region w, m, v, every rank's slice [lo, hi) of it (ZeRO-1,
-andrea/distributed.shard_bounds): these *pieces* tile [0, S), S = 8 + 12·n. The writes go out with O_DIRECT,
+andrea/parallel/distributed.shard_bounds, with the run's `cuts` when the optimizer placed them): these *pieces* tile [0, S), S = 8 + 12·n. The writes go out with O_DIRECT,
 which moves whole ALIGN-byte blocks only, and a block where two pieces meet cannot be written whole by either
 owner of a piece. Partial blocks written through the page cache cost more than their size: each takes the
 inode exclusively, so it waits for the other ranks' O_DIRECT writes in flight (measured on ext4: 7-10 ms on a
@@ -71,13 +71,14 @@ class Piece:
         return (lo, hi) if self.rank != HEADER and hi > lo else None
 
 
-def file_pieces(n: int, size: int) -> list[Piece]:
-    """Every piece of the file, in file order: the header, then w, m, v, each by rank (empty slices left out)."""
+def file_pieces(n: int, size: int, cuts: tuple[int, ...] | None = None) -> list[Piece]:
+    """Every piece of the file, in file order: the header, then w, m, v, each by rank (empty slices left out);
+    `cuts`: the run's shard boundaries (World.cuts), None for the equal split."""
     total = ckpt.checkpoint_bytes(n)
     pieces = [Piece(HEADER, -1, 0, ckpt.HEADER.size, total)]
     for region in range(3):
         for rank in range(size):
-            lo, hi = shard_bounds(n, size, rank)
+            lo, hi = shard_bounds(n, size, rank, cuts)
             if hi > lo:
                 base = ckpt.HEADER.size + 4 * region * n
                 pieces.append(Piece(rank, region, base + 4 * lo, base + 4 * hi, total))
@@ -93,11 +94,11 @@ class ShardImage:
     address all ALIGN-aligned, so every byte goes to the disk with O_DIRECT straight from here.
     """
 
-    def __init__(self, n: int, size: int, rank: int, pinned: bool):
+    def __init__(self, n: int, size: int, rank: int, pinned: bool, cuts: tuple[int, ...] | None = None):
         self.n, self.size, self.rank = n, size, rank
-        self.pieces = file_pieces(n, size)
+        self.pieces = file_pieces(n, size, cuts)
         self.mine = [p for p in self.pieces if p.rank == rank]
-        self.lo, self.hi = shard_bounds(n, size, rank)
+        self.lo, self.hi = shard_bounds(n, size, rank, cuts)
         self.base, pos = [], 0  # each piece's buffer position of its first block
         for p in self.mine:
             self.base.append(pos)

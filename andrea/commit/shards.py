@@ -169,8 +169,9 @@ class ShardedCheckpointWriter(CheckpointWriter):
         # its bookkeeping (slots, results, retention, protected steps) without allocating a second state.
         super().__init__(run_dir, 1, device, io, keep_last=keep_last, keep_every=keep_every, direct=direct)
         self.total_n, self.world = n, world
-        # This rank's slice bounds are the ZeroTrainer's: both are distributed.shard_bounds(n, size, rank).
-        self.images = [ShardImage(n, world.size, world.rank, pinned=device.type == "cuda") for _ in range(2)]
+        # This rank's slice bounds are the ZeroTrainer's: both are world.shard_bounds(n) (the run's cuts, if any).
+        self.images = [ShardImage(n, world.size, world.rank, pinned=device.type == "cuda", cuts=world.cuts)
+                       for _ in range(2)]
         self.staging = [image.views for image in self.images]  # (w[lo:hi], m[lo:hi], v[lo:hi]) per slot
 
     def _commit(self, slot: int, step: int, fence: Fence | None,

@@ -99,6 +99,22 @@ class TrainConfig:
     """AdamW epsilon, added to the square root of the bias-corrected v."""
     grad_clip: float = 1.0
     """Global gradient-norm clip; 0 disables it."""
+    optimizer: str = "adamw"
+    """adamw | muon. muon: Muon (momentum orthogonalised by Polar Express) on the 2-D matrices inside the transformer
+    blocks, AdamW (lr, beta1, beta2, eps, weight_decay above) on the embeddings, the head, biases and norm gains
+    (andrea/optim/muon.py). Fixed at a run's first start (its identity); the checkpoint format is the same."""
+    muon_lr: float = 0.02
+    """Muon's peak learning rate; it follows lr's schedule and the guard's remedy: Muon's lr at a step is
+    muon_lr · (AdamW's lr at that step) / lr. The update is scaled by max(1, rows/cols)^0.5 (rows = out)."""
+    muon_momentum: float = 0.95
+    """Muon's momentum decay β (the momentum is `m` in the checkpoint for Muon's matrices; their `v` stays 0)."""
+    muon_nesterov: bool = True
+    """Orthogonalise the Nesterov look-ahead g.lerp(momentum, β) instead of the momentum itself."""
+    muon_weight_decay: float = 0.0
+    """Muon's decoupled weight decay: w ← w · (1 − lr_muon · muon_weight_decay) each step."""
+    muon_ns_steps: int = 5
+    """Polar Express (Newton–Schulz) steps per update, 1 to 5 (each its own coefficients; 5 reaches singular values
+    within ~[0.9, 1])."""
     eval_every: int = 500
     """Validation cadence in steps: an `eval` marker with per-arm held-out losses in .loss.json."""
     eval_batches: int = 8
@@ -143,6 +159,20 @@ class TrainConfig:
             raise ConfigError("train.eval_every, eval_batches and log_every must be >= 1")
         if not self.peak_tflops >= 0:
             raise ConfigError(f"train.peak_tflops={self.peak_tflops} must be >= 0 (0: the device table's)")
+        if self.optimizer not in ("adamw", "muon"):
+            raise ConfigError(f"train.optimizer={self.optimizer!r} must be adamw or muon")
+        if self.optimizer == "muon" and not self.lr > 0:
+            raise ConfigError(f"train.lr={self.lr} must be > 0 with train.optimizer=muon (Muon's lr follows lr's "
+                              f"schedule as muon_lr · lr_at(step) / lr)")
+        if not self.muon_lr > 0:
+            raise ConfigError(f"train.muon_lr={self.muon_lr} must be > 0")
+        if not 0.0 <= self.muon_momentum < 1.0:
+            raise ConfigError(f"train.muon_momentum={self.muon_momentum} must be in [0, 1)")
+        if not self.muon_weight_decay >= 0:
+            raise ConfigError(f"train.muon_weight_decay={self.muon_weight_decay} must be >= 0")
+        if not 1 <= self.muon_ns_steps <= 5:
+            raise ConfigError(f"train.muon_ns_steps={self.muon_ns_steps} must be 1 to 5 (Polar Express has five "
+                              f"steps' coefficients)")
 
 
 @dataclass

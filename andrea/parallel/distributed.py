@@ -18,6 +18,10 @@ probes it at start and records it here, where every collaborator of the run alre
 ZeRO-1 shard bounds: the flat length n is padded up to a multiple of the world size P (pad = P·ceil(n/P) - n zeros
 at the end of the gradient and weight buffers, never in a checkpoint); rank r owns [r·s, min((r+1)·s, n)) with
 s = ceil(n/P). A rank's slice may be shorter than s (the last) or empty (P > n, in principle).
+With train.optimizer = "muon" the boundaries (`cuts`, P + 1 offsets) are placed by `whole_cuts` instead: each the
+equal split's, moved to the nearer end of a Muon matrix it would cut (Muon orthogonalises whole matrices on the
+rank that owns them, andrea/optim/muon.py). The ZeroTrainer records them on the World (`World.cuts`), where the
+sharded and gathered checkpoint commits and the payload sharing read them: every slice of the run is the same.
 """
 
 from __future__ import annotations
@@ -48,11 +52,29 @@ def shard_size(n: int, size: int) -> int:
     return -(-n // size)
 
 
-def shard_bounds(n: int, size: int, rank: int) -> tuple[int, int]:
-    """[lo, hi) of the flat buffer owned by `rank`: contiguous, in rank order, covering [0, n) exactly once."""
+def shard_bounds(n: int, size: int, rank: int, cuts: tuple[int, ...] | None = None) -> tuple[int, int]:
+    """[lo, hi) of the flat buffer owned by `rank`: contiguous, in rank order, covering [0, n) exactly once; the
+    equal split, or `cuts[rank], cuts[rank + 1]` when the optimizer placed the boundaries (`whole_cuts`)."""
+    if cuts is not None:
+        return cuts[rank], cuts[rank + 1]
     s = shard_size(n, size)
     lo = min(rank * s, n)
     return lo, min(lo + s, n)
+
+
+def whole_cuts(n: int, size: int, spans: list[tuple[int, int]]) -> tuple[int, ...]:
+    """The P + 1 shard boundaries nearest the equal split's that cut no span (offset, numel) in two: a boundary
+    inside one moves to its nearer end (its start on a tie). Monotone, 0 first and n last; a rank's slice may be
+    empty when one span is larger than a shard. Pure: the same on every rank, in every process of the run."""
+    s, cuts = shard_size(n, size), [0]
+    for r in range(1, size):
+        c = min(r * s, n)
+        for offset, numel in spans:
+            if offset < c < offset + numel:
+                c = offset if c - offset <= offset + numel - c else offset + numel
+                break
+        cuts.append(max(c, cuts[-1]))
+    return tuple(cuts + [n])
 
 
 def row_bounds(batch_size: int, size: int, rank: int) -> tuple[int, int]:
@@ -81,6 +103,11 @@ class World:
     groups: dict[str, Any] = field(default_factory=dict)  # "control", "io" (the default group is torch's)
     shared_dir: bool = True  # every rank sees rank 0's run directory (parallel/sharing.py; one process: trivially)
     view: int = 0  # the lowest rank that sees the same run directory as this one (rank 0's: 0)
+    cuts: tuple[int, ...] | None = None  # ZeRO-1's boundaries when the optimizer placed them (whole_cuts), else None
+
+    def shard_bounds(self, n: int, rank: int | None = None) -> tuple[int, int]:
+        """[lo, hi) of `rank`'s (this rank's) ZeRO-1 slice of the flat n: the run's bounds, `cuts` or equal."""
+        return shard_bounds(n, self.size, self.rank if rank is None else rank, self.cuts)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "World":

@@ -37,7 +37,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from andrea.parallel.distributed import World, shard_bounds
+from andrea.parallel.distributed import World
 from andrea.rundir import names, sidecars
 
 log = logging.getLogger("andrea.sharing")
@@ -146,12 +146,12 @@ def share_payload(world: World, payload: torch.Tensor | BaseException | None, n:
     world.broadcast_tensor(out[:n])
     if world.leader:
         for r in range(1, world.size):
-            lo, hi = shard_bounds(n, world.size, r)
+            lo, hi = world.shard_bounds(n, r)
             if hi > lo:
                 world.send(out[n + lo:n + hi], r, "control")
                 world.send(out[2 * n + lo:2 * n + hi], r, "control")
     else:
-        lo, hi = shard_bounds(n, world.size, world.rank)
+        lo, hi = world.shard_bounds(n)
         if hi > lo:
             world.recv(out[n + lo:n + hi], 0, "control")
             world.recv(out[2 * n + lo:2 * n + hi], 0, "control")

@@ -8,13 +8,18 @@ andrea/parallel/distributed.py, [lo, hi) of the flat n, padded to P·s internall
                still reduced ONCE per step, by step 2's reduce-scatter (no no_sync needed: there are no hooks).
     memory     w: the full weights (P·s, the model's parameters are views into its first n), the full
                gradient (P·s), and m, v of the slice only (2·(hi - lo)): the optimizer state is 1/P per rank.
+    muon       train.optimizer = "muon": the bounds keep every Muon matrix whole on one rank
+               (distributed.whole_cuts); the rank orthogonalises the matrices it owns, and step 5 gathers them
+               with the rest. Those slices are not all s long at r·s: the collectives then go through one
+               exchange buffer (P·s), each rank's slice copied to r·s before the reduce-scatter and back after
+               the all-gather (2·n floats copied per step; the equal split needs no copy).
     one step   1. forward and backward on rows [r·B/P, (r+1)·B/P) of the global batch B (every rank drew the
                   same global batch);
                2. ONE reduce-scatter (mean) of the flat gradient → this rank's slice g_r;
                3. ONE all-reduce of Σ g_r² → the global pre-clip norm, the same quantity as one process's
                   (only the summation order differs), so the clip factor min(1, c / (norm + 1e-6)) is global;
                4. AdamW (the fused Triton kernel on GPU, the reference on CPU) on w[lo:hi], g_r·clip, m, v with
-                  the decay mask sliced identically;
+                  the decay mask sliced identically (Muon: andrea/optim/muon.py's update of the same slices);
                5. ONE all-gather rebuilds w on every rank; the per-sequence losses are all-gathered (B,) so
                   every rank's data proxy sees the whole batch.
     snapshot   this rank's slices w[lo:hi], m, v (three views of a ShardImage) for the sharded checkpoint writer
@@ -36,20 +41,30 @@ from andrea.parallel import distributed as dist_
 from andrea.config.schema import RunConfig
 from andrea.parallel.distributed import World
 from andrea.model.gpt import bind_flat
-from andrea.run.trainer import Fence, StepOutput, Trainer
+from andrea.optim.muon import matrix_spans
+from andrea.run.trainer import Fence, StepOutput, Trainer, update_fn
 
 
 class ShardState:
-    """Full weights and gradient (padded to P·s), this rank's m and v; `w`/`grad` are the first n elements."""
+    """Full weights and gradient (padded to P·s), this rank's m and v; `w`/`grad` are the first n elements.
+
+    With the optimizer's bounds (`world.cuts`) that are not the equal split, `w` and `grad` are plain (n,) buffers
+    and `w_padded` is `grad_padded`: one exchange buffer (P·s) that rank r's slice passes through at r·s."""
 
     def __init__(self, n: int, world: World, device: torch.device):
         self.n = n
-        self.s = dist_.shard_size(n, world.size)
-        self.lo, self.hi = dist_.shard_bounds(n, world.size, world.rank)
+        self.bounds = [world.shard_bounds(n, r) for r in range(world.size)]
+        self.s = max(max(hi - lo for lo, hi in self.bounds), 1)
+        self.lo, self.hi = self.bounds[world.rank]
+        self.aligned = all(lo == r * self.s or lo == hi == n for r, (lo, hi) in enumerate(self.bounds))
         k = self.hi - self.lo
         self.w_padded = torch.zeros(world.size * self.s, dtype=torch.float32, device=device)
-        self.grad_padded = torch.zeros(world.size * self.s, dtype=torch.float32, device=device)
-        self.w, self.grad = self.w_padded[:n], self.grad_padded[:n]
+        self.grad_padded = torch.zeros(world.size * self.s, dtype=torch.float32, device=device) if self.aligned \
+            else self.w_padded
+        if self.aligned:
+            self.w, self.grad = self.w_padded[:n], self.grad_padded[:n]
+        else:
+            self.w, self.grad = (torch.zeros(n, dtype=torch.float32, device=device) for _ in range(2))
         self.mv = torch.zeros(2 * k, dtype=torch.float32, device=device)
         self.m, self.v = self.mv.split(k)
         self.g_shard = torch.zeros(self.s, dtype=torch.float32, device=device)
@@ -61,6 +76,8 @@ class ZeroTrainer(Trainer):
         super().__init__(cfg, device, kernels)
         dist_.check_batch(cfg.train.batch_size, world.size, cfg.train.micro_batch_size)
         self.world = world
+        if cfg.train.optimizer == "muon":  # whole matrices per rank; the commits and the sharing read world.cuts
+            world.cuts = dist_.whole_cuts(self.n, world.size, matrix_spans(self.layout))
         full = self.state
         self.state = ShardState(self.n, world, device)
         self.state.w.copy_(full.w)
@@ -69,7 +86,8 @@ class ZeroTrainer(Trainer):
         self.lo, self.hi = self.state.lo, self.state.hi
         self.rows = dist_.row_bounds(cfg.train.batch_size, world.size, world.rank)
         self.decay_shard = self.decay[self.lo:self.hi]  # one view, kept: the CPU reference caches plans per mask
-        self._shard_adamw, self.adamw = self.adamw, self._zero_adamw
+        self._shard_update = update_fn(cfg.train, self.layout, kernels, device, self.lo, self.hi)
+        self.update = self._zero_update
 
     @property
     def shard_len(self) -> int:
@@ -106,7 +124,7 @@ class ZeroTrainer(Trainer):
         return bool(flag.item())
 
     @torch.no_grad()
-    def _zero_adamw(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, step: int,
+    def _zero_update(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, step: int,
                     lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
                     decay_mask: torch.Tensor | None = None, max_grad_norm: float | None = None) -> torch.Tensor:
         """The optimizer call Trainer.train_step makes, ZeRO-1: reduce-scatter, global norm, slice update, gather.
@@ -115,6 +133,9 @@ class ZeroTrainer(Trainer):
         pre-clip gradient norm as a 0-d device tensor (no host sync on CUDA).
         """
         st, k = self.state, self.shard_len
+        if not st.aligned:
+            for r, (lo, hi) in enumerate(st.bounds):
+                st.grad_padded[r * st.s:r * st.s + hi - lo].copy_(st.grad[lo:hi])
         dist_.reduce_scatter_mean(st.g_shard, st.grad_padded)
         g_r = st.g_shard[:k]
         sumsq = torch.linalg.vector_norm(g_r, 2.0, dtype=torch.float32).double().square().view(1)
@@ -123,11 +144,14 @@ class ZeroTrainer(Trainer):
         if max_grad_norm:
             # clip_coefficient's formula on the global norm; g·c with the same c is what the update would do.
             g_r.mul_(torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0))
-        self._shard_adamw(st.w[self.lo:self.hi], g_r, st.m, st.v, step=step, lr=lr, beta1=beta1, beta2=beta2,
-                          eps=eps, weight_decay=weight_decay,
-                          decay_mask=self.decay_shard if decay_mask is not None else None, max_grad_norm=None)
+        self._shard_update(st.w[self.lo:self.hi], g_r, st.m, st.v, step=step, lr=lr, beta1=beta1, beta2=beta2,
+                           eps=eps, weight_decay=weight_decay,
+                           decay_mask=self.decay_shard if decay_mask is not None else None, max_grad_norm=None)
         st.w_send[:k].copy_(st.w[self.lo:self.hi])
         dist_.all_gather(st.w_padded, st.w_send)
+        if not st.aligned:
+            for r, (lo, hi) in enumerate(st.bounds):
+                st.w[lo:hi].copy_(st.w_padded[r * st.s:r * st.s + hi - lo])
         return norm
 
 

@@ -1,7 +1,8 @@
 """A run's identity: what its checkpoints' bytes mean, fixed at its first start and checked at every later one.
 
 The model's arch and shape (every field that changes what the flat `[w | m | v]` means, not only n_params), the
-tokenizer (its file's SHA-256) and the seed (initialisation and data order). A resume whose configuration
+optimizer (`train.optimizer`: what `m` and `v` hold, docs/formats.md), the tokenizer (its file's SHA-256) and the
+seed (initialisation and data order). A resume whose configuration
 would change one of them is refused in one line naming the field and both values, before anything is written;
 deliberate changes keep their ways: `--set` of train-time keys, pivots for the data policy, `andrea branch` for
 a new model from a checkpoint.
@@ -24,13 +25,17 @@ from andrea.rundir.ledger import LedgerError, read_ledger
 
 MODEL_KEYS = ("arch", "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias")
 MODERN_KEYS = ("rope_base",)  # what only the modern model's math reads
+# What a record written before a field existed means by its absence: the only value there was then, so a resume
+# that would change it is refused, not let through.
+BEFORE_RECORDED = {"model.arch": "gpt2", "train.optimizer": "adamw"}
 
 
 def identity(cfg: RunConfig, tokenizer_sha256: str | None) -> dict[str, Any]:
     """The identity of a run trained with `cfg` and the tokenizer whose file hashes to `tokenizer_sha256`:
-    `model.arch`, the shape, `model.rope_base` for a modern model, the seed and the tokenizer."""
+    `model.arch`, the shape, `model.rope_base` for a modern model, the optimizer, the seed and the tokenizer."""
     keys = MODEL_KEYS + (MODERN_KEYS if cfg.model.arch == "modern" else ())
     out: dict[str, Any] = {f"model.{k}": getattr(cfg.model, k) for k in keys}
+    out["train.optimizer"] = cfg.train.optimizer
     out["train.seed"] = cfg.train.seed
     if tokenizer_sha256 is not None:
         out["tokenizer.sha256"] = tokenizer_sha256
@@ -74,8 +79,7 @@ def check_resume(run_dir: Path, cfg: RunConfig, saved: RunConfig | None) -> None
                           "`andrea restore`) instead of resuming under a preset's")
     if recorded is None:
         recorded = identity(saved, None)  # a run started before identities were recorded
-    # a record from before model.arch existed is a gpt2 run's: a resume as modern is refused, not let through
-    recorded = {"model.arch": "gpt2", **recorded}
+    recorded = {**BEFORE_RECORDED, **recorded}
     changed = changes(recorded, identity(cfg, tokenizer_sha256(run_dir)))
     if changed:
         raise ConfigError(f"{run_dir}: resuming would change {'; '.join(changed)}: these fix what the checkpoints "

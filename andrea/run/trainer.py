@@ -5,6 +5,8 @@ plane). Everything a step does is a pure function of (config, seed, step, batch,
 a resumed run bit-identical to one that never stopped:
 - the learning rate comes from the step (`lr_at`), never from a counter that could drift;
 - the AdamW bias correction uses step + 1, the header step of the checkpoint the update produces;
+- the optimizer (`train.optimizer`): AdamW over the whole flat buffer, or Muon on the hidden matrices and AdamW on
+  the rest (andrea/optim/muon.py, `update_fn`), each a pure function of the state and the step;
 - dropout (off by default) draws from a generator seeded by (seed, step).
 
 Memory layout: `state.buffer` is ONE fp32 tensor of 3·n = [weights | m | v]; model parameters are views into
@@ -14,7 +16,7 @@ CPU on the trainer's one helper thread (`andrea-snapshot`); the next optimizer u
 forward runs under bf16 autocast while the masters stay fp32.
 
 Micro-batches (`train.micro_batch_size`): a step runs its B rows (B/P per rank) as consecutive slices of b rows,
-each slice's backward adding d(Σ slice losses / B)/dw into the same flat gradient, then ONE AdamW update: the
+each slice's backward adding d(Σ slice losses / B)/dw into the same flat gradient, then ONE optimizer update: the
 gradient is the plain run's up to summation order (the per-row math is the same; only the weight gradients' sums
 over rows are split in B/b parts). The step is atomic for the control plane: it runs every slice or, when a
 slice raises, none of the update. `"auto"` starts from the whole batch and, on the first step only, answers an
@@ -43,6 +45,7 @@ from andrea.config.check import ConfigError
 from andrea.data.store import DROPOUT_STREAM, rng_for
 from andrea.model import arch
 from andrea.model.gpt import ModelMath, ParamSpec, bind_flat, decay_mask, n_params, param_layout
+from andrea.optim.muon import MuonAdamW
 
 log = logging.getLogger("andrea.run.trainer")
 OOM_HOOK = "ANDREA_TEST_OOM_ROWS"
@@ -126,7 +129,7 @@ class Trainer:
         bind_flat(self.model, self.state.w, self.state.grad)
         self.model.to(device)  # buffers only: parameters already live in the flat state
         self.decay = decay_mask(self.layout, device)
-        self.adamw = _adamw_fn(kernels)
+        self.update = update_fn(cfg.train, self.layout, kernels, device)  # AdamW's signature, either optimizer
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext())
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         # CPU: snapshots copy on their own thread while the next forward and backward run (see snapshot).
@@ -181,8 +184,8 @@ class Trainer:
 
     # --- one step ----------------------------------------------------------------------------------------
     def train_step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> StepOutput:
-        """Forward and backward of every micro-batch of `step`'s rows, then one AdamW update; leaves the state at
-        header step + 1."""
+        """Forward and backward of every micro-batch of `step`'s rows, then one optimizer update; leaves the state
+        at header step + 1."""
         tc = self.cfg.train
         self.model.train()
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -196,9 +199,9 @@ class Trainer:
         loss = seq_losses.mean()  # (B,) -> (): the whole batch's mean, as one pass computes it
         self._wait_snapshot()
         lr = lr_at(step, tc) * self.lr_scale
-        grad_norm = self.adamw(self.state.w, self.state.grad, self.state.m, self.state.v, step=step + 1, lr=lr,
-                               beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay,
-                               decay_mask=self.decay, max_grad_norm=tc.grad_clip or None)
+        grad_norm = self.update(self.state.w, self.state.grad, self.state.m, self.state.v, step=step + 1, lr=lr,
+                                beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay,
+                                decay_mask=self.decay, max_grad_norm=tc.grad_clip or None)
         return StepOutput(step + 1, lr, loss.detach(), grad_norm, seq_losses)
 
     def _accumulate(self, step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -289,3 +292,13 @@ def _adamw_fn(kernels: str):
         return adamw_step
     from andrea.kernels import adamw_reference
     return adamw_reference
+
+
+def update_fn(tc: TrainConfig, layout: list[ParamSpec], kernels: str, device: torch.device, lo: int = 0,
+              hi: int | None = None):
+    """The optimizer update of the flat range [lo, hi) (all of it by default), called as adamw_reference is:
+    AdamW itself, or MuonAdamW (Muon on the range's hidden matrices, AdamW on the rest) for train.optimizer=muon."""
+    adamw = _adamw_fn(kernels)
+    if tc.optimizer == "muon":
+        return MuonAdamW(layout, tc, adamw, kernels, device, lo, hi)
+    return adamw

@@ -124,7 +124,9 @@ def test_a_torn_tail_after_the_last_checkpoint_is_still_silent_and_harmless(trai
 
 
 @pytest.mark.parametrize("change, field", [(("--set", "model.n_head=4"), "model.n_head from 2 to 4"),
-                                           (("--seed", "7"), "train.seed from 1337 to 7")])
+                                           (("--seed", "7"), "train.seed from 1337 to 7"),
+                                           (("--set", "train.optimizer=muon"),
+                                            "train.optimizer from 'adamw' to 'muon'")])
 def test_a_resume_that_would_change_the_runs_identity_is_refused_naming_the_field(trained, tmp_path, change, field):
     run = copy_of(trained, tmp_path)
     before = sorted((p.name, p.stat().st_mtime_ns) for p in run.iterdir())

@@ -18,7 +18,8 @@ LAYERS = [
     {"andrea.rundir", "andrea.replica.store"},                              # the run directory's files, its replica
     {"andrea.config.load", "andrea.observe.progress"},                      # TOML layered; progress lines
     {"andrea.data", "andrea.kernels", "andrea.run.devices", "andrea.model.memory"},
-    {"andrea.model", "andrea.parallel.distributed", "andrea.parallel.zero", "andrea.run.trainer", "andrea.evals",
+    {"andrea.model", "andrea.optim", "andrea.parallel.distributed", "andrea.parallel.zero", "andrea.run.trainer",
+     "andrea.evals",
      "andrea.observe.plots", "andrea.config.doc",
      "andrea.kernels.compile_check"},                                        # compiles the presets' launches
     {"andrea.run", "andrea.commit", "andrea.replica", "andrea.parallel", "andrea.mixture", "andrea.guard",

@@ -1,5 +1,5 @@
 """andrea/run/identity.py: a resume that would change the model's arch (or, for a modern model, its rotary base) is
-refused in one line naming the field and both values; a record written before `model.arch` existed is a gpt2 run's."""
+refused in one line naming the field and both values; a record written before `model.arch` existed is a gpt2 run's; the same for `train.optimizer`, an adamw run's."""
 
 import json
 
@@ -45,3 +45,18 @@ def test_a_gpt2_run_ignores_the_rotary_base_and_an_old_record_is_a_gpt2_runs(tmp
     identity.check_resume(run, cfg(rope_base=99.0), cfg())  # rope_base means nothing to a gpt2 model
     with pytest.raises(ConfigError, match="model.arch from 'gpt2' to 'modern'"):
         identity.check_resume(run, cfg(arch="modern"), cfg())
+
+
+def test_the_optimizer_is_part_of_the_identity_and_an_old_record_is_an_adamw_runs(tmp_path):
+    assert identity.identity(cfg(), None)["train.optimizer"] == "adamw"
+    muon = configload.from_dict({"model": SHAPE, "train": {"optimizer": "muon"}})
+    run = run_with_a_checkpoint(tmp_path)
+    identity.check_resume(run, muon, muon)
+    with pytest.raises(ConfigError) as e:
+        identity.check_resume(run, cfg(), muon)
+    assert "train.optimizer from 'muon' to 'adamw'" in str(e.value) and "\n" not in str(e.value)
+    old = {k: v for k, v in identity.identity(cfg(), None).items() if k != "train.optimizer"}  # recorded before
+    (run / names.LEDGER_NAME).write_text(json.dumps({"event": "start", "step": 0, "time": 0.0, "identity": old}) + "\n")
+    identity.check_resume(run, cfg(), cfg())
+    with pytest.raises(ConfigError, match="train.optimizer from 'adamw' to 'muon'"):
+        identity.check_resume(run, muon, cfg())
