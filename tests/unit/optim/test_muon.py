@@ -13,6 +13,7 @@ from andrea.config import load as configload
 from andrea.config.check import ConfigError
 from andrea.config.schema import TrainConfig
 from andrea.kernels import adamw_reference
+from andrea.model import arch
 from andrea.model.gpt import decay_mask, layout_for, n_params
 from andrea.optim.muon import MuonAdamW, adamw_runs, matrix_spans, muon_matrices, polar_express
 from andrea.parallel.distributed import shard_bounds, whole_cuts
@@ -47,6 +48,16 @@ def test_muon_takes_the_hidden_matrices_and_adamw_everything_else():
     assert bool((covered == 1).all())
     adamw_names = {s.name for s in layout if not any(m.name == s.name for m in muon_matrices(layout))}
     assert {"wte.weight", "wpe.weight", "lm_head.weight", "ln_f.weight", "h.0.attn.c_attn.bias"} <= adamw_names
+
+
+def test_muon_takes_the_modern_models_projections_and_adamw_its_embedding_and_head():
+    cfg = tiny("model.arch=modern")
+    layout = arch.layout_for(cfg.model)
+    hidden = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    got = {m.name: m.parts for m in muon_matrices(layout)}
+    assert set(got) == {s.name for s in layout if s.name.startswith("h.") and len(s.shape) == 2}
+    assert {name.split(".")[-2] for name in got} == set(hidden) and set(got.values()) == {1}
+    assert {s.name for s in layout if s.name not in got} >= {"wte.weight", "lm_head.weight"}
 
 
 def fixed_quintic(u: torch.Tensor, steps: int = 5) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """andrea/run/identity.py: a resume that would change the model's arch (or, for a modern model, its rotary base) is
-refused in one line naming the field and both values; a record written before `model.arch` existed is a gpt2 run's; the same for `train.optimizer`, an adamw run's."""
+refused in one line naming the field and both values; a record written before `model.arch` existed is a gpt2 run's.
+The same for `train.optimizer`: a resume that would change it is refused, and an older record is an adamw run's."""
 
 import json
 
