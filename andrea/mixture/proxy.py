@@ -132,6 +132,9 @@ class DataProxy:
             proxy.bandit = bandit
             proxy.applied_upto = d["applied_upto"]
             pending = d["pending"]
+            if [int(s) for s in pending["steps"]] != list(range(d["applied_upto"], step)):  # another run's
+                raise BanditStateError(f"pending steps are not every step from applied_upto {d['applied_upto']} "
+                                       f"to {step}")
             remap = {i: proxy.names.index(n) for i, n in enumerate(d["arms"]) if n in proxy.names}
             for s, ids, losses in zip(pending["steps"], pending["arm_ids"], pending["losses"], strict=True):
                 keep = [j for j, a in enumerate(ids) if a in remap]

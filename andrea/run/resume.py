@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea.config.schema import RunConfig
+from andrea.mixture.bandit import BanditStateError
 from andrea.mixture.proxy import DataProxy
 from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars
 from andrea.rundir.ledger import LedgerError, ledger_problem, marker, unreadable_lines
@@ -93,17 +94,29 @@ def quarantine(run_dir: Path, path: Path) -> Path:
 def restore_proxy(cfg: RunConfig, run_dir: Path, arms, info: ckpt.CheckpointInfo,
                   read_json: Callable[[Path], object] = sidecars.read_json) -> DataProxy:
     """The data proxy as of the checkpoint: its step_S.state.json, else .state.json if at S, else fresh.
-    `read_json`: how this rank reads a sidecar (on separate disks, rank 0 reads for it: parallel/sharing.py)."""
-    step = info.step
+    A state that is not this checkpoint's (garbage, another step's, another run's that does not fit) is passed
+    over in one warning line: the bandit's state may be reset by contract (docs/formats.md), so a bad one never
+    stops a start. `read_json`: how this rank reads a sidecar (on separate disks, rank 0 reads for it:
+    parallel/sharing.py); every rank then decides the same."""
+    step, passed = info.step, []
     for path in (sidecars.checkpoint_state_path(info.path.parent, step), run_dir / names.STATE_NAME):
-        d = read_json(path)
-        if d is None or (isinstance(d, dict) and d.get("step") != step and path.name == names.STATE_NAME):
+        try:
+            d = read_json(path)
+            if d is None or (isinstance(d, dict) and d.get("step") != step and path.name == names.STATE_NAME):
+                continue
+            proxy, warnings = DataProxy.from_state(cfg, arms, d, step, str(path))
+        except (BanditStateError, sidecars.SidecarError) as e:
+            passed.append(str(e))
             continue
-        proxy, warnings = DataProxy.from_state(cfg, arms, d, step, str(path))
+        if passed:
+            log.warning("%s; the data proxy's state is restored from %s instead", "; ".join(passed), path.name)
         for w in warnings:
             log.warning("%s: %s", path, w)
         return proxy
-    if step > 0:
+    if passed:
+        log.warning("%s; the bandit starts fresh at step %d (data order after this point differs from the original "
+                    "run's)", "; ".join(passed), step)
+    elif step > 0:
         log.warning("no data-proxy state for step %d: the bandit starts fresh (data order after this point "
                     "differs from the original run's)", step)
     return DataProxy(cfg, arms, phase_start=step)
