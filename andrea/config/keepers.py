@@ -82,8 +82,8 @@ class WatchdogConfig:
     enabled: bool = True
     """false: no watchdog thread (a hang then waits for an operator or an external timeout)."""
     floor_s: float = 900.0
-    """The shortest limit in seconds: longer than a first step (compilation, `micro_batch_size = "auto"`), an
-    eval, and one honest checkpoint write to a slow network disk (a 1.45 GB ANDREA-120M image at 10 MB/s takes
+    """The shortest limit in seconds: longer than a first step (compilation, `micro_batch_size = "auto"`), one
+    forward of an eval or task audit (each one is progress), and one honest checkpoint write to a slow network disk (a 1.45 GB ANDREA-120M image at 10 MB/s takes
     ~150 s; the I/O thread reports progress per 64 MiB write call besides)."""
     factor: float = 10.0
     """The limit grows to this many times the longest wait without progress seen in this process (a slower

@@ -16,6 +16,7 @@ order (its text can differ from a batch of one only by float rounding; see andre
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +29,9 @@ from andrea.data.store import EVAL_STREAM, SAMPLE_STREAM, ArmTokens, TextCodec, 
 from andrea.run.trainer import Trainer
 
 
-def evaluate(trainer: Trainer, arms: list[ArmTokens], cfg: RunConfig) -> dict[str, float]:
-    """Mean held-out loss per arm."""
+def evaluate(trainer: Trainer, arms: list[ArmTokens], cfg: RunConfig,
+             beat: Callable[[], None] = lambda: None) -> dict[str, float]:
+    """Mean held-out loss per arm; `beat()` after each batch (the watchdog's heartbeat: progress inside one job)."""
     losses = {}
     B = cfg.train.batch_size
     for a, arm in enumerate(arms):
@@ -38,6 +40,7 @@ def evaluate(trainer: Trainer, arms: list[ArmTokens], cfg: RunConfig) -> dict[st
         for _ in range(cfg.train.eval_batches):
             x, y = rows(arms, np.full(B, a), cfg.model.block_size, rng, split="val")
             total += float(trainer.loss_of(x, y))
+            beat()
         losses[arm.name] = total / cfg.train.eval_batches
     return losses
 
@@ -80,9 +83,10 @@ class TaskAudit:
         self.path, self.sha256 = path, taskfile.sha256
         self.block_size, self.batch_rows = cfg.model.block_size, cfg.eval.batch_rows
 
-    def __call__(self, trainer: Trainer) -> dict:
+    def __call__(self, trainer: Trainer, beat: Callable[[], None] = lambda: None) -> dict:
+        """The scores of the live model; `beat()` after each forward (the watchdog's heartbeat)."""
         score = evaltasks.score_tasks(evaltasks.trainer_forward(trainer), self.codec, self.tasks, self.block_size,
-                                      self.batch_rows, where=str(self.path))
+                                      self.batch_rows, progress=lambda n: beat(), where=str(self.path))
         return {"acc": score.acc, "acc_norm": score.acc_norm, "acc_norm_chars": score.acc_norm_chars,
                 "examples": len(self.tasks), "tasks": self.path.name, "sha256": self.sha256}
 

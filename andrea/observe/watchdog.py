@@ -5,7 +5,9 @@ someone looks; one that exits non-zero is restarted by its supervisor (systemd `
 Job, SLURM's requeue) and resumes from its newest checkpoint to the same bytes (docs/operating.md#the-watchdog).
 
 Three components are watched, each by plain counters its own thread bumps (`Beats`, one writer per counter):
-    train     the training thread (`andrea-train`): a job (step, snapshot, eval, load) starting or returning;
+    train     the training thread (`andrea-train`): a job (step, snapshot, eval, load) starting or returning, and
+              each forward of an eval or a task audit inside one (`heartbeat`: an audit of 10,000 examples may
+              take longer than floor_s, and is moving all along);
     io        the I/O thread (`andrea-io`): a job starting or returning, and on Linux every write or read call
               returning inside one (its /proc/self/task/<tid>/io counters: a checkpoint goes out in 64 MiB write
               calls, so a slow disk that keeps moving keeps reporting progress);
@@ -145,8 +147,20 @@ def syscalls(tid: int | None) -> int:
         return 0
 
 
+_job = threading.local()  # the Beat of the component whose job this thread is running (WatchedExecutor)
+
+
+def heartbeat() -> None:
+    """Progress inside one long job (an eval's forward, a task audit's batch): on a watched thread it counts as
+    its component's progress, as a job returning does; elsewhere it does nothing. Its thread alone writes it."""
+    beat = getattr(_job, "beat", None)
+    if beat is not None:
+        beat.count += 1
+
+
 class WatchedExecutor(ThreadPoolExecutor):
-    """A one-thread executor whose jobs count as busy time and progress of component `name`."""
+    """A one-thread executor whose jobs count as busy time and progress of component `name`; a job may report
+    progress of its own with `heartbeat()`."""
 
     def __init__(self, beats: Beats, name: str, **kwargs):
         super().__init__(1, **kwargs)
@@ -159,9 +173,11 @@ class WatchedExecutor(ThreadPoolExecutor):
         if self.name == "io":
             self.beats.io_tid = threading.get_native_id()
         self.beats.begin(self.name)
+        _job.beat = self.beats.parts[self.name]
         try:
             return fn(*args, **kwargs)
         finally:
+            _job.beat = None
             self.beats.end(self.name)
 
 

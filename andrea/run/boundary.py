@@ -30,6 +30,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -43,6 +44,7 @@ from andrea.mixture.proxy import Batch, DataProxy
 from andrea.run.records import StepRecord, StepRecords
 from andrea.run.signals import Requests, boundary_action
 from andrea.run.started import Started
+from andrea.observe import watchdog
 from andrea.observe.progress import Progress
 from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars
 from andrea.rundir.ledger import marker
@@ -277,7 +279,8 @@ class Boundary:
             return
         loop, step, cfg = asyncio.get_running_loop(), self.step, self.cfg
         if step > 0 and step % cfg.train.eval_every == 0:
-            losses = await loop.run_in_executor(self.train, self.evaluate, self.trainer, self.proxy.arms, cfg)
+            losses = await loop.run_in_executor(self.train, partial(self.evaluate, self.trainer, self.proxy.arms, cfg,
+                                                                    beat=watchdog.heartbeat))
             val = sum(losses.values()) / len(losses)
             target = audit.target_loss(losses, dict(zip(self.proxy.names, self.proxy.policy.target_weights())))
             self.feed.lines.append(marker("eval", step, val_loss=val, target_loss=target, arms=losses))
@@ -287,7 +290,7 @@ class Boundary:
             audits = await loop.run_in_executor(self.train, self.sample, self.trainer, self.codec, cfg, step)
             self.io.submit(self._write_audits, audits)
         if self.tasks is not None and step > 0 and step % (cfg.eval.every or cfg.checkpoint.every) == 0:
-            score = await loop.run_in_executor(self.train, self.tasks, self.trainer)
+            score = await loop.run_in_executor(self.train, partial(self.tasks, self.trainer, beat=watchdog.heartbeat))
             self.feed.lines.append(marker("tasks", step, **score))
             log.info("step %d tasks %s: acc %.4f acc_norm %.4f (%d examples)", step, score["tasks"], score["acc"],
                      score["acc_norm"], score["examples"])

@@ -31,6 +31,7 @@ from andrea.run.signals import Requests
 from andrea.run.started import Started
 from andrea.parallel.distributed import World
 from andrea.data.store import ArmTokens
+from andrea.observe import watchdog
 from andrea.observe.progress import Progress
 from andrea.rundir import checkpoint as ckpt, names, sidecars
 from andrea.run.trainer import StepOutput
@@ -272,7 +273,8 @@ def test_audits_run_at_their_cadence_but_never_at_the_step_a_process_starts_from
     cfg = make_cfg(checkpoint={"every": 100}, train={"eval_every": 5})
     seen = []
 
-    def evaluate(trainer, arms, cfg):
+    def evaluate(trainer, arms, cfg, beat):
+        assert beat is watchdog.heartbeat  # progress inside the eval reaches the watchdog (an eval > floor_s)
         seen.append(int(trainer.state[0]))
         return {a.name: 1.0 for a in arms}
 
