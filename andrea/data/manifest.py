@@ -30,6 +30,7 @@ import xxhash
 
 from andrea.data.sources import DataError
 from andrea.rundir.atomic import write_atomic
+from andrea.rundir.jsonfile import read_json
 from andrea.rundir.names import ARCHIVE_DIR, CONFIG_NAME, DATA_DIR, MANIFEST_NAME, STATE_NAME
 
 FORMAT = 1
@@ -77,12 +78,9 @@ class Manifest:
     @classmethod
     def load(cls, data_dir: Path) -> "Manifest | None":
         path = data_dir / MANIFEST
-        try:
-            d = json.loads(path.read_text())
-        except FileNotFoundError:
+        d = read_json(path, DataError, unreadable="cannot read the data manifest: {e}")
+        if d is None:
             return None
-        except (OSError, ValueError) as e:
-            raise DataError(f"{path}: cannot read the data manifest: {e}") from None
         if not isinstance(d, dict) or d.get("format") != FORMAT or not isinstance(d.get("arms"), dict):
             raise DataError(f"{path}: not an andrea data manifest (format {FORMAT})")
         arms = {name: ArmRecord.from_dict(a, str(path)) for name, a in d["arms"].items()}

@@ -40,6 +40,7 @@ from pathlib import Path
 import xxhash
 
 from andrea.rundir.atomic import write_atomic
+from andrea.rundir.jsonfile import read_json
 from andrea.rundir.names import companion_path, step_of
 
 FORMAT = 1
@@ -172,12 +173,9 @@ def check_companions(checkpoint: Path, recorded: dict | None) -> str | None:
 def read(checkpoint: Path) -> dict | None:
     """The recorded checksum of `checkpoint`; None when it has none (committed before checksums existed)."""
     path = sum_path(checkpoint)
-    try:
-        body = json.loads(path.read_bytes())
-    except FileNotFoundError:
+    body = read_json(path, ChecksumError, unreadable="unreadable checksum ({e})")
+    if body is None:
         return None
-    except (OSError, ValueError) as e:
-        raise ChecksumError(f"{path}: unreadable checksum ({e})") from None
     if not isinstance(body, dict) or body.get("format") != FORMAT or body.get("algorithm") != ALGORITHM \
             or not isinstance(body.get("regions"), dict) or set(body["regions"]) != set(REGIONS):
         raise ChecksumError(f"{path}: not a checksum of format {FORMAT} ({ALGORITHM})")

@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from andrea.rundir import jsonfile
 from andrea.rundir.atomic import fsync_dir, write_atomic
 from andrea.rundir.names import ARCHIVE_DIR, SAMPLES_NAME, STATE_NAME, companion_path
 
@@ -34,21 +35,8 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def read_json(path: Path) -> Any | None:
-    """The parsed file, None if it does not exist; SidecarError on garbage."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SidecarError(f"{path}: cannot read: {e}") from None
-
-    def no_constants(name: str) -> float:
-        raise ValueError(f"{name} is not allowed")
-
-    try:
-        return json.loads(text, parse_constant=no_constants)
-    except ValueError as e:
-        raise SidecarError(f"{path}: not valid JSON: {e}") from None
+    """The parsed file, None if it does not exist; SidecarError on garbage (NaN and Infinity included)."""
+    return jsonfile.read_json(path, SidecarError, invalid="not valid JSON: {e}", constants=False)
 
 
 def checkpoint_state_path(run_dir: Path, step: int) -> Path:
