@@ -41,7 +41,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from andrea.rundir import checkpoint as ckpt  # noqa: E402
+from andrea.rundir import checkpoint as ckpt, checkpoint_write  # noqa: E402
 from andrea.config import load as configload  # noqa: E402
 from andrea.commit import writer  # noqa: E402
 from andrea.parallel.distributed import World  # noqa: E402
@@ -73,7 +73,7 @@ def thread_device() -> None:
 
 def pinned_staging(preset: str) -> list[tuple[str, torch.Tensor]]:
     n = n_params(layout_for(configload.load(preset=preset).model))
-    size = ckpt.image_bytes(n)
+    size = checkpoint_write.image_bytes(n)
 
     def held() -> int:  # bytes PyTorch's pinned allocator holds (rounded block sizes), where this torch says
         stats = getattr(torch.cuda, "host_memory_stats", dict)()
@@ -82,8 +82,8 @@ def pinned_staging(preset: str) -> list[tuple[str, torch.Tensor]]:
     before = held()
     registered = writer.staging_image(n, pinned=True)
     after_registered = held()
-    raw = torch.zeros(size + ckpt.DIRECT_ALIGN, dtype=torch.uint8, pin_memory=True)  # the former allocation
-    allocator = raw[-raw.data_ptr() % ckpt.DIRECT_ALIGN:][:size]
+    raw = torch.zeros(size + checkpoint_write.DIRECT_ALIGN, dtype=torch.uint8, pin_memory=True)  # the former allocation
+    allocator = raw[-raw.data_ptr() % checkpoint_write.DIRECT_ALIGN:][:size]
     after_allocator = held()
     src = torch.randint(0, 255, (size,), dtype=torch.uint8, device="cuda")
     figures = {}
@@ -109,10 +109,10 @@ def pinned_staging(preset: str) -> list[tuple[str, torch.Tensor]]:
 def o_direct_pinned(images: list[tuple[str, torch.Tensor]], directory: Path) -> None:
     for name, image in images:
         n = (image.numel() - ckpt.HEADER.size) // 12
-        direct = ckpt.DirectIO()
+        direct = checkpoint_write.DirectIO()
         run_dir = Path(tempfile.mkdtemp(prefix=f"odirect_{name}_", dir=directory))
         try:
-            path = ckpt.commit_image(run_dir, 1, image.numpy(), n, direct=direct)
+            path = checkpoint_write.commit_image(run_dir, 1, image.numpy(), n, direct=direct)
             ok = path.stat().st_size == ckpt.checkpoint_bytes(n)
             row("o_direct_pinned", ok, image=name, o_direct=direct.enabled, refusal=direct.refusal or "-")
         except OSError as e:

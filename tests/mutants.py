@@ -105,10 +105,10 @@ MUTANTS = [
     Mutant("writer: before_commit (ledger, companions) after the .bin", "andrea/commit/writer.py",
            "            if before_commit is not None:\n                before_commit()\n"
            "            hold = (lambda: time.sleep(self.delay)) if self.delay else None\n"
-           "            path = ckpt.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n, "
+           "            path = checkpoint_write.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n, "
            "direct=self.direct,\n                                     before_rename=hold)\n",
            "            hold = (lambda: time.sleep(self.delay)) if self.delay else None\n"
-           "            path = ckpt.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n, "
+           "            path = checkpoint_write.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n, "
            "direct=self.direct,\n                                     before_rename=hold)\n"
            "            if before_commit is not None:\n                before_commit()\n",
            (DURABILITY, "-k", "writer or real_run")),

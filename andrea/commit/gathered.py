@@ -1,7 +1,7 @@
 """The checkpoint commit of ZeRO-1 ranks that do not share a run directory: rank 0 gathers, then writes alone.
 
 Writes `step_NNNNNN.bin` and its checksum in rank 0's run directory only, through the one-process path
-(`ckpt.commit_image`: spare, O_DIRECT, `step_NNNNNN.sum.json`, rename, directory fsync), and what
+(`checkpoint_write.commit_image`: spare, O_DIRECT, `step_NNNNNN.sum.json`, rename, directory fsync), and what
 `before_commit` owes beside it; the other ranks write nothing into their own run directories, so no rank ever
 leaves a `.tmp` there and rank 0 never renames a file another rank wrote (parallel/sharing.py decides when).
 
@@ -19,20 +19,14 @@ two whole images (2·12·n bytes of host memory) instead of two slices.
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from andrea.commit.writer import CheckpointWriter, CommitResult, aligned_host_buffer
+from andrea.commit.writer import CheckpointWriter, CommitFailed, aligned_host_buffer
 from andrea.parallel.distributed import World
-from andrea.rundir import checkpoint as ckpt, names
-
-if TYPE_CHECKING:
-    from andrea.run.trainer import Fence  # a CUDA event or a HostCopy
+from andrea.rundir import checkpoint as ckpt, checkpoint_write, names
 
 
 def image_views(image: torch.Tensor, n: int, lo: int, hi: int) -> tuple[torch.Tensor, ...]:
@@ -66,7 +60,7 @@ class GatheredCheckpointWriter(CheckpointWriter):
         # base's bookkeeping (slots, results, back-pressure) without a whole image.
         super().__init__(run_dir, n if world.leader else 1, device, io, keep_last=keep_last,
                          keep_every=keep_every, direct=direct)
-        self.total_n, self.world = n, world
+        self.total_n, self.world, self.rank, self.owns_files = n, world, world.rank, world.leader
         if world.leader:
             self.staging = [image_views(image, n, lo, hi) for image in self.images]
         else:
@@ -74,22 +68,21 @@ class GatheredCheckpointWriter(CheckpointWriter):
             self.slices = [aligned_host_buffer(max(12 * k, 4), pinned).view(torch.float32)[:3 * k] for _ in range(2)]
             self.staging = [tuple(buf.split(k)) if k else (buf, buf, buf) for buf in self.slices]
 
-    def _commit(self, slot: int, step: int, fence: Fence | None,
-                before_commit: Callable[[], None] | None) -> CommitResult:
-        t0, cpu0 = time.perf_counter(), time.thread_time()
-        if fence is not None:
-            fence.synchronize()  # the snapshot's copy: not the commit's time or CPU
+    def _write(self, slot: int, step: int, before_commit: Callable[[], None] | None,
+               before_rename: Callable[[], None] | None) -> Path:
+        """Rank r > 0 sends its slices and waits for the verdict; rank 0 gathers them into the image and commits
+        it as one process does, then sends the verdict (whatever happened: no rank is left waiting for it)."""
         if not self.world.leader:
             gather_slices(self.world, self.total_n, self.staging[slot], None)
-            failed = self.world.from_leader(0)
             final = self.run_dir / names.checkpoint_name(step)
-            error = f"{final}: checkpoint write failed on rank 0: see its log" if failed else None
-            return CommitResult(step, None if failed else final, time.perf_counter() - t0, error,
-                                time.thread_time() - cpu0)
-        result = None
+            if self.world.from_leader(0):
+                raise CommitFailed(f"{final}: checkpoint write failed on rank 0: see its log")
+            return final
+        landed = False
         try:
             gather_slices(self.world, self.total_n, self.staging[slot], self.images[slot])
-            result = super()._commit(slot, step, None, before_commit)
-        finally:  # the verdict goes out whatever happened: no rank is left waiting for it
-            self.world.from_leader(0 if result is not None and result.error is None else 1)
-        return dataclasses.replace(result, seconds=time.perf_counter() - t0)  # the gather included
+            path = super()._write(slot, step, before_commit, before_rename)
+            landed = True
+            return path
+        finally:
+            self.world.from_leader(0 if landed else 1)

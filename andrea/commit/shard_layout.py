@@ -27,9 +27,9 @@ import torch
 
 from andrea.commit.writer import aligned_host_buffer
 from andrea.parallel.distributed import shard_bounds
-from andrea.rundir import checkpoint as ckpt
+from andrea.rundir import checkpoint as ckpt, checkpoint_write
 
-ALIGN = ckpt.DIRECT_ALIGN
+ALIGN = checkpoint_write.DIRECT_ALIGN
 HEADER = -1  # the rank of the header piece: every rank has it
 
 

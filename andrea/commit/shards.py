@@ -16,7 +16,7 @@ one message from each rank to rank 0 and one back.
                last block then cuts the file to 8 + 12·n); fsync. Rank 0 first runs before_commit (ledger
                fsync, companions) while the others already write.
     vote       every rank to rank 0: 0 when its blocks (rank 0: and companions) are durable, else its rank + 1
-    rank 0     no failure: rename onto `step_N.bin`, fsync the directory (checkpoint.publish_checkpoint);
+    rank 0     no failure: rename onto `step_N.bin`, fsync the directory (checkpoint_write.publish_checkpoint);
                a failure: remove the `.tmp`
     verdict    rank 0 to every rank: 0 (committed) or the failing rank + 1 (rank 0's own, a failed publish
                included). Every rank learns the same outcome, so every rank keeps the same `last_committed`
@@ -38,26 +38,21 @@ import errno
 import fcntl
 import logging
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from andrea.commit.gathered import GatheredCheckpointWriter
 from andrea.commit.shard_layout import ShardImage
-from andrea.commit.writer import CheckpointWriter, CommitResult
+from andrea.commit.writer import CheckpointWriter, CommitFailed
 from andrea.parallel.distributed import World
-from andrea.rundir import checkpoint as ckpt, checksum, names, spare
-
-if TYPE_CHECKING:
-    from andrea.run.trainer import Fence  # a CUDA event or a HostCopy
+from andrea.rundir import checkpoint as ckpt, checkpoint_write, checksum, names, spare
 
 log = logging.getLogger("andrea.shards")
 
 
-def write_blocks(path: Path, writes: list[tuple[int, memoryview]], direct: ckpt.DirectIO,
+def write_blocks(path: Path, writes: list[tuple[int, memoryview]], direct: checkpoint_write.DirectIO,
                  size: int | None = None) -> None:
     """pwrite whole blocks (ShardImage.writes) into the shared file, with O_DIRECT while the filesystem takes
     it (a refusal when O_DIRECT is switched on, EINVAL, or at the first write, EINVAL or EFAULT as in
@@ -84,14 +79,14 @@ def write_blocks(path: Path, writes: list[tuple[int, memoryview]], direct: ckpt.
                 direct.refuse(path, "open", e)
         for i, (off, view) in enumerate(writes):
             try:
-                ckpt.pwrite_all(fd, view, off)
+                checkpoint_write.pwrite_all(fd, view, off)
             except OSError as e:
-                if not (on and i == 0 and e.errno in ckpt.DIRECT_REFUSED_AT_WRITE):
+                if not (on and i == 0 and e.errno in checkpoint_write.DIRECT_REFUSED_AT_WRITE):
                     raise
                 direct.refuse(path, "first write", e)
                 fcntl.fcntl(fd, fcntl.F_SETFL, flags)
                 on = False
-                ckpt.pwrite_all(fd, view, off)
+                checkpoint_write.pwrite_all(fd, view, off)
         if size is not None:
             os.ftruncate(fd, size)  # after the padded last block; every other rank writes below it
         os.fsync(fd)
@@ -99,11 +94,11 @@ def write_blocks(path: Path, writes: list[tuple[int, memoryview]], direct: ckpt.
         os.close(fd)
 
 
-class ShardFailure(Exception):
+class ShardFailure(CommitFailed):
     """A sharded commit that did not land; the message names the failing rank and the reason."""
 
 
-def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardImage, direct: ckpt.DirectIO, *,
+def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardImage, direct: checkpoint_write.DirectIO, *,
                   before_commit: Callable[[], None] | None = None,
                   before_rename: Callable[[], None] | None = None) -> Path:
     """Every rank calls this with its staged slices; returns the committed path or raises ShardFailure on
@@ -132,7 +127,7 @@ def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardI
         checksum.write(final, step, n, checksum.file_digests(tmp, n))
         if before_rename is not None:
             before_rename()
-        ckpt.publish_checkpoint(tmp, final)
+        checkpoint_write.publish_checkpoint(tmp, final)
 
     if world.leader:
         attempt(lambda: spare.claim(tmp))
@@ -168,30 +163,16 @@ class ShardedCheckpointWriter(CheckpointWriter):
         # The base's whole-file images are not used here: a 1-parameter placeholder (one 4 KiB page) keeps
         # its bookkeeping (slots, results, retention, protected steps) without allocating a second state.
         super().__init__(run_dir, 1, device, io, keep_last=keep_last, keep_every=keep_every, direct=direct)
-        self.total_n, self.world = n, world
+        self.total_n, self.world, self.rank, self.owns_files = n, world, world.rank, world.leader
         # This rank's slice bounds are the ZeroTrainer's: both are world.shard_bounds(n) (the run's cuts, if any).
         self.images = [ShardImage(n, world.size, world.rank, pinned=device.type == "cuda", cuts=world.cuts)
                        for _ in range(2)]
         self.staging = [image.views for image in self.images]  # (w[lo:hi], m[lo:hi], v[lo:hi]) per slot
 
-    def _commit(self, slot: int, step: int, fence: Fence | None,
-                before_commit: Callable[[], None] | None) -> CommitResult:
-        t0, cpu0 = time.perf_counter(), time.thread_time()
-        if fence is not None:
-            fence.synchronize()  # the snapshot's copy: not the commit's time or CPU
-            t0, cpu0 = time.perf_counter(), time.thread_time()
-        hold = (lambda: time.sleep(self.delay)) if self.delay else None
-        try:
-            path = commit_shards(self.world, self.run_dir, step, self.total_n, self.images[slot], self.direct,
-                                 before_commit=before_commit, before_rename=hold)
-            if self.world.leader:
-                self.retain(path)
-            return CommitResult(step, path, time.perf_counter() - t0, cpu_seconds=time.thread_time() - cpu0,
-                                direct=self.direct.enabled)
-        except ShardFailure as e:
-            if self.world.leader and not (self.run_dir / names.checkpoint_name(step)).exists():
-                self._remove_companions(step)
-            return CommitResult(step, None, time.perf_counter() - t0, str(e), time.thread_time() - cpu0)
+    def _write(self, slot: int, step: int, before_commit: Callable[[], None] | None,
+               before_rename: Callable[[], None] | None) -> Path:
+        return commit_shards(self.world, self.run_dir, step, self.total_n, self.images[slot], self.direct,
+                             before_commit=before_commit, before_rename=before_rename)
 
 
 def writer_for(world: World, run_dir: Path, trainer, device: torch.device, io, **kw) -> CheckpointWriter:

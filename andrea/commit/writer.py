@@ -1,8 +1,11 @@
 """Asynchronous checkpoints: snapshot `[w | m | v]` into a staging buffer, commit it on the I/O thread.
 
-Writes `step_NNNNNN.bin` (format and commit protocol: andrea/rundir/checkpoint.py) and removes what retention
-releases, with each checkpoint's companion files (`step_NNNNNN.*.json`, written by `before_commit`): a released
-`.bin` becomes `spare.ckpt`, whose blocks the next commit overwrites (andrea/rundir/spare.py).
+Writes `step_NNNNNN.bin` (format: andrea/rundir/checkpoint.py; its write and commit: rundir/checkpoint_write.py)
+and removes what retention releases, with each checkpoint's companion files (`step_NNNNNN.*.json`, written by
+`before_commit`): a released `.bin` becomes `spare.ckpt`, whose blocks the next commit overwrites (rundir/spare.py).
+`CheckpointWriter._commit` is the frame every writer's commit shares (fence, timing, retention, `CommitResult`,
+companions removed on failure); the sharded and gathered writers (commit/shards.py, commit/gathered.py) replace
+only `_write`.
 
 Cost to the training loop: only the snapshot, a copy into a preallocated staging buffer hidden behind the
 next forward and backward (Trainer.snapshot): on CUDA a non-blocking device-to-host copy into pinned memory on
@@ -40,7 +43,7 @@ import numpy as np
 import torch
 
 from andrea.observe.watchdog import test_hang
-from andrea.rundir import checkpoint as ckpt, names, spare
+from andrea.rundir import checkpoint as ckpt, checkpoint_write, names, spare
 
 if TYPE_CHECKING:
     from andrea.run.trainer import Fence  # a CUDA event or a HostCopy
@@ -62,7 +65,7 @@ class CommitResult:
 
 def staging_image(n: int, pinned: bool) -> torch.Tensor:
     """A zeroed uint8 tensor of image_bytes(n) at a DIRECT_ALIGN-aligned host address (pinned when asked)."""
-    return aligned_host_buffer(ckpt.image_bytes(n), pinned)
+    return aligned_host_buffer(checkpoint_write.image_bytes(n), pinned)
 
 
 def aligned_host_buffer(size: int, pinned: bool) -> torch.Tensor:
@@ -85,8 +88,8 @@ def aligned_host_buffer(size: int, pinned: bool) -> torch.Tensor:
     skip = -raw.data_ptr() % HUGE_PAGE
     image = raw[skip:skip + size].zero_()
     if pinned and not register_host(array, image.data_ptr(), size):  # refused: PyTorch's pinned allocator
-        raw = torch.zeros(size + ckpt.DIRECT_ALIGN, dtype=torch.uint8, pin_memory=True)
-        skip = -raw.data_ptr() % ckpt.DIRECT_ALIGN
+        raw = torch.zeros(size + checkpoint_write.DIRECT_ALIGN, dtype=torch.uint8, pin_memory=True)
+        skip = -raw.data_ptr() % checkpoint_write.DIRECT_ALIGN
         return raw[skip:skip + size]
     return image
 
@@ -109,7 +112,17 @@ def register_host(owner: np.ndarray, ptr: int, size: int) -> bool:
     return True
 
 
+class CommitFailed(Exception):
+    """A commit that did not land, its message whole (the sharded and gathered commits: which rank, and why)."""
+
+
 class CheckpointWriter:
+    """Two staging buffers, back-pressure, the commits on the I/O thread, their results and retention; the one
+    process's commit (`_write`), which commit/shards.py and commit/gathered.py replace."""
+
+    rank = 0  # this process's rank (the ANDREA_TEST_HANG hook names one)
+    owns_files = True  # this rank writes the run directory: retention and companions are its to remove
+
     def __init__(self, run_dir: Path, n: int, device: torch.device, io: Executor, *, keep_last: int,
                  keep_every: int, direct: bool = True):
         self.run_dir = run_dir
@@ -119,7 +132,7 @@ class CheckpointWriter:
         self.images = [staging_image(n, pinned=device.type == "cuda") for _ in range(2)]
         self.staging = [image[ckpt.HEADER.size:ckpt.HEADER.size + 12 * n].view(torch.float32)
                         for image in self.images]  # (3n,) fp32 = [w | m | v], byte 8 of the file
-        self.direct = ckpt.DirectIO(direct)  # direct=False: today's buffered writes (the bench's baseline)
+        self.direct = checkpoint_write.DirectIO(direct)  # direct=False: today's buffered writes (the bench's baseline)
         self._busy: list[asyncio.Future | None] = [None, None]
         self.last_committed: int | None = None
         self._reported: set[str] = set()  # retention's warnings already logged
@@ -154,27 +167,37 @@ class CheckpointWriter:
 
     def _commit(self, slot: int, step: int, fence: Fence | None,
                 before_commit: Callable[[], None] | None) -> CommitResult:
+        """The frame of every writer's commit, on the I/O thread: the snapshot's fence, the commit's wall and CPU
+        time from the fence on, `_write`, retention where this rank writes the run directory, and on a failure
+        the reason in the result and the companions of a checkpoint that never landed removed."""
         t0, cpu0 = time.perf_counter(), time.thread_time()
-        test_hang("io", step)  # test hook ANDREA_TEST_HANG=io@<step> (observe/watchdog.py); never in production
+        test_hang("io", step, self.rank)  # test hook ANDREA_TEST_HANG=io@<step> (observe/watchdog.py)
         try:
             if fence is not None:
                 fence.synchronize()  # the snapshot's copy (a blocking event: sleeps): not the commit's time or CPU
                 t0, cpu0 = time.perf_counter(), time.thread_time()
-            if before_commit is not None:
-                before_commit()
             hold = (lambda: time.sleep(self.delay)) if self.delay else None
-            path = ckpt.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n, direct=self.direct,
-                                     before_rename=hold)
-            self.retain(path)
+            path = self._write(slot, step, before_commit, hold)
+            if self.owns_files:
+                self.retain(path)
             return CommitResult(step, path, time.perf_counter() - t0, cpu_seconds=time.thread_time() - cpu0,
                                 direct=self.direct.enabled)
-        except OSError as e:
+        except (OSError, CommitFailed) as e:
             final = self.run_dir / names.checkpoint_name(step)
-            if not final.exists():  # companions of a checkpoint that never landed would only take space
+            if self.owns_files and not final.exists():  # companions of a checkpoint that never landed: only space
                 self._remove_companions(step)
-            reason = f"{final}: checkpoint write failed: {e.strerror or e}"
+            reason = str(e) if isinstance(e, CommitFailed) else f"{final}: checkpoint write failed: {e.strerror or e}"
             return CommitResult(step, None, time.perf_counter() - t0, reason, time.thread_time() - cpu0,
                                 self.direct.enabled)
+
+    def _write(self, slot: int, step: int, before_commit: Callable[[], None] | None,
+               before_rename: Callable[[], None] | None) -> Path:
+        """Commit staging buffer `slot` as `step_NNNNNN.bin` (one process: the whole image, rundir/checkpoint_write.py);
+        the sharded and gathered writers replace this. Raises OSError or CommitFailed."""
+        if before_commit is not None:
+            before_commit()
+        return checkpoint_write.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n, direct=self.direct,
+                                 before_rename=before_rename)
 
     def _finished(self, fut: asyncio.Future) -> None:
         if fut.cancelled() or fut.exception() is not None:

@@ -3,7 +3,7 @@
 A reader sees the old file or the new one, never half of either; on return the new one survives a power cut.
 Used for every small file of a run (sidecars, run.toml, the data manifest, token files' commits), for files
 written in pieces (`streamed`: a replica's object brought back by `restore`), and for the last step of the
-checkpoint's own commit (rundir/checkpoint.py writes its `.tmp` with O_DIRECT, then `publish`es it).
+checkpoint's own commit (rundir/checkpoint_write.py writes its `.tmp` with O_DIRECT, then `publish`es it).
 """
 
 from __future__ import annotations

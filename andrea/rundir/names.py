@@ -28,7 +28,7 @@ integrity checks and a replica agree on them.
       .wandb.json              the W&B run's id and the newest step logged to it (observe/wandb_log.py)
       wandb/                   W&B's own files when log.wandb is on (offline runs, logs)
       restore.partial          an `andrea restore` in progress (commands/restore.py): train refuses, restore resumes
-Any file written atomically passes through `<name>.tmp` (rundir/atomic.py, rundir/checkpoint.py).
+Any file written atomically passes through `<name>.tmp` (rundir/atomic.py, rundir/checkpoint_write.py).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from andrea.commit import shards
-from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir import checkpoint as ckpt, checkpoint_write, names
 from tests.runs import (ROOT, TINY, Trainer, andrea, env, header, launcher_argv, ledger, seed_data,
                         steps_in_ledger, train, tree_digest)
 from tests.disks import Disk, refusal_lines, refuse_o_direct_on_setfl
@@ -118,7 +118,7 @@ def test_sharded_commit_writes_the_one_process_bytes(tmp_path, n, size):
     payload[2 * n:] = np.abs(payload[2 * n:])
     (tmp_path / "one").mkdir()
     (tmp_path / "many").mkdir()
-    ckpt.commit_checkpoint(tmp_path / "one", 7, payload)
+    checkpoint_write.commit_checkpoint(tmp_path / "one", 7, payload)
     assert commit_with_threads(tmp_path / "many", n, size, payload) == {}
     name = names.checkpoint_name(7)
     assert (tmp_path / "many" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
@@ -130,7 +130,7 @@ def test_a_filesystem_refusing_o_direct_gets_the_same_sharded_bytes_buffered(tmp
     n, size = 50_001, 2
     payload = np.abs(np.random.default_rng(5).standard_normal(3 * n, dtype=np.float32))
     (tmp_path / "one").mkdir()
-    expected = ckpt.commit_checkpoint(tmp_path / "one", 7, payload).read_bytes()
+    expected = checkpoint_write.commit_checkpoint(tmp_path / "one", 7, payload).read_bytes()
     if where == "first write":
         Disk(monkeypatch, refuse_write=errno.EINVAL)
     else:
@@ -168,16 +168,16 @@ def test_a_failed_publish_on_rank_0_reaches_every_rank_and_leaves_no_tmp(tmp_pat
 def test_a_full_disk_on_one_rank_commits_nothing_and_damages_nothing(tmp_path, monkeypatch):
     n, size = 50_001, 2
     payload = np.abs(np.random.default_rng(1).standard_normal(3 * n, dtype=np.float32))
-    old = ckpt.commit_checkpoint(tmp_path, 3, payload)
+    old = checkpoint_write.commit_checkpoint(tmp_path, 3, payload)
     before = old.read_bytes()
-    pwrite = ckpt.pwrite_all
+    pwrite = checkpoint_write.pwrite_all
 
     def disk_full_for_rank_1(fd, view, offset):
         if threading.current_thread().name == "rank-1":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         pwrite(fd, view, offset)
 
-    monkeypatch.setattr(ckpt, "pwrite_all", disk_full_for_rank_1)
+    monkeypatch.setattr(checkpoint_write, "pwrite_all", disk_full_for_rank_1)
     errors = commit_with_threads(tmp_path, n, size, payload)
     assert sorted(errors) == [0, 1] and all("failed on rank 1" in e for e in errors.values())
     assert "No space left on device" in errors[1]
@@ -205,7 +205,7 @@ def test_after_a_failed_slice_no_rank_returns_before_the_tmp_is_gone(tmp_path, m
     assert rank_1_out_at_removal == [False]
     assert commit_with_threads(tmp_path, n, size, payload) == {}  # the retry of step 7 lands whole
     (tmp_path / "one").mkdir()
-    ckpt.commit_checkpoint(tmp_path / "one", 7, payload)
+    checkpoint_write.commit_checkpoint(tmp_path / "one", 7, payload)
     name = names.checkpoint_name(7)
     assert (tmp_path / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
 
@@ -220,7 +220,7 @@ def test_a_sharded_commit_writes_into_the_spare(tmp_path, n, size):
     final = tmp_path / names.checkpoint_name(7)
     assert final.stat().st_ino == ino
     (tmp_path / "one").mkdir()
-    assert final.read_bytes() == ckpt.commit_checkpoint(tmp_path / "one", 7, payload).read_bytes()
+    assert final.read_bytes() == checkpoint_write.commit_checkpoint(tmp_path / "one", 7, payload).read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", final.name, "step_000007.sum.json"]  # spare -> 7
 
 
