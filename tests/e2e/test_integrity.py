@@ -22,7 +22,7 @@ import torch
 
 from andrea import cli
 from andrea.commit.writer import CheckpointWriter
-from andrea.rundir import checkpoint as ckpt, checkpoint_write, checksum, names, spare
+from andrea.rundir import checkpoint as ckpt, checkpoint_write, checkpoint_write, checksum, names, spare
 from tests.disks import payload
 from tests.runs import seed_data, train
 from tests.sharding import commit_with_threads
@@ -94,7 +94,7 @@ def committed_with_ledger_records(run_dir, steps, tag: str):
     for step in steps:
         names.companion_path(run_dir, step, "ledger").write_text(
             f'{{"bytes": {step}, "xxh3_128": "{tag}{step:030d}", "last_step": {step}}}')
-        ckpt.commit_checkpoint(run_dir, step, payload(N, step))
+        checkpoint_write.commit_checkpoint(run_dir, step, payload(N, step))
     return run_dir
 
 

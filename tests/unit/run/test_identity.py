@@ -10,7 +10,7 @@ import pytest
 from andrea.config import load as configload
 from andrea.config.check import ConfigError
 from andrea.run import identity
-from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir import checkpoint_write, names
 
 SHAPE = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 300}
 
@@ -20,7 +20,7 @@ def cfg(**model):
 
 
 def run_with_a_checkpoint(tmp_path):
-    ckpt.commit_checkpoint(tmp_path, 1, np.zeros(3, dtype=np.float32))  # named like a checkpoint: enough here
+    checkpoint_write.commit_checkpoint(tmp_path, 1, np.zeros(3, dtype=np.float32))  # named like a checkpoint: enough here
     return tmp_path
 
 
