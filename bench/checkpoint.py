@@ -66,7 +66,8 @@ import torch.nn as nn
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from andrea.rundir import checkpoint as ckpt, checkpoint_write  # noqa: E402
+from andrea.rundir import checkpoint as ckpt  # noqa: E402
+from andrea.rundir.checkpoint_write import DIRECT_ALIGN, DirectIO
 from andrea.config import schema as config_mod
 from andrea.config import load as configload  # noqa: E402
 from andrea.commit.writer import CheckpointWriter, staging_image  # noqa: E402
@@ -144,7 +145,7 @@ class AndreaCheckpoint:
     async def once(self, direct: bool = True) -> tuple[float, float, int, float, dict]:
         """One checkpoint; direct=False: the same writer with O_DIRECT off (the buffered path)."""
         loop = asyncio.get_running_loop()
-        self.writer.direct = checkpoint_write.DirectIO(direct)
+        self.writer.direct = DirectIO(direct)
         self.step += 1
         extra = {}
         use_next_step = self.batch is not None
@@ -198,7 +199,7 @@ def dcp_once(model, opt, path: Path) -> tuple[float, float, int, None]:
 
 def floor_write_once(image: memoryview, size: int, path: Path, direct: bool) -> tuple[float, float, int, float]:
     """write() + fsync of the checkpoint's `size` bytes: buffered, or O_DIRECT of the aligned image up to 4096."""
-    length = -(-size // checkpoint_write.DIRECT_ALIGN) * checkpoint_write.DIRECT_ALIGN if direct else size
+    length = -(-size // DIRECT_ALIGN) * DIRECT_ALIGN if direct else size
     t0, c0 = time.perf_counter(), time.thread_time()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0), 0o644)
     try:
@@ -264,7 +265,7 @@ def step_times(trainer: Trainer, batch, warmup: int, steps: int, start: int = 0)
 async def step_during_commit(bench: AndreaCheckpoint, trainer: Trainer, batch, direct: bool) -> dict:
     """One checkpoint taken between steps as the runtime does, then the next step while the commit is in flight."""
     loop = asyncio.get_running_loop()
-    bench.writer.direct = checkpoint_write.DirectIO(direct)
+    bench.writer.direct = DirectIO(direct)
     slot = await bench.writer.free_slot()
     t0 = time.perf_counter()
     fence = await loop.run_in_executor(bench.train_pool, trainer.snapshot, bench.writer.staging[slot])

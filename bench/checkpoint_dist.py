@@ -5,7 +5,7 @@ flat state [w | m | v] of a preset's size (or `--synthetic-params N`). Per round
 other round, so a drift of the disk within a round cancels), after an untimed warm-up:
 
     one writer     rank 0 alone, as the one-process CheckpointWriter: snapshot = memcpy of 12·n bytes into its
-                   staging image; commit = checkpoint_write.commit_image (O_DIRECT when the filesystem takes it, +
+                   staging image; commit = commit_image (O_DIRECT when the filesystem takes it, +
                    ftruncate + fsync + rename + directory fsync).
     N writers      every rank, as the ShardedCheckpointWriter (andrea/commit/shards.py): snapshot = memcpy of its
                    12·n/N bytes of slices into its ShardImage; commit = shards.commit_shards (the tails'
@@ -50,7 +50,8 @@ import torch.multiprocessing as mp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from andrea.rundir import checkpoint as ckpt, checkpoint_write, spare  # noqa: E402
+from andrea.rundir import checkpoint as ckpt, spare  # noqa: E402
+from andrea.rundir.checkpoint_write import DirectIO, commit_image
 from andrea.commit.shard_layout import ShardImage  # noqa: E402
 from andrea.commit.shards import commit_shards  # noqa: E402
 from andrea.commit.writer import staging_image  # noqa: E402
@@ -106,7 +107,7 @@ def worker(rank: int, size: int, port: int, n: int, repeats: int, out_dir: str, 
                 stall = time.perf_counter() - t0
                 world.barrier()
                 t1 = time.perf_counter()
-                path = commit_shards(world, run_dir, step, n, staging, checkpoint_write.DirectIO("buffered" not in method))
+                path = commit_shards(world, run_dir, step, n, staging, DirectIO("buffered" not in method))
                 commit = time.perf_counter() - t1  # rank 0's: it publishes after every rank's vote
                 stall = max(world.gather(stall))
             elif world.leader:
@@ -114,8 +115,8 @@ def worker(rank: int, size: int, port: int, n: int, repeats: int, out_dir: str, 
                 full.copy_(flat)
                 stall = time.perf_counter() - t0
                 t1 = time.perf_counter()
-                path = checkpoint_write.commit_image(run_dir, step, image.numpy(), n,
-                                         direct=checkpoint_write.DirectIO("buffered" not in method))
+                path = commit_image(run_dir, step, image.numpy(), n,
+                                         direct=DirectIO("buffered" not in method))
                 commit = time.perf_counter() - t1
             world.barrier()
             if world.leader:

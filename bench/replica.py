@@ -50,7 +50,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andrea.rundir import checkpoint_write
+from andrea.rundir.checkpoint_write import commit_checkpoint
 from andrea.replica import store as rep  # noqa: E402
 from andrea.rundir.names import checkpoint_name, companion_path  # noqa: E402
 from tests.s3server import BUCKET, S3Server  # noqa: E402
@@ -147,7 +147,7 @@ def synthetic_checkpoint(run_dir: Path, n: int) -> Path:
     payload = np.random.default_rng(0).random(3 * n, dtype=np.float32)
     for kind in ("state", "guard", "ledger"):
         companion_path(run_dir, 100, kind).write_text("{}")
-    return checkpoint_write.commit_checkpoint(run_dir, 100, payload)
+    return commit_checkpoint(run_dir, 100, payload)
 
 
 def upload_bench(args, server: S3Server, work: Path) -> dict:

@@ -16,7 +16,8 @@ import torch
 from andrea.commit.shard_layout import ShardImage
 from andrea.commit.shards import ShardFailure, commit_shards
 from andrea.parallel.distributed import World, shard_bounds
-from andrea.rundir import checkpoint_write, names, spare
+from andrea.rundir import names, spare
+from andrea.rundir.checkpoint_write import DIRECT_ALIGN, DirectIO, commit_checkpoint
 
 # Per-step agreement between 2 ranks and 1 process. Only the order of float32 reductions differs (the gradient
 # mean over ranks, the global norm summed from slices in fp64, the loss mean over gathered rows); fp32 carries
@@ -101,7 +102,7 @@ def commit_with_threads(tmp_path, n: int, size: int, payload: np.ndarray, fail_r
                         returned: dict | None = None, **hooks):
     box, barrier, errors = {}, threading.Barrier(size, timeout=30), {}  # a rank that never arrives breaks it
     mail = [queue.Queue() for _ in range(size)]
-    direct = [checkpoint_write.DirectIO(True) for _ in range(size)]
+    direct = [DirectIO(True) for _ in range(size)]
 
     def rank(r: int) -> None:
         lo, hi = shard_bounds(n, size, r)
@@ -110,7 +111,7 @@ def commit_with_threads(tmp_path, n: int, size: int, payload: np.ndarray, fail_r
             view.copy_(torch.from_numpy(payload[region * n + lo:region * n + hi]))
         for off, view in image.writes():  # what O_DIRECT needs: offset, length and host address on a block boundary
             addr = np.frombuffer(view, dtype=np.uint8).ctypes.data
-            assert off % checkpoint_write.DIRECT_ALIGN == len(view) % checkpoint_write.DIRECT_ALIGN == addr % checkpoint_write.DIRECT_ALIGN == 0
+            assert off % DIRECT_ALIGN == len(view) % DIRECT_ALIGN == addr % DIRECT_ALIGN == 0
         if r == fail_rank:
             def broken():
                 raise OSError(errno.EIO, os.strerror(errno.EIO))
@@ -138,7 +139,7 @@ def on_threads(size: int, rank) -> None:
 
 def released_spare(tmp_path, n: int) -> int:
     """A checkpoint of another step, committed and released by retention: the run directory's spare (inode)."""
-    old = checkpoint_write.commit_checkpoint(tmp_path, 3, np.ones(3 * n, dtype=np.float32))
+    old = commit_checkpoint(tmp_path, 3, np.ones(3 * n, dtype=np.float32))
     assert spare.retire(old)
     for companion in names.companions(tmp_path, 3):  # as the writer's retention does
         companion.unlink()

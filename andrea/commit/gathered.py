@@ -26,7 +26,7 @@ import torch
 
 from andrea.commit.writer import CheckpointWriter, CommitFailed, aligned_host_buffer
 from andrea.parallel.distributed import World
-from andrea.rundir import checkpoint as ckpt, checkpoint_write, names
+from andrea.rundir import checkpoint as ckpt, names
 
 
 def image_views(image: torch.Tensor, n: int, lo: int, hi: int) -> tuple[torch.Tensor, ...]:

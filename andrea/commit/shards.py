@@ -98,8 +98,8 @@ class ShardFailure(CommitFailed):
     """A sharded commit that did not land; the message names the failing rank and the reason."""
 
 
-def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardImage, direct: checkpoint_write.DirectIO, *,
-                  before_commit: Callable[[], None] | None = None,
+def commit_shards(world: World, run_dir: Path, step: int, n: int, staged: ShardImage,
+                  direct: checkpoint_write.DirectIO, *, before_commit: Callable[[], None] | None = None,
                   before_rename: Callable[[], None] | None = None) -> Path:
     """Every rank calls this with its staged slices; returns the committed path or raises ShardFailure on
     every rank alike. `before_commit` and `before_rename` run on rank 0 only."""

@@ -32,7 +32,8 @@ from andrea.commit import writer as writer_mod
 from andrea.run.runtime import TrainingRun
 from andrea.commit.shard_layout import ShardImage
 from andrea.parallel.distributed import World
-from andrea.rundir import checkpoint_write, names
+from andrea.rundir import names
+from andrea.rundir.checkpoint_write import DIRECT_ALIGN, commit_checkpoint, image_bytes
 from andrea.run.trainer import Trainer
 from tests.runs import ROOT, env
 from tests.disks import Disk, refusal_lines
@@ -214,7 +215,7 @@ def test_the_sharded_writer_falls_back_to_buffered_when_the_first_o_direct_write
     n, size = 50_001, 2
     payload = np.abs(np.random.default_rng(6).standard_normal(3 * n, dtype=np.float32))
     (tmp_path / "one").mkdir()
-    expected = checkpoint_write.commit_checkpoint(tmp_path / "one", 7, payload).read_bytes()
+    expected = commit_checkpoint(tmp_path / "one", 7, payload).read_bytes()
     Disk(monkeypatch, refuse_write=errno.EFAULT)  # memory the kernel cannot pin for DMA
     (tmp_path / "many").mkdir()
     with caplog.at_level(logging.INFO, logger="andrea"):
@@ -253,13 +254,13 @@ def test_cuda_staging_is_registered_at_its_exact_size_and_unregistered_when_free
     n = 10_001
     if make == "staging_image":
         image = writer_mod.staging_image(n, pinned=True)
-        size = checkpoint_write.image_bytes(n)
+        size = image_bytes(n)
     else:
         image = ShardImage(n, 2, 1, pinned=True).image
         size = image.numel()
     ptr = image.data_ptr()
     assert cudart.registered == {ptr: size} and size == image.numel(), "not page-locked at exactly its size"
-    assert ptr % checkpoint_write.DIRECT_ALIGN == 0 and not any(kw.get("pin_memory") for kw in pinned_allocations)
+    assert ptr % DIRECT_ALIGN == 0 and not any(kw.get("pin_memory") for kw in pinned_allocations)
     view = image[8:16]
     del image
     gc.collect()
@@ -282,7 +283,7 @@ def test_a_refused_registration_falls_back_to_the_pinned_allocator(monkeypatch, 
     monkeypatch.setattr(torch, "zeros", zeros)
     with caplog.at_level(logging.WARNING, logger="andrea"):
         image = writer_mod.staging_image(1001, pinned=True)
-    assert pinned and image.numel() == checkpoint_write.image_bytes(1001) and image.data_ptr() % checkpoint_write.DIRECT_ALIGN == 0
+    assert pinned and image.numel() == image_bytes(1001) and image.data_ptr() % DIRECT_ALIGN == 0
     assert any("cudaHostRegister" in r.getMessage() for r in caplog.records)
 
 

@@ -28,7 +28,8 @@ import torch
 
 from andrea.commit import shards
 from andrea.commit.writer import CheckpointWriter
-from andrea.rundir import atomic, checkpoint as ckpt, checkpoint_write, names, sidecars, spare
+from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars, spare
+from andrea.rundir.checkpoint_write import DirectIO, commit_checkpoint
 from andrea.rundir.names import LEDGER_NAME
 from andrea.rundir.ledger import LossLedger
 from tests import sharding
@@ -99,9 +100,9 @@ def test_the_recorder_sees_pwrites_after_the_fsync_and_unsynced_directories(tmp_
 def test_a_commit_fsyncs_the_tmp_after_its_last_write_renames_it_then_fsyncs_the_directory(tmp_path, path):
     run = tmp_path / "run"
     run.mkdir()
-    direct = checkpoint_write.DirectIO(path != "buffered")
+    direct = DirectIO(path != "buffered")
     with OsCalls(refuse_o_direct=path == "refused at open") as calls:
-        final = checkpoint_write.commit_checkpoint(run, 20, payload(N, 20), direct=direct)
+        final = commit_checkpoint(run, 20, payload(N, 20), direct=direct)
     tmp = str(final) + names.TMP_SUFFIX
     rename, dir_sync = calls.published(final)
     assert calls.events[rename].path == tmp and calls.events[rename].size == ckpt.checkpoint_bytes(N)
@@ -116,12 +117,12 @@ def test_a_commit_fsyncs_the_tmp_after_its_last_write_renames_it_then_fsyncs_the
 
 def test_a_commit_into_the_spare_rewrites_the_claimed_blocks_and_makes_them_durable_before_the_rename(tmp_path):
     n = 5000
-    old = checkpoint_write.commit_checkpoint(tmp_path, 10, payload(n, 10))
+    old = commit_checkpoint(tmp_path, 10, payload(n, 10))
     ino = old.stat().st_ino
     assert spare.retire(old)
     for direct in (True, False):  # the spare is claimed on both paths
         with OsCalls() as calls:
-            final = checkpoint_write.commit_checkpoint(tmp_path, 20 if direct else 30, payload(n, 3), direct=checkpoint_write.DirectIO(direct))
+            final = commit_checkpoint(tmp_path, 20 if direct else 30, payload(n, 3), direct=DirectIO(direct))
         claim = calls.where("rename", path=tmp_path / names.SPARE_NAME, dst=str(final) + names.TMP_SUFFIX)
         assert len(claim) == 1 and calls.events[claim[0]].ino == ino, calls.describe()
         # Inode numbers alone cannot tell: a fresh file may be given the number just freed.

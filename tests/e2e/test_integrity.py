@@ -22,7 +22,8 @@ import torch
 
 from andrea import cli
 from andrea.commit.writer import CheckpointWriter
-from andrea.rundir import checkpoint as ckpt, checkpoint_write, checkpoint_write, checksum, names, spare
+from andrea.rundir import checkpoint as ckpt, checksum, names, spare
+from andrea.rundir.checkpoint_write import commit_checkpoint
 from tests.disks import payload
 from tests.runs import seed_data, train
 from tests.sharding import commit_with_threads
@@ -52,7 +53,7 @@ def verify(path) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("region", ["weights", "m", "v"])
 def test_a_flipped_mantissa_bit_is_named_by_verify_and_by_every_reader(tmp_path, region):
-    path = checkpoint_write.commit_checkpoint(tmp_path, 100, payload(N, 1))
+    path = commit_checkpoint(tmp_path, 100, payload(N, 1))
     assert ckpt.validate(path, N, deep=True).checksum == ckpt.VERIFIED
     before = np.fromfile(path, dtype="<f4", offset=8)
     flip_bit(path, region_offset(region, N, 517), 0)
@@ -67,7 +68,7 @@ def test_a_flipped_mantissa_bit_is_named_by_verify_and_by_every_reader(tmp_path,
 
 
 def test_a_flipped_header_bit_is_caught_even_where_the_sizes_still_agree(tmp_path):
-    path = checkpoint_write.commit_checkpoint(tmp_path, 100, payload(N, 1))
+    path = commit_checkpoint(tmp_path, 100, payload(N, 1))
     good = path.read_bytes()
     # Rewrite step and name together (a step 101 file with step 100's payload): every structural check passes.
     moved = tmp_path / names.checkpoint_name(101)
@@ -81,7 +82,7 @@ def test_a_flipped_header_bit_is_caught_even_where_the_sizes_still_agree(tmp_pat
 
 
 def test_a_checkpoint_from_before_checksums_is_unverifiable_not_broken(tmp_path):
-    path = checkpoint_write.commit_checkpoint(tmp_path, 100, payload(N, 1))
+    path = commit_checkpoint(tmp_path, 100, payload(N, 1))
     checksum.sum_path(path).unlink()
     assert ckpt.validate(path, N, deep=True).checksum == ckpt.UNVERIFIABLE
     code, out, err = verify(tmp_path)
@@ -94,7 +95,7 @@ def committed_with_ledger_records(run_dir, steps, tag: str):
     for step in steps:
         names.companion_path(run_dir, step, "ledger").write_text(
             f'{{"bytes": {step}, "xxh3_128": "{tag}{step:030d}", "last_step": {step}}}')
-        checkpoint_write.commit_checkpoint(run_dir, step, payload(N, step))
+        commit_checkpoint(run_dir, step, payload(N, step))
     return run_dir
 
 
@@ -131,7 +132,7 @@ def test_another_runs_checkpoint_with_its_checksum_copied_in_is_refused(tmp_path
 
 
 def test_a_garbled_checksum_file_is_one_line_naming_it(tmp_path):
-    path = checkpoint_write.commit_checkpoint(tmp_path, 100, payload(N, 1))
+    path = commit_checkpoint(tmp_path, 100, payload(N, 1))
     checksum.sum_path(path).write_text("{not json")
     with pytest.raises(ckpt.CheckpointError, match=r"step_000100\.sum\.json: unreadable checksum"):
         ckpt.validate(path, N, deep=True)
@@ -142,7 +143,7 @@ def test_the_sharded_commit_records_the_same_checksum_as_one_process(tmp_path):
     data = np.abs(np.random.default_rng(3).standard_normal(3 * n, dtype=np.float32))
     (tmp_path / "one").mkdir()
     (tmp_path / "many").mkdir()
-    one = checkpoint_write.commit_checkpoint(tmp_path / "one", 7, data)
+    one = commit_checkpoint(tmp_path / "one", 7, data)
     assert commit_with_threads(tmp_path / "many", n, size, data) == {}
     many = tmp_path / "many" / one.name
     assert checksum.read(many) == checksum.read(one) is not None
@@ -151,7 +152,7 @@ def test_the_sharded_commit_records_the_same_checksum_as_one_process(tmp_path):
 
 def test_verify_racing_retention_reports_no_false_failure(tmp_path, monkeypatch):
     for step in (10, 20, 30):
-        checkpoint_write.commit_checkpoint(tmp_path, step, payload(N, step))
+        commit_checkpoint(tmp_path, step, payload(N, step))
     real = ckpt.validate
     removed = tmp_path / names.checkpoint_name(10)
 

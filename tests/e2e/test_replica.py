@@ -18,7 +18,8 @@ from andrea import cli
 from andrea.commands.restore import restore
 from andrea.replica import plan, replicator as rp
 from andrea.guard import rollback
-from andrea.rundir import checkpoint as ckpt, checkpoint_write
+from andrea.rundir import checkpoint as ckpt
+from andrea.rundir.checkpoint_write import commit_checkpoint
 from andrea.replica import store as rep
 from andrea.rundir.ledger import LossLedger, marker
 from andrea.rundir.names import LEDGER_NAME, RESTORING_NAME, checkpoint_name, companion_path
@@ -81,7 +82,7 @@ def make_run(run_dir: Path, steps: list[int], seed: int = 0) -> Path:
         payload = np.random.default_rng(step).random(3 * N, dtype=np.float32)
         companion_path(run_dir, step, "ledger").write_text(json.dumps(ledger.seal()))
         companion_path(run_dir, step, "state").write_text("{}")
-        checkpoint_write.commit_checkpoint(run_dir, step, payload)
+        commit_checkpoint(run_dir, step, payload)
     ledger.close()
     return run_dir
 
@@ -178,7 +179,7 @@ def test_the_abandoned_timeline_is_unpublished_and_a_step_trained_again_is_sent_
     guard = companion_path(run, 20, "guard").name
     assert (remote / guard).read_bytes() == (run / guard).read_bytes()  # a restore from 20 resumes mid-incident
     companion_path(run, 30, "state").write_text("{}")
-    checkpoint_write.commit_checkpoint(run, 30, np.random.default_rng(99).random(3 * N, dtype=np.float32))  # trained again
+    commit_checkpoint(run, 30, np.random.default_rng(99).random(3 * N, dtype=np.float32))  # trained again
     assert r.pass_once() and r.pos.steps == [20, 30]
     assert (remote / checkpoint_name(30)).read_bytes() == (run / checkpoint_name(30)).read_bytes() != abandoned
     rollback.drop_after(run, 10)  # a start that resumes from 10 (20 and 30 failed verification, say)
@@ -192,7 +193,7 @@ def test_an_abandoned_copy_left_by_a_process_that_ended_is_replaced_at_the_next_
     assert replicator(run, remote).pass_once()  # the replica holds 20
     rollback.drop_after(run, 10)  # a rollback to 10; its process ended before its next pass
     companion_path(run, 20, "state").write_text("{}")
-    checkpoint_write.commit_checkpoint(run, 20, np.random.default_rng(99).random(3 * N, dtype=np.float32))  # 20 trained again
+    commit_checkpoint(run, 20, np.random.default_rng(99).random(3 * N, dtype=np.float32))  # 20 trained again
     r = replicator(run, remote)
     r.supersede(20)  # what start_for tells the next process: the run goes on from 20
     assert r.pass_once() and r.pos.steps == [20]
@@ -333,11 +334,11 @@ def test_a_full_replica_mid_upload_is_one_line_and_loses_nothing(tmp_path, small
     run = make_run(tmp_path / "run", [10])
     big = np.random.default_rng(1).random(3 * 50_000, dtype=np.float32)  # 600 KB each: the second one does not fit
     companion_path(run, 20, "state").write_text("{}")
-    checkpoint_write.commit_checkpoint(run, 20, big)
+    commit_checkpoint(run, 20, big)
     r = replicator(run, small_disk / "replica", keep_last=5)
     assert r.pass_once() and r.newest == 20
     companion_path(run, 30, "state").write_text("{}")
-    checkpoint_write.commit_checkpoint(run, 30, big)
+    commit_checkpoint(run, 30, big)
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != rep.STATUS_NAME}
     with caplog.at_level(logging.WARNING, "andrea.replica"):
         assert not r.pass_once() and not r.pass_once()

@@ -23,7 +23,8 @@ import torch
 
 import andrea
 from andrea.commit.writer import CheckpointWriter
-from andrea.rundir import checkpoint as ckpt, checkpoint_write, names
+from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir.checkpoint_write import commit_checkpoint
 from tests.faults.conftest import remount_size
 from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, first_line_with, last_error_line,
                                   newest_committed, stale_tmp)
@@ -212,7 +213,7 @@ def _payload(n: int, seed: int) -> np.ndarray:
 
 def test_enospc_at_the_write_call_fails_the_commit_cleanly_and_the_next_commit_succeeds(tmp_path, monkeypatch):
     n = 1000
-    old = checkpoint_write.commit_checkpoint(tmp_path, 10, _payload(n, 1))
+    old = commit_checkpoint(tmp_path, 10, _payload(n, 1))
     old_bytes = old.read_bytes()
     real_pwrite = os.pwrite
     full = {"on": True}

@@ -21,14 +21,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from andrea.rundir import checkpoint as ckpt, checkpoint_write, names
+from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir.checkpoint_write import DirectIO, commit_checkpoint
 from tests.faults.harness import REPORT, checkpoint_problems, first_line_with, newest_committed, sigkill
 from tests.runs import train, wait_until
 
 N = 4096
 STAGES = ["before-open", "after-open", "mid-write", "after-write", "after-fsync", "after-rename", "after-dir-fsync"]
 BEFORE_RENAME = STAGES[:5]
-PATHS = {"O_DIRECT": True, "buffered": False}  # the write path: checkpoint_write.DirectIO(enabled)
+PATHS = {"O_DIRECT": True, "buffered": False}  # the write path: DirectIO(enabled)
 
 
 class PowerCut(BaseException):
@@ -139,7 +140,7 @@ def _lose_page_cache(image: Path, lost: dict[str, list[tuple[int, int]]]) -> Non
 def _run_dir_with_old_checkpoint(tmp_path: Path) -> tuple[Path, bytes]:
     run = tmp_path / "run"
     run.mkdir()
-    old = checkpoint_write.commit_checkpoint(run, 10, payload(10))
+    old = commit_checkpoint(run, 10, payload(10))
     return run, old.read_bytes()
 
 
@@ -150,8 +151,8 @@ def test_commit_writes_the_tmp_fsyncs_it_renames_it_then_fsyncs_the_directory_in
     journal = Journal(run, tmp_path, None)
     with monkeypatch.context() as m:
         journal.install(m)
-        checkpoint_write.commit_checkpoint(run, 20, payload(20), before_rename=journal.before_rename,
-                               direct=checkpoint_write.DirectIO(PATHS[path]))
+        commit_checkpoint(run, 20, payload(20), before_rename=journal.before_rename,
+                               direct=DirectIO(PATHS[path]))
     final, tmp = str(run / "step_000020.bin"), str(run / "step_000020.bin.tmp")
     ev = journal.events
     last_write = max(i for i, e in enumerate(ev) if e == ("write", tmp))
@@ -175,8 +176,8 @@ def test_power_cut_at_each_commit_stage_leaves_the_old_or_the_new_checkpoint_nev
     with monkeypatch.context() as m:
         journal.install(m)
         with pytest.raises(PowerCut):
-            checkpoint_write.commit_checkpoint(run, 20, payload(20), before_rename=journal.before_rename,
-                                   direct=checkpoint_write.DirectIO(PATHS[path]))
+            commit_checkpoint(run, 20, payload(20), before_rename=journal.before_rename,
+                                   direct=DirectIO(PATHS[path]))
     assert journal.taken, f"the power cut at {stage} never happened"
     seen = []
     for image in journal.taken:

@@ -11,7 +11,8 @@ import torch
 
 from andrea.commit.shard_layout import ALIGN, HEADER, ShardImage, file_pieces
 from andrea.parallel.distributed import shard_bounds
-from andrea.rundir import checkpoint as ckpt, checkpoint_write
+from andrea.rundir import checkpoint as ckpt
+from andrea.rundir.checkpoint_write import image_bytes
 
 # Odd sizes: slices far larger than a block, slices under one block (a block spans several ranks), a world
 # larger than the parameter count (empty slices), region boundaries on and off block boundaries.
@@ -52,7 +53,7 @@ def test_the_blocks_every_rank_assembles_are_the_files_bytes(n, size):
     """Stage each rank's slices, exchange tails, fill, and lay every rank's writes into one file image: it is
     the one-process file, padding zeros included."""
     payload = np.random.default_rng(n).standard_normal(3 * n, dtype=np.float32)
-    expected = np.zeros(checkpoint_write.image_bytes(n), dtype=np.uint8)
+    expected = np.zeros(image_bytes(n), dtype=np.uint8)
     expected[:8] = np.frombuffer(ckpt.header(9, n), dtype=np.uint8)
     expected[8:8 + 12 * n] = payload.view(np.uint8)
     images = []
@@ -64,7 +65,7 @@ def test_the_blocks_every_rank_assembles_are_the_files_bytes(n, size):
                 view.copy_(torch.from_numpy(payload[region * n + lo:region * n + hi]))
         images.append(image)
     messages = [image.tails().clone() for image in images]
-    got = np.full(checkpoint_write.image_bytes(n), 0xAB, dtype=np.uint8)  # every byte must be written over
+    got = np.full(image_bytes(n), 0xAB, dtype=np.uint8)  # every byte must be written over
     for image in images:
         image.fill(messages, ckpt.header(9, n))
         for off, view in image.writes():

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from andrea.config import load as configload
 from andrea.model.gpt import token_cross_entropy
-from andrea.rundir import checkpoint_write
+from andrea.rundir.checkpoint_write import commit_checkpoint
 from andrea.run.trainer import Trainer, lr_at
 
 
@@ -34,7 +34,7 @@ def test_checkpoint_weights_region_is_the_parameters_in_documented_order(tmp_pat
     with torch.no_grad():
         for i, p in enumerate(params.values()):
             p.fill_(float(i))  # writes through the views into the flat buffer
-    path = checkpoint_write.commit_checkpoint(tmp_path, 1, trainer.state.buffer.numpy())
+    path = commit_checkpoint(tmp_path, 1, trainer.state.buffer.numpy())
     weights = np.fromfile(path, dtype="<f4", offset=8, count=trainer.n)
     offset = 0
     for i, (name, p) in enumerate(params.items()):

@@ -18,7 +18,7 @@ from andrea.config import load as configload
 from andrea.model import arch, generate as generation
 from andrea.model.gpt import ModelMath, n_params
 from andrea.model.modern import Modern, swiglu_hidden
-from andrea.rundir import checkpoint_write
+from andrea.rundir.checkpoint_write import commit_checkpoint
 from andrea.run.trainer import Trainer
 
 MODEL = {"arch": "modern", "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 300}
@@ -60,7 +60,7 @@ def test_parameters_are_flat_views_in_the_documented_order(tmp_path):
     with torch.no_grad():
         for i, p in enumerate(params.values()):
             p.fill_(float(i))  # through the views into the flat buffer
-    weights = np.fromfile(checkpoint_write.commit_checkpoint(tmp_path, 1, t.state.buffer.numpy()), dtype="<f4", offset=8,
+    weights = np.fromfile(commit_checkpoint(tmp_path, 1, t.state.buffer.numpy()), dtype="<f4", offset=8,
                           count=t.n)
     offset = 0
     for i, (name, p) in enumerate(params.items()):

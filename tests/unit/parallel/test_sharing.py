@@ -13,7 +13,8 @@ from andrea.parallel import ranks, sharing
 from andrea.commit.gathered import GatheredCheckpointWriter
 from andrea.commit.shards import ShardedCheckpointWriter, writer_for
 from andrea.parallel.distributed import World, shard_bounds
-from andrea.rundir import checkpoint as ckpt, checkpoint_write, checksum, names
+from andrea.rundir import checkpoint as ckpt, checksum, names
+from andrea.rundir.checkpoint_write import commit_checkpoint
 from tests.sharding import released_spare, run_ranks
 
 T, F = True, False
@@ -148,7 +149,7 @@ def test_rank_0_gathers_and_writes_the_one_process_bytes_alone(tmp_path, n, size
     for d in dirs:
         d.mkdir()
     (tmp_path / "one").mkdir()
-    expected = checkpoint_write.commit_checkpoint(tmp_path / "one", 7, payload)
+    expected = commit_checkpoint(tmp_path / "one", 7, payload)
     ino = released_spare(dirs[0], n)  # a spare to reuse: rank 0's whole image goes into it
     results = commit_gathered(dirs, n, payload)
     name = names.checkpoint_name(7)

@@ -2,7 +2,7 @@
 
 The fake trainer's state is a flat [w | m | v] of a few floats whose every element counts the updates applied since
 the state it was loaded from, so a checkpoint's bytes say which state it holds. The fake writer commits through
-`checkpoint_write.commit_checkpoint` on a real single-thread I/O executor, after `before_commit`, and every side effect
+`commit_checkpoint` on a real single-thread I/O executor, after `before_commit`, and every side effect
 (ledger appends and fsyncs, snapshots, loads, commits) lands in one ordered event list. The guard, the data proxy,
 the requests and `boundary_action` are the real ones: these tests check the order in which the boundary asks and
 acts, not the decisions themselves (tests/unit/guard/test_decisions.py, test_requests.py and test_bandit.py do).
@@ -33,7 +33,8 @@ from andrea.parallel.distributed import World
 from andrea.data.store import ArmTokens
 from andrea.observe import watchdog
 from andrea.observe.progress import Progress
-from andrea.rundir import checkpoint as ckpt, checkpoint_write, names, sidecars
+from andrea.rundir import checkpoint as ckpt, names, sidecars
+from andrea.rundir.checkpoint_write import commit_checkpoint
 from andrea.run.trainer import StepOutput
 from tests.sharding import run_ranks
 
@@ -115,7 +116,7 @@ class Writer:
             self.events.append(("commit", step, companions))
             if step in self.fail:
                 return SimpleNamespace(step=step, path=None, error=f"step_{step:06d}.bin: checkpoint write failed")
-            return SimpleNamespace(step=step, path=checkpoint_write.commit_checkpoint(self.run_dir, step, payload), error=None)
+            return SimpleNamespace(step=step, path=commit_checkpoint(self.run_dir, step, payload), error=None)
 
         fut = asyncio.get_running_loop().run_in_executor(self.io, commit)
         fut.add_done_callback(self._finished)

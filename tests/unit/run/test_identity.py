@@ -10,7 +10,8 @@ import pytest
 from andrea.config import load as configload
 from andrea.config.check import ConfigError
 from andrea.run import identity
-from andrea.rundir import checkpoint_write, names
+from andrea.rundir import names
+from andrea.rundir.checkpoint_write import commit_checkpoint
 
 SHAPE = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 300}
 
@@ -20,7 +21,7 @@ def cfg(**model):
 
 
 def run_with_a_checkpoint(tmp_path):
-    checkpoint_write.commit_checkpoint(tmp_path, 1, np.zeros(3, dtype=np.float32))  # named like a checkpoint: enough here
+    commit_checkpoint(tmp_path, 1, np.zeros(3, dtype=np.float32))  # named like a checkpoint: enough here
     return tmp_path
 
 

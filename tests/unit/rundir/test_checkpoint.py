@@ -5,7 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from andrea.rundir import checkpoint as ckpt, checkpoint_write, names
+from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir.checkpoint_write import commit_checkpoint
 
 
 def payload(n: int, seed: int = 0) -> np.ndarray:
@@ -17,7 +18,7 @@ def payload(n: int, seed: int = 0) -> np.ndarray:
 def test_commit_writes_exact_spec_bytes(tmp_path):
     n = 1001
     data = payload(n)
-    path = checkpoint_write.commit_checkpoint(tmp_path, 42, data)
+    path = commit_checkpoint(tmp_path, 42, data)
     raw = path.read_bytes()
     assert path.name == "step_000042.bin"
     assert len(raw) == 8 + 12 * n
@@ -45,7 +46,7 @@ def test_names_grow_past_six_digits():
 ])
 def test_validate_names_the_file_and_the_problem(tmp_path, damage, message):
     n = 100
-    path = checkpoint_write.commit_checkpoint(tmp_path, 42, payload(n))
+    path = commit_checkpoint(tmp_path, 42, payload(n))
     damage(path, n)
     with pytest.raises(ckpt.CheckpointError) as err:
         ckpt.validate(path, n, deep=True)
@@ -60,15 +61,15 @@ def _poke(path, offset, value):
 
 
 def test_other_model_is_refused_with_both_counts(tmp_path):
-    path = checkpoint_write.commit_checkpoint(tmp_path, 5, payload(10))
+    path = commit_checkpoint(tmp_path, 5, payload(10))
     with pytest.raises(ckpt.CheckpointError, match=r"n_params=10, this model has 11"):
         ckpt.validate(path, 11)
 
 
 def test_newest_valid_skips_damaged_newer_files(tmp_path):
     n = 50
-    checkpoint_write.commit_checkpoint(tmp_path, 100, payload(n))
-    bad = checkpoint_write.commit_checkpoint(tmp_path, 200, payload(n))
+    commit_checkpoint(tmp_path, 100, payload(n))
+    bad = commit_checkpoint(tmp_path, 200, payload(n))
     bad.write_bytes(bad.read_bytes()[:100])
     info, skipped = ckpt.newest_valid(tmp_path, n)
     assert info.step == 100
@@ -77,7 +78,7 @@ def test_newest_valid_skips_damaged_newer_files(tmp_path):
 
 def test_failed_commit_leaves_previous_checkpoint_and_no_tmp(tmp_path, monkeypatch):
     n = 64
-    good = checkpoint_write.commit_checkpoint(tmp_path, 100, payload(n))
+    good = commit_checkpoint(tmp_path, 100, payload(n))
     before = good.read_bytes()
 
     def full_disk(fd, data, offset):
@@ -85,7 +86,7 @@ def test_failed_commit_leaves_previous_checkpoint_and_no_tmp(tmp_path, monkeypat
 
     monkeypatch.setattr(os, "pwrite", full_disk)
     with pytest.raises(OSError):
-        checkpoint_write.commit_checkpoint(tmp_path, 200, payload(n, 1))
+        commit_checkpoint(tmp_path, 200, payload(n, 1))
     assert good.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000100.bin", "step_000100.sum.json"]
 

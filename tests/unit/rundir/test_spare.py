@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from andrea.commit.writer import CheckpointWriter
-from andrea.rundir import checkpoint as ckpt, checkpoint_write, names, spare
+from andrea.rundir import checkpoint as ckpt, names, spare
+from andrea.rundir.checkpoint_write import commit_checkpoint
 from tests.disks import Disk, payload
 
 N = 1001  # 8 + 12n = 12,020 bytes: the O_DIRECT image is padded past the end, then truncated
@@ -27,7 +28,7 @@ def reference(tmp_path, step: int) -> bytes:
     """The bytes of `step`'s checkpoint written into a fresh file, in a directory of its own."""
     d = tmp_path / f"reference-{step}"
     d.mkdir()
-    return checkpoint_write.commit_checkpoint(d, step, payload(N, step)).read_bytes()
+    return commit_checkpoint(d, step, payload(N, step)).read_bytes()
 
 
 def commits(run_dir, steps, keep_last=1):
@@ -75,7 +76,7 @@ def test_nothing_of_the_spares_bytes_survives_the_commit(tmp_path, extra):
     run = tmp_path / "run"
     run.mkdir()
     (run / names.SPARE_NAME).write_bytes(b"\xff" * (ckpt.checkpoint_bytes(N) + extra))
-    checkpoint_write.commit_checkpoint(run, 40, payload(N, 40))
+    commit_checkpoint(run, 40, payload(N, 40))
     assert (run / "step_000040.bin").read_bytes() == reference(tmp_path, 40)
     assert not (run / names.SPARE_NAME).exists()
 
@@ -90,7 +91,7 @@ def test_a_spare_ckpt_that_is_not_a_regular_file_is_never_written_through(tmp_pa
         (run / names.SPARE_NAME).symlink_to(other)
     else:
         (run / names.SPARE_NAME).mkdir()
-    checkpoint_write.commit_checkpoint(run, 40, payload(N, 40))
+    commit_checkpoint(run, 40, payload(N, 40))
     assert (run / "step_000040.bin").read_bytes() == reference(tmp_path, 40)
     assert other.read_bytes() == b"someone else's bytes" * 1000
     assert (run / names.SPARE_NAME).is_symlink() if kind == "symlink" else (run / names.SPARE_NAME).is_dir()
