@@ -196,9 +196,14 @@ class CheckpointConfig:
     disk); empty: no replica. S3 endpoint and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
     AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION (never written here). `andrea restore` brings a run back from it
     (docs/operating.md#a-replica-off-the-machine); needs `andrea[replica]`."""
-    replica_wait: float = 120.0
-    """Seconds a stop (SIGTERM, the step target) waits for the replica to take the last checkpoint before exiting 0;
-    what is missing then is uploaded by the next start."""
+    replica_wait: float = 30.0
+    """Seconds a stop (SIGTERM, the step target) waits for the replica to take the last checkpoint before exiting 0,
+    at most half of `stop_grace_s` (the rest is for the step in flight and its checkpoint). The checkpoint is
+    already durable on the local disk during this wait; what the replica lacks then is uploaded by the next start."""
+    stop_grace_s: float = 120.0
+    """The grace period the supervisor gives a stop between SIGTERM and SIGKILL: systemd's TimeoutStopSec,
+    Kubernetes' terminationGracePeriodSeconds, SLURM's --signal=TERM@N (120 in docs/operating.md's templates). Set
+    it to yours; it bounds `replica_wait`."""
 
     def __post_init__(self) -> None:
         if self.every < 1 or self.keep_last < 1 or self.keep_every < 0:
@@ -207,8 +212,14 @@ class CheckpointConfig:
             raise ConfigError(f"checkpoint.usr1={self.usr1!r} must be 'step' or 'cadence'")
         if self.on_write_error not in ("retry", "stop"):
             raise ConfigError(f"checkpoint.on_write_error={self.on_write_error!r} must be 'retry' or 'stop'")
-        if self.replica_wait < 0:
-            raise ConfigError(f"checkpoint.replica_wait={self.replica_wait} must be >= 0 seconds")
+        if self.replica_wait < 0 or not self.stop_grace_s > 0:
+            raise ConfigError(f"checkpoint.replica_wait={self.replica_wait} must be >= 0 seconds and "
+                              f"checkpoint.stop_grace_s={self.stop_grace_s} > 0")
+        if self.replica and self.replica_wait > self.stop_grace_s / 2:
+            raise ConfigError(f"checkpoint.replica_wait={self.replica_wait:g} s does not fit the stop's grace period "
+                              f"(checkpoint.stop_grace_s={self.stop_grace_s:g} s; at most half of it, the rest is the "
+                              f"step in flight and its checkpoint): lower it, or set stop_grace_s to your "
+                              f"supervisor's longer grace period (docs/operating.md)")
 
 
 @dataclass
