@@ -58,7 +58,7 @@ def run_command(argv: list[str], body: bytes, timeout_s: float) -> Finished:
             sel.register(proc.stdin, selectors.EVENT_WRITE)
             sel.register(proc.stderr, selectors.EVENT_READ)
             pending = memoryview(body)
-            while not exited(proc.pid):
+            while not exited(proc):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise Expired(f"took longer than {timeout_s:g} s")
@@ -88,10 +88,13 @@ def run_command(argv: list[str], body: bytes, timeout_s: float) -> Finished:
     return Finished(proc.returncode, tail)
 
 
-def exited(pid: int) -> bool:
-    """Whether the child `pid` has exited, without reaping it (its process group id stays reserved)."""
+def exited(proc: subprocess.Popen) -> bool:
+    """Whether the command has exited, without reaping it where the OS allows (Linux: its process group id stays
+    reserved until end_group); elsewhere (macOS has no waitid) it is reaped here."""
+    if not hasattr(os, "waitid"):
+        return proc.poll() is not None
     try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
         return True
 
