@@ -159,7 +159,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     """The JSON on stdout; the device-memory estimate (andrea/model/memory.py) also as one line on stderr."""
     from andrea.model import memory
     from andrea.observe.mfu import model_flops_per_token
-    from andrea.model.gpt import layout_for, n_params
+    from andrea.model.arch import layout_for
+    from andrea.model.gpt import n_params
     overrides = list(args.set or [])
     if args.micro_batch_size is not None:
         overrides.append(f"train.micro_batch_size={args.micro_batch_size}")
@@ -189,7 +190,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 def expected_n_params(run_dir: Path) -> int | None:
     if not (run_dir / names.CONFIG_NAME).exists():
         return None
-    from andrea.model.gpt import layout_for, n_params
+    from andrea.model.arch import layout_for
+    from andrea.model.gpt import n_params
     return n_params(layout_for(configload.run_config(run_dir).model))
 
 

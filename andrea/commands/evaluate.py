@@ -33,7 +33,8 @@ from andrea.config.check import ConfigError
 from andrea.data.codec import TextCodec
 from andrea.evals.tasks import TaskFile, TaskScore, read_tasks, score_tasks, trainer_forward
 from andrea.model.export import pick_checkpoint, tokenizer_source
-from andrea.model.gpt import layout_for, n_params
+from andrea.model.arch import layout_for
+from andrea.model.gpt import n_params
 from andrea.observe.progress import CountProgress
 from andrea.rundir import checkpoint as ckpt
 from andrea.run.trainer import Trainer

@@ -177,7 +177,8 @@ def cmd_pivot(args: argparse.Namespace) -> int:
 
 
 def _n_params(cfg: RunConfig) -> int:
-    from andrea.model.gpt import layout_for, n_params
+    from andrea.model.arch import layout_for
+    from andrea.model.gpt import n_params
     return n_params(layout_for(cfg.model))
 
 

@@ -1,0 +1,101 @@
+"""The 2026 recipe's optimizer end to end: model.arch = modern with train.optimizer = muon, real `python -m andrea`
+processes (and torchrun's 2 gloo ranks) on the tiny preset. What the GPT + AdamW promises, Muon keeps: a SIGKILL
+and a resume end in the bytes of a run that never stopped, and so do a replica's restore and a resume from it
+(checksums verified on the way); two ranks (ZeRO-1 with whole matrices per rank, micro-batches) follow one process
+within the documented tolerance and resume bit for bit; the guard rolls a Muon run back and it heals."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir.ledger import history
+from tests.runs import ROOT, Trainer, andrea, andrea_here, env, launcher_argv, ledger, seed_data, train, wait_until
+from tests.sharding import LOSS_RTOL, NORM_AT_START, NORM_RTOL
+
+TARGET = 30
+RECIPE = ["--set", "model.arch=modern", "--set", "train.optimizer=muon", "--checkpoint-every", "10"]
+QUIET = ["--set", "sample.every=1000", "--set", "train.eval_every=1000"]
+MICRO = ["--set", "train.micro_batch_size=2"]  # 2 rows a pass: 4 passes in one process, 2 per rank on two
+
+
+def checkpoints(run_dir) -> list[int]:
+    return [s for s, _ in ckpt.list_checkpoints(run_dir)]
+
+
+def final(run_dir) -> bytes:
+    return (run_dir / names.checkpoint_name(TARGET)).read_bytes()
+
+
+def two_ranks(run_dir, *args: str) -> None:
+    result = subprocess.run(launcher_argv(run_dir, *args), capture_output=True, text=True, timeout=300, env=env(),
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def straight(prepared, tmp_path_factory):
+    """The reference: one process, modern + Muon, never stopped, to TARGET."""
+    run = seed_data(prepared, tmp_path_factory.mktemp("muon") / "straight")
+    result = train(run, "--steps", str(TARGET), *RECIPE, *QUIET, *MICRO)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return run
+
+
+def test_sigkill_resume_and_a_restore_from_the_replica_end_in_the_never_stopped_bytes(straight, prepared, tmp_path):
+    run, replica = seed_data(prepared, tmp_path / "run"), tmp_path / "replica"
+    flags = [*RECIPE, *QUIET, *MICRO, "--set", f'checkpoint.replica="{replica}"']
+    t = Trainer(run, "--steps", str(TARGET), *flags)
+    try:
+        t.wait_ready()
+        wait_until(lambda: checkpoints(run) and checkpoints(run)[-1] >= 10, 120, "a committed checkpoint")
+        t.proc.kill()
+        t.wait_exit(30)
+    finally:
+        t.kill()
+    assert checkpoints(run)[-1] < TARGET
+    resumed = train(run, "--steps", "20", *flags)  # SIGKILL, then a resume (which replicates its checkpoints)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert andrea_here("verify", str(run)).returncode == 0  # checksums of Muon's m and v regions
+    back = tmp_path / "restored"
+    restored = andrea("restore", str(replica), "--run-dir", str(back))
+    assert restored.returncode == 0 and "restored step 20" in restored.stdout, restored.stderr[-4000:]
+    again = train(back, "--steps", str(TARGET), *flags)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert final(back) == final(straight)
+
+
+def test_two_ranks_follow_one_process_and_resume_bit_exact(straight, prepared, tmp_path):
+    whole, stopped = seed_data(prepared, tmp_path / "whole"), seed_data(prepared, tmp_path / "stopped")
+    two_ranks(whole, "--steps", str(TARGET), *RECIPE, *QUIET, *MICRO)
+    two_ranks(stopped, "--steps", "10", *RECIPE, *QUIET, *MICRO)
+    two_ranks(stopped, "--steps", str(TARGET), *RECIPE, *QUIET, *MICRO)
+    assert final(stopped) == final(whole)  # 2 -> 2: bit-exact
+    got = {e["step"]: e for e in history(ledger(whole)) if "event" not in e}
+    ref = {e["step"]: e for e in history(ledger(straight)) if "event" not in e}
+    assert sorted(got) == sorted(ref) == list(range(1, TARGET + 1))
+    for s in ref:  # the documented tolerance of two ranks against one process (tests/sharding.py)
+        assert got[s]["loss"] == pytest.approx(ref[s]["loss"], rel=LOSS_RTOL), s
+        assert got[s]["grad_norm"] == pytest.approx(ref[s]["grad_norm"], rel=NORM_AT_START if s == 1 else NORM_RTOL)
+    a, b = (np.frombuffer(final(d), dtype="<f4", offset=8).reshape(3, -1) for d in (whole, straight))
+    for region, rtol in zip("wmv", (1e-3, 2e-2, 1e-2)):
+        i = "wmv".index(region)
+        assert np.abs(a[i] - b[i]).max() <= rtol * np.abs(b[i]).max(), region
+    assert andrea_here("verify", str(whole)).returncode == 0
+
+
+def test_the_guard_rolls_a_muon_run_back_and_it_heals(prepared, tmp_path):
+    """A non-finite step (ANDREA_TEST_POISON_STEPS=25): no checkpoint for it, a rollback to a committed one whose
+    m holds Muon's momentum, and the replay reaches TARGET with every checkpoint valid."""
+    run = seed_data(prepared, tmp_path / "run")
+    r = train(run, "--steps", str(TARGET), *RECIPE, *QUIET, "--set", "guard.confirm_steps=5",
+              extra_env={"ANDREA_TEST_POISON_STEPS": "25"})
+    assert r.returncode == 0, r.stderr[-4000:]
+    [rollback] = [e for e in ledger(run) if e.get("event") == "rollback"]
+    assert rollback["from"] == 25 and rollback["step"] in (10, 20), rollback
+    assert [e["step"] for e in history(ledger(run)) if "event" not in e] == list(range(1, TARGET + 1))
+    assert checkpoints(run)[-1] == TARGET
+    assert andrea_here("verify", str(run)).returncode == 0
