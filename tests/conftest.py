@@ -25,6 +25,7 @@ HEAVY = [
     "tests/unit/kernels/test_compile.py",
     "tests/e2e/test_distributed.py",
     "tests/e2e/test_guard_run.py",
+    "tests/e2e/test_muon_run.py",  # ~150 s: 8 trainer processes, 3 of them torchrun's 2 ranks
     "tests/e2e/test_microbatch.py",
     "tests/faults/test_bad_inputs.py",
     "tests/e2e/test_trunk.py",

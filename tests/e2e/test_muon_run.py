@@ -16,8 +16,8 @@ from andrea.rundir.ledger import history
 from tests.runs import ROOT, Trainer, andrea, andrea_here, env, launcher_argv, ledger, seed_data, train, wait_until
 from tests.sharding import LOSS_RTOL, NORM_AT_START, NORM_RTOL
 
-TARGET = 30
-RECIPE = ["--set", "model.arch=modern", "--set", "train.optimizer=muon", "--checkpoint-every", "10"]
+TARGET = 20
+RECIPE = ["--set", "model.arch=modern", "--set", "train.optimizer=muon", "--checkpoint-every", "5"]
 QUIET = ["--set", "sample.every=1000", "--set", "train.eval_every=1000"]
 MICRO = ["--set", "train.micro_batch_size=2"]  # 2 rows a pass: 4 passes in one process, 2 per rank on two
 
@@ -51,18 +51,18 @@ def test_sigkill_resume_and_a_restore_from_the_replica_end_in_the_never_stopped_
     t = Trainer(run, "--steps", str(TARGET), *flags)
     try:
         t.wait_ready()
-        wait_until(lambda: checkpoints(run) and checkpoints(run)[-1] >= 10, 120, "a committed checkpoint")
+        wait_until(lambda: checkpoints(run) and checkpoints(run)[-1] >= 5, 120, "a committed checkpoint")
         t.proc.kill()
         t.wait_exit(30)
     finally:
         t.kill()
     assert checkpoints(run)[-1] < TARGET
-    resumed = train(run, "--steps", "20", *flags)  # SIGKILL, then a resume (which replicates its checkpoints)
+    resumed = train(run, "--steps", "10", *flags)  # SIGKILL, then a resume (which replicates its checkpoints)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert andrea_here("verify", str(run)).returncode == 0  # checksums of Muon's m and v regions
     back = tmp_path / "restored"
     restored = andrea("restore", str(replica), "--run-dir", str(back))
-    assert restored.returncode == 0 and "restored step 20" in restored.stdout, restored.stderr[-4000:]
+    assert restored.returncode == 0 and "restored step 10" in restored.stdout, restored.stderr[-4000:]
     again = train(back, "--steps", str(TARGET), *flags)
     assert again.returncode == 0, again.stderr[-4000:]
     assert final(back) == final(straight)
@@ -88,14 +88,14 @@ def test_two_ranks_follow_one_process_and_resume_bit_exact(straight, prepared, t
 
 
 def test_the_guard_rolls_a_muon_run_back_and_it_heals(prepared, tmp_path):
-    """A non-finite step (ANDREA_TEST_POISON_STEPS=25): no checkpoint for it, a rollback to a committed one whose
+    """A non-finite step (ANDREA_TEST_POISON_STEPS=15): no checkpoint for it, a rollback to a committed one whose
     m holds Muon's momentum, and the replay reaches TARGET with every checkpoint valid."""
     run = seed_data(prepared, tmp_path / "run")
     r = train(run, "--steps", str(TARGET), *RECIPE, *QUIET, "--set", "guard.confirm_steps=5",
-              extra_env={"ANDREA_TEST_POISON_STEPS": "25"})
+              extra_env={"ANDREA_TEST_POISON_STEPS": "15"})
     assert r.returncode == 0, r.stderr[-4000:]
     [rollback] = [e for e in ledger(run) if e.get("event") == "rollback"]
-    assert rollback["from"] == 25 and rollback["step"] in (10, 20), rollback
+    assert rollback["from"] == 15 and rollback["step"] in (5, 10), rollback
     assert [e["step"] for e in history(ledger(run)) if "event" not in e] == list(range(1, TARGET + 1))
     assert checkpoints(run)[-1] == TARGET
     assert andrea_here("verify", str(run)).returncode == 0
