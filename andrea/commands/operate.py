@@ -33,7 +33,7 @@ from andrea.rundir import checkpoint as ckpt, inspect, sidecars
 from andrea.replica import store as replica
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.names import (CONFIG_NAME, DATA_DIR, LEDGER_NAME, NEXT_POLICY_NAME, STATE_NAME, TOKENIZER_NAME,
-                                 WANDB_STATE_NAME, companions)
+                                 WANDB_STATE_NAME, checkpoint_name, companions)
 from andrea.rundir.ledger import LossLedger, ema, history, live_markers, marker, read_ledger
 from andrea.rundir.runlock import RunLock, is_locked, read_pid
 
@@ -195,10 +195,10 @@ def cmd_branch(args: argparse.Namespace) -> int:
     n = _n_params(parent_cfg)
     if _n_params(cfg) != n:
         raise ConfigError(f"branch: the new configuration has {_n_params(cfg)} parameters, "
-                                     f"{ckpt.checkpoint_name(step)} has {n}: a branch keeps the model")
+                                     f"{checkpoint_name(step)} has {n}: a branch keeps the model")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise FileExistsError(f"{dest}: already exists and is not an empty directory")
-    source = parent / ckpt.checkpoint_name(step)
+    source = parent / checkpoint_name(step)
     ckpt.validate(source, n, deep=True)
     dest.mkdir(parents=True, exist_ok=True)
     _link_or_copy(source, dest / source.name)
