@@ -5,7 +5,7 @@
     info     a preset's size and parameter layout, as JSON
     verify   validate checkpoints (a run directory or one file)
     sample   generate text from a checkpoint
-    export   a checkpoint as a Hugging Face GPT-2 directory (model.safetensors, config, tokenizer) or npz
+    export   a checkpoint as a Hugging Face directory (GPT-2, or Qwen3 for a modern run) or npz
     eval     a checkpoint's multiple-choice accuracy on a HellaSwag-format tasks file (andrea/commands/evaluate.py)
     ctl      talk to a running trainer: checkpoint | stop | status
     restore  bring a run back from its replica (checkpoint.replica) onto an empty disk
@@ -174,7 +174,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     est = memory.estimate(cfg.model, n, memory.micro_batch_rows(tc.micro_batch_size, tc.batch_size),
                           activation_checkpointing=tc.activation_checkpointing, device=args.device)
     flops = model_flops_per_token(cfg.model, n)  # andrea/observe/mfu.py (PaLM's 6N + 12LHQT)
-    print(json.dumps({"preset": args.preset, "n_params": n, "checkpoint_bytes": ckpt.checkpoint_bytes(n),
+    print(json.dumps({"preset": args.preset, "arch": cfg.model.arch, "n_params": n, "checkpoint_bytes": ckpt.checkpoint_bytes(n),
                       "flops_per_token": flops, "flops_per_step": flops * tc.batch_size * cfg.model.block_size,
                       "memory": est.as_dict(),
                       "params": [{"name": p.name, "shape": list(p.shape), "offset": p.offset} for p in layout]},
@@ -330,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_sample)
 
-    p = sub.add_parser("export", help="a checkpoint as a Hugging Face GPT-2 directory (or numpy arrays)")
+    p = sub.add_parser("export", help="a checkpoint as a Hugging Face directory: GPT-2, or Qwen3 for a modern run "
+                                        "(or numpy arrays)")
     p.add_argument("run_dir")
     p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest valid checkpoint)")
     p.add_argument("--out", required=True, help="the directory to create (absent or empty)")

@@ -22,6 +22,13 @@ from andrea.mixture.policy import PolicyError, validate_policy
 ARCHS = ("gpt2", "modern")
 
 
+def swiglu_hidden(n_embd: int) -> int:
+    """The modern model's SwiGLU hidden width H: its three (H, C) matrices hold as many parameters as the GPT's two
+    (4C, C) ones when H = 8C/3, rounded to the nearest multiple of 64 (matmul tiles; Llama rounds up to 256, too
+    coarse at andrea's widths), at least 64. C = 320 → 832, C = 768 → 2048."""
+    return max(64, round(8 * n_embd / 3 / 64) * 64)
+
+
 @dataclass
 class ModelConfig:
     """The model (`arch`) and its shape; the shape fixes n_params and so the checkpoint size (8 + 12·n bytes)."""

@@ -56,9 +56,10 @@ def good_payload(guard: Guard, run_dir: Path, cfg: RunConfig, trainer) -> torch.
     payload = torch.zeros(3 * trainer.n, dtype=torch.float32)
     if good.get("init_from"):  # weights imported by --init-from: re-read them, m = v = 0 (andrea/model/export.py)
         from andrea.model.export import read_weights
-        payload[:trainer.n] = torch.from_numpy(np.asarray(read_weights(Path(good["init_from"]), trainer.layout)))
+        weights = read_weights(Path(good["init_from"]), trainer.layout, cfg.model.arch)
+        payload[:trainer.n] = torch.from_numpy(np.asarray(weights))
     else:
-        from andrea.model.gpt import init_weights
+        from andrea.model.arch import init_weights
         payload[:trainer.n] = init_weights(trainer.layout, cfg.model, cfg.train.seed)
     return payload
 

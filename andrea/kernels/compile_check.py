@@ -45,7 +45,8 @@ import torch
 import triton
 
 from andrea.config.load import load, preset_names
-from andrea.model.gpt import layout_for, n_params
+from andrea.model.arch import layout_for
+from andrea.model.gpt import n_params
 
 # The kernel modules by import path: the package re-exports functions named like two of them (attention,
 # cross_entropy), so attribute access on andrea.kernels would find those instead.

@@ -1,5 +1,7 @@
 """Models that leave andrea and come back: a checkpoint's weights as a Hugging Face GPT-2 directory (or numpy
-arrays), and such weights as the starting point of a new run (`train --init-from`).
+arrays), and such weights as the starting point of a new run (`train --init-from`). A modern run
+(`model.arch = "modern"`) exports as a `Qwen3ForCausalLM` directory instead: its names, config and norm weights
+are andrea/model/qwen3.py's; the files, the tokenizer, npz and every refusal are the same as below.
 
 andrea's model is GPT-2 (andrea/model/gpt.py): learned positions, pre-LayerNorm blocks, tanh-approximated GELU,
 LayerNorm eps 1e-5, biases everywhere, an untied head. Name mapping, andrea layout name → HF `GPT2LMHeadModel`
@@ -49,7 +51,9 @@ from pathlib import Path
 import numpy as np
 
 from andrea.config.schema import ModelConfig, RunConfig
-from andrea.model.gpt import LayerNorm, ParamSpec, layout_for, n_params
+from andrea.model import qwen3
+from andrea.model.arch import layout_for
+from andrea.model.gpt import LayerNorm, ParamSpec, n_params
 from andrea.rundir import atomic, checkpoint as ckpt, names
 
 log = logging.getLogger("andrea.model.export")
@@ -82,6 +86,20 @@ def hf_tensors(layout: list[ParamSpec], weights: np.ndarray) -> dict[str, np.nda
         a = weights[spec.offset:spec.offset + spec.numel].reshape(spec.shape)
         out[hf_name(spec.name)] = np.ascontiguousarray(a.T if is_conv1d(spec.name) else a, dtype=np.float32)
     return out
+
+
+def hf_state(layout: list[ParamSpec], weights: np.ndarray, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """The state dict the export's model.safetensors holds: GPT-2's, or Qwen3's with its norms as ones."""
+    if cfg.arch != "modern":
+        return hf_tensors(layout, weights)
+    out = {qwen3.hf_name(s.name): np.ascontiguousarray(weights[s.offset:s.offset + s.numel].reshape(s.shape),
+                                                      dtype=np.float32) for s in layout}
+    return {**out, **qwen3.norm_tensors(cfg)}
+
+
+def hf_config(cfg: ModelConfig, eot: int | None) -> dict:
+    """config.json: GPT2LMHeadModel's for a gpt2 run (refusing bias = false), Qwen3ForCausalLM's for a modern one."""
+    return qwen3.config(cfg, eot) if cfg.arch == "modern" else gpt2_config(cfg, eot)
 
 
 def andrea_arrays(layout: list[ParamSpec], weights: np.ndarray) -> dict[str, np.ndarray]:
@@ -156,7 +174,7 @@ def export_run(run_dir: Path, out: Path, step: int | None = None, fmt: str = "sa
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out}: exists and is not an empty directory; export writes a new one")
     cfg = run_config(run_dir)
-    config = gpt2_config(cfg.model, None)  # refuses bias=false before reading anything large
+    config = hf_config(cfg.model, None)  # refuses a gpt2 run's bias=false before reading anything large
     layout = layout_for(cfg.model)
     path = pick_checkpoint(run_dir, n_params(layout), step)
     header_step, payload = ckpt.read_payload(path, n_params(layout))
@@ -166,14 +184,14 @@ def export_run(run_dir: Path, out: Path, step: int | None = None, fmt: str = "sa
     if source is not None:
         tok, eot = tokenizer_files(source, cfg.model.block_size)
         files.update(tok)
-        config = gpt2_config(cfg.model, eot)
+        config = hf_config(cfg.model, eot)
         files["generation_config.json"] = _json({"bos_token_id": eot, "eos_token_id": eot})
     else:
         log.warning("%s: every arm is pre-tokenized, so the run has no tokenizer; exporting the model alone", run_dir)
     files["config.json"] = _json(config)
     if fmt == "safetensors":
         from safetensors.numpy import save_file
-        tensors = hf_tensors(layout, weights)
+        tensors = hf_state(layout, weights, cfg.model)
         meta = {"format": "pt", "andrea_step": str(header_step), "andrea_run": str(run_dir.resolve())}
         files[SAFETENSORS_NAME] = lambda p: save_file(tensors, str(p), metadata=meta)
     else:
@@ -273,22 +291,27 @@ def _tied_allowed(path: Path) -> bool:
         return True  # no (readable) config: GPT-2's default, a tied head
 
 
-def read_weights(path: Path, layout: list[ParamSpec]) -> np.ndarray:
-    """The flat float32 weights (n,) in andrea's order from a weights file or directory (see the docstring)."""
+def read_weights(path: Path, layout: list[ParamSpec], arch: str = "gpt2") -> np.ndarray:
+    """The flat float32 weights (n,) in andrea's order from a weights file or directory (see the docstring), for
+    the model `arch` (model.arch) whose layout this is: GPT-2's names, or Qwen3's (andrea/model/qwen3.py)."""
     file = weights_file(path)
     tensors = read_tensors(file)
     andrea_names = file.suffix == ".npz"
-    if not andrea_names:  # HF names, with or without the base-model prefix
+    modern = arch == "modern" and not andrea_names
+    if modern:  # Qwen3's names, with or without the base-model prefix; its norms must be ones
+        tensors = {qwen3.andrea_name(k): v for k, v in tensors.items()}
+        _check_unit_norms(file, {k: tensors.pop(k) for k in list(tensors) if qwen3.is_norm(k)})
+    elif not andrea_names:  # HF names, with or without the base-model prefix
         tensors = {k.removeprefix(HF_PREFIX): v for k, v in tensors.items()}
 
     def shown(name: str) -> str:
-        return name if andrea_names else hf_name(name)
+        return name if andrea_names else qwen3.hf_name(name) if modern else hf_name(name)
 
     flat = np.empty(n_params(layout), dtype=np.float32)
     for spec in layout:
         a = tensors.pop(spec.name, None)
         if a is None and spec.name == "lm_head.weight" and _tied_allowed(file):
-            log.info("%s: no lm_head.weight: a tied GPT-2 head, so the head starts as a copy of wte", file)
+            log.info("%s: no lm_head.weight: a tied head, so the head starts as a copy of the token embedding", file)
             a = flat[layout[0].offset:layout[0].offset + layout[0].numel]
         elif a is None:
             raise ExportError(f"{file}: missing tensor {shown(spec.name)} {_shape(spec, andrea_names)} "
@@ -301,11 +324,19 @@ def read_weights(path: Path, layout: list[ParamSpec]) -> np.ndarray:
         if not np.isfinite(a).all():
             raise ExportError(f"{file}: {shown(spec.name)} has non-finite values")
         flat[spec.offset:spec.offset + spec.numel] = a.reshape(-1)
-    unexpected = [k for k in tensors if not IGNORED.match(k)]
+    unexpected = [k for k in tensors if not (qwen3.IGNORED if modern else IGNORED).match(k)]
     if unexpected:
         raise ExportError(f"{file}: unexpected tensor {shown(unexpected[0])} (not in this run's model; "
                           f"{len(unexpected)} such)")
     return flat
+
+
+def _check_unit_norms(file: Path, norms: dict[str, np.ndarray]) -> None:
+    """Qwen3's norm weights as andrea's parameter-free norms read them: all ones, or refused in one line."""
+    for name, a in norms.items():
+        if not (a == 1.0).all():
+            raise ExportError(f"{file}: {qwen3.hf_name(name)} is not all ones: andrea's modern model has "
+                              f"parameter-free norms (weights fixed at 1) and cannot hold trained norm weights")
 
 
 def _fmt(shape) -> str:
@@ -321,7 +352,7 @@ def _shape(spec: ParamSpec, andrea_names: bool) -> str:
     return _fmt(_expected(spec, andrea_names))
 
 
-def init_payload(path: Path, layout: list[ParamSpec], run_dir: Path) -> np.ndarray:
+def init_payload(path: Path, layout: list[ParamSpec], run_dir: Path, arch: str = "gpt2") -> np.ndarray:
     """[w | m = 0 | v = 0] (3n,) for a run that starts at step 0 from the weights at `path`."""
     existing = ckpt.list_checkpoints(run_dir)
     if existing:
@@ -329,7 +360,7 @@ def init_payload(path: Path, layout: list[ParamSpec], run_dir: Path) -> np.ndarr
                           f"new run at step 0: drop --init-from to resume, or use an empty run directory")
     n = n_params(layout)
     payload = np.zeros(3 * n, dtype=np.float32)
-    payload[:n] = read_weights(path, layout)
+    payload[:n] = read_weights(path, layout, arch)
     _warn_tokenizer(path, run_dir)
     return payload
 
@@ -354,5 +385,5 @@ def load_init_weights(init_from: Path | None, trainer, run_dir: Path) -> dict | 
     if not is_weights(init_from):
         return None
     import torch
-    trainer.load(torch.from_numpy(init_payload(init_from, trainer.layout, run_dir)))
+    trainer.load(torch.from_numpy(init_payload(init_from, trainer.layout, run_dir, trainer.cfg.model.arch)))
     return {"from": str(init_from.resolve()), "weights_only": True}

@@ -18,6 +18,14 @@ LayerNorm inputs stay fp32, the matmul inputs and outputs are bf16, the attentio
 to (B, T, C) for c_proj, and the loss works on an fp32 copy of the bf16 logits (a modelled count: no GPU
 measurement yet). With activation checkpointing ("blocks") a block keeps only its input (fp32, 4·C) and one
 block at a time holds its full activations again while its backward runs.
+The modern model (andrea/model/modern.py, H = its SwiGLU width) per block on CPU, fp32: the two RMSNorm inputs and
+outputs (4·C), the q|k|v projection (3·C: QK-norm saves q and k, attention v), the rotated q and k (2·C), the
+attention output and its (B, T, C) copy for o_proj (2·C), the gate|up projection (2·H), SiLU's output and the
+product (2·H); per-token statistics: the block norms' and QK-norm's rsqrt, the attention's log-sum-exp (3·n_head + 2
+fp32); and, once per block rather than per token, the concatenated q|k|v and gate|up weights its two fused matmuls
+save ((3·C + 2·H)·C, fp32 on CPU, their bf16 cast on CUDA). On CUDA (modelled, the Triton kernels under bf16
+autocast): fp32 RMSNorm inputs (2·C), bf16 everything else, the QK-normed q and k not kept (rotary saves only its
+tables).
 Not counted: the allocator's slack and fragmentation, the CUDA context (~0.5 GB), dropout masks (dropout is off
 by default), the checkpoint staging buffers on the host.
 """
@@ -26,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from andrea.config.schema import ModelConfig
+from andrea.config.schema import ModelConfig, swiglu_hidden
 
 GIB = 1024 ** 3
 
@@ -79,12 +87,32 @@ class MemoryEstimate:
 
 def block_bytes_per_token(cfg: ModelConfig, device: str) -> int:
     """Bytes autograd saves per token for one transformer block without activation checkpointing."""
+    if cfg.arch == "modern":
+        return _modern_block_bytes_per_token(cfg, device)
     C, stats = cfg.n_embd, 4 * (cfg.n_head + 4)  # fp32 log-sum-exp per head; mean and rstd of two LayerNorms
     if device == "cuda":
         # fp32: x and the residual after attention (LayerNorm inputs); bf16: both LayerNorm outputs, q/k/v, the
         # attention output and its (B, T, C) copy, the MLP hidden layer before and after GELU.
         return 4 * 2 * C + 2 * (2 * C + 3 * C + 2 * C + 8 * C) + stats
     return 4 * 16 * C + stats
+
+
+def _modern_block_bytes_per_token(cfg: ModelConfig, device: str) -> int:
+    C, H = cfg.n_embd, swiglu_hidden(cfg.n_embd)
+    stats = 4 * (3 * cfg.n_head + 2)  # rsqrt of two block norms and of QK-norm per head; log-sum-exp per head
+    if device == "cuda":
+        # fp32: both RMSNorm inputs; bf16: both norm outputs (cast), q|k|v, rotated q and k, the attention output
+        # and its copy, gate|up, SiLU's output and the product
+        return 4 * 2 * C + 2 * (2 * C + 3 * C + 2 * C + 2 * C + 4 * H) + stats
+    return 4 * (11 * C + 4 * H) + stats
+
+
+def block_weight_bytes(cfg: ModelConfig, device: str) -> int:
+    """Bytes one block saves once, whatever the tokens: the modern model's concatenated q|k|v and gate|up weights
+    (fp32 on CPU, bf16 on CUDA); none for the GPT."""
+    if cfg.arch != "modern":
+        return 0
+    return (2 if device == "cuda" else 4) * (3 * cfg.n_embd + 2 * swiglu_hidden(cfg.n_embd)) * cfg.n_embd
 
 
 def estimate(cfg: ModelConfig, n_params: int, micro_batch_size: int, *, activation_checkpointing: str = "none",
@@ -94,12 +122,14 @@ def estimate(cfg: ModelConfig, n_params: int, micro_batch_size: int, *, activati
     block = block_bytes_per_token(cfg, device)
     if activation_checkpointing == "blocks":
         per_token = cfg.n_layer * 4 * cfg.n_embd + block  # every block's input, one block recomputed
+        weights = block_weight_bytes(cfg, device)
     else:
         per_token = cfg.n_layer * block
+        weights = cfg.n_layer * block_weight_bytes(cfg, device)
     per_token += 4 * 2 * cfg.n_embd + 16  # ln_f input and output; int64 inputs and targets
     # log-probabilities (fp32) and their gradient (fp32); on CUDA also the bf16 logits and their bf16 gradient
     logits_per_token = cfg.vocab_size * (4 + 4 + (2 if device == "cuda" else 0))
     shard = -(-n_params // world_size)
     return MemoryEstimate(device, micro_batch_size, activation_checkpointing, parameters=4 * n_params,
-                          gradient=4 * n_params, adam_m_v=8 * shard, activations=tokens * per_token,
+                          gradient=4 * n_params, adam_m_v=8 * shard, activations=tokens * per_token + weights,
                           logits=tokens * logits_per_token)

@@ -12,7 +12,7 @@ part of the checkpoint format (docs/formats.md), listed by `param_layout` and pr
     for each layer i: h.i.attn.{q_proj, k_proj, v_proj, o_proj}.weight (C, C),
                       h.i.mlp.{gate_proj, up_proj}.weight (H, C), h.i.mlp.down_proj.weight (C, H),
     lm_head.weight (V, C).
-H = `swiglu_hidden(C)`. The norms have no parameters and no place in the buffer. Linear weights are (out, in).
+H = `swiglu_hidden(C)` (andrea/config/schema.py). The norms have no parameters and no place in the buffer. Linear weights are (out, in).
 
 The math (`ModelMath`): attention, RMSNorm, rotary and the loss come from torch's references or, with
 `--kernels triton`, the Triton kernels; neither changes a parameter or its order.
@@ -27,17 +27,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from andrea.config.schema import ModelConfig
+from andrea.config.schema import ModelConfig, swiglu_hidden
 from andrea.model.gpt import ModelMath, ParamSpec, RmsNormFn, _embedding, n_params
 
 NORM_EPS = 1e-6  # every RMSNorm's eps (Qwen3's rms_norm_eps)
-
-
-def swiglu_hidden(n_embd: int) -> int:
-    """The SwiGLU MLP's hidden width H: three (H, C) matrices hold as many parameters as the GPT's two (4C, C) ones
-    when H = 8C/3; rounded to the nearest multiple of 64 (matmul tiles; Llama rounds up to 256, too coarse at
-    andrea's widths), at least 64. C = 320 → 832, C = 768 → 2048."""
-    return max(64, round(8 * n_embd / 3 / 64) * 64)
 
 
 class RMSNorm(nn.Module):
@@ -66,9 +59,13 @@ class Attention(nn.Module):
         self.attention, self.rotary = ops.attention, ops.rotary
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, C) → q, k (QK-normed, not yet rotated) and v, each (B, nh, T, hs)."""
+        """x (B, T, C) → q, k (QK-normed, not yet rotated) and v, each (B, nh, T, hs).
+
+        One matmul against the three weights concatenated (3C, C), as the GPT's c_attn: under bf16 autocast x is
+        cast once and saved once for the backward, where three Linear calls would cast and save it three times."""
         B, T, C = x.shape
-        q, k, v = (p(x).view(B, T, self.n_head, C // self.n_head) for p in (self.q_proj, self.k_proj, self.v_proj))
+        w = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))  # (3C, C)
+        q, k, v = F.linear(x, w).view(B, T, 3, self.n_head, C // self.n_head).unbind(2)  # (B, T, nh, hs) each
         return self.q_norm(q).transpose(1, 2), self.k_norm(k).transpose(1, 2), v.transpose(1, 2)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -88,7 +85,9 @@ class SwiGLU(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+        # gate and up in one matmul (2H, C), for the reason Attention.heads gives
+        gate, up = F.linear(x, torch.cat((self.gate_proj.weight, self.up_proj.weight))).chunk(2, dim=-1)  # (B, T, H)
+        return self.dropout(self.down_proj(F.silu(gate) * up))
 
 
 class Block(nn.Module):

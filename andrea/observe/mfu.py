@@ -14,6 +14,14 @@ H heads of dimension Q (H·Q = n_embd), a context of T = block_size; per layer a
 weighted sum of v are 2·2·H·Q·T forward and twice that backward. Causality is not discounted (as in PaLM and
 nanoGPT): MFU compares trainers by the model's work, not by how cleverly a kernel skips the masked half.
 
+The modern model (`model.arch = "modern"`, andrea/model/modern.py) has no position table, so N is the parameter
+count less the token embedding alone; its SwiGLU MLP's three matrices, its separate q, k, v and o projections and
+its untied head are all in N. What it adds besides matmuls is elementwise and O(C) per token, not counted (as
+PaLM leaves out softmax, norms and activations): rotary (6 FLOPs per rotated pair of q and k), the RMSNorms (QK-norm
+per head, two per block and the final one: ~4 per element), SwiGLU's SiLU and product. At andrea-12m-modern's
+shape those are ~0.3 % of 6·N, forward and backward. A modern model has no bias or norm vector, so its N is
+matmul weights only and the formula equals torch's count exactly (tests/unit/observe/test_mfu.py).
+
 Peaks are dense tensor-core FLOP/s (no 2:4 sparsity), from NVIDIA's data sheets and architecture whitepapers (the
 H100/H200 SXM sheet quotes BF16 1,979 and TF32 989 TFLOPS with sparsity: halved here). On CUDA andrea trains under
 bf16 autocast, so its MFU is against the bf16 column; `tf32` and `fp32` (plain CUDA cores: torch's default for an
@@ -42,17 +50,20 @@ PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
 ]
 
 
-def flops_per_token(n_layer: int, n_head: int, n_embd: int, block_size: int, vocab_size: int, n_params: int) -> float:
-    """6·N + 12·L·H·Q·T, N = n_params less the two embedding tables (module docstring)."""
+def flops_per_token(n_layer: int, n_head: int, n_embd: int, block_size: int, vocab_size: int, n_params: int,
+                    position_table: bool = True) -> float:
+    """6·N + 12·L·H·Q·T, N = n_params less the embedding tables: the token one, and the position one when the model
+    has it (the GPT; the modern model's rotary positions are not a table) (module docstring)."""
     head_dim = n_embd // n_head
-    matmul_params = n_params - vocab_size * n_embd - block_size * n_embd
+    matmul_params = n_params - vocab_size * n_embd - (block_size * n_embd if position_table else 0)
     return 6 * matmul_params + 12 * n_layer * n_head * head_dim * block_size
 
 
 def model_flops_per_token(model_cfg, n_params: int) -> float:
-    """flops_per_token of an andrea ModelConfig."""
+    """flops_per_token of an andrea ModelConfig (either arch)."""
     m = model_cfg
-    return flops_per_token(m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, n_params)
+    return flops_per_token(m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, n_params,
+                           position_table=m.arch == "gpt2")
 
 
 def table_peak(device_name: str, dtype: str = "bf16") -> float | None:

@@ -27,7 +27,8 @@ TINY_PRESET = "andrea-tiny"
 
 def tiny_n_params() -> int:
     from andrea.config import load as configload
-    from andrea.model.gpt import layout_for, n_params
+    from andrea.model.arch import layout_for
+    from andrea.model.gpt import n_params
     return n_params(layout_for(configload.load(preset=TINY_PRESET).model))
 
 

@@ -7,7 +7,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from andrea.observe import mfu
 from andrea.config.schema import ModelConfig
 from andrea.kernels.attention import attention_reference
+from andrea.model import arch
 from andrea.model.gpt import GPT, ModelMath, layout_for, n_params
+from andrea.model.modern import Modern
 
 
 @pytest.mark.parametrize("shape", [dict(n_layer=2, n_head=3, n_embd=48, block_size=24, vocab_size=301),
@@ -30,6 +32,24 @@ def test_flops_per_token_equals_torchs_count_of_a_training_step(shape):
     # model's own parameters, the rest is exact: both sides are integer counts of the same products.
     vectors = sum(p.numel() for p in model.parameters() if p.dim() == 1)
     assert formula - 6 * vectors == counted
+
+
+@pytest.mark.parametrize("shape", [dict(n_layer=2, n_head=3, n_embd=48, block_size=24, vocab_size=301),
+                                   dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=260)])
+def test_the_modern_models_flops_equal_torchs_count_exactly(shape):
+    """The modern model (rotary, RMSNorm, QK-norm, SwiGLU): every parameter but the token embedding is a matmul
+    weight (no position table, no bias or norm vector), so the formula is torch's count to the FLOP; rotary, the
+    norms and SwiGLU's gate are elementwise and FlopCounterMode counts none of them, as PaLM's formula does not."""
+    cfg = ModelConfig(**shape, arch="modern")
+    model = Modern(cfg, ModelMath(attention=attention_reference))
+    B, T = 3, cfg.block_size
+    with FlopCounterMode(display=False) as counter:
+        logits, _ = model(torch.randint(0, cfg.vocab_size, (B, T)))
+        logits.float().square().mean().backward()
+    assert mfu.model_flops_per_token(cfg, n_params(arch.layout_for(cfg))) == counter.get_total_flops() / (B * T)
+    gpt_formula = mfu.flops_per_token(cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size,
+                                      n_params(arch.layout_for(cfg)))
+    assert gpt_formula < counter.get_total_flops() / (B * T)  # a position table it does not have, not subtracted
 
 
 def test_the_peak_table_matches_the_names_torch_reports():

@@ -1,0 +1,144 @@
+"""A modern run (model.arch = "modern") end to end: trained by a real process with its sample audits, sampled and
+evaluated from its checkpoint, exported as a Hugging Face Qwen3ForCausalLM directory (andrea/model/export.py,
+andrea/model/qwen3.py) that a stock `transformers` class loads without custom code with andrea's logits, and read
+back by `train --init-from` bit for bit; norm weights that are not ones are refused.
+
+One short tiny-preset modern run is trained and exported once per module; the rest reads it in-process.
+"""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file, save_file
+
+from andrea.cli import main as cli_main
+from andrea.config.load import run_config
+from andrea.model import arch, export
+from andrea.model.gpt import n_params
+from andrea.rundir import checkpoint as ckpt, names
+from tests.runs import ROOT, ledger, seed_data, train
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test extra: pip install -e '.[test]'")
+
+STEPS = 20
+TASKS = ROOT / "tests" / "tasks" / "memorized.jsonl"
+MODERN = ("--set", 'model.arch="modern"')
+
+
+@pytest.fixture(scope="module")
+def run(prepared, tmp_path_factory):
+    root = tmp_path_factory.mktemp("export_modern")
+    run_dir = seed_data(prepared, root / "run")
+    result = train(run_dir, *MODERN, "--steps", str(STEPS), "--set", f"sample.every={STEPS}")
+    assert result.returncode == 0, result.stderr
+    out = root / "hf"
+    assert cli_main(["export", str(run_dir), "--out", str(out)]) == 0
+    cfg = run_config(run_dir)
+    layout = arch.layout_for(cfg.model)
+    n = n_params(layout)
+    _, payload = ckpt.read_payload(run_dir / names.checkpoint_name(STEPS), n)
+    tokens = np.fromfile(next((run_dir / "data").glob("*.val.u16")), dtype="<u2").astype(np.int64)
+    T = cfg.model.block_size
+    idx = torch.from_numpy(np.stack([tokens[:T], tokens[T:2 * T]]))  # (2, T) real text
+    return SimpleNamespace(dir=run_dir, out=out, cfg=cfg, layout=layout, n=n, weights=payload[:n].copy(), idx=idx)
+
+
+def andrea_model(run) -> torch.nn.Module:
+    """andrea's modern model (torch math, as `--kernels torch` trains it) holding the run's weights."""
+    model = arch.build(run.cfg.model).eval()
+    params = dict(model.named_parameters())
+    for s in run.layout:
+        params[s.name].data.copy_(torch.from_numpy(run.weights[s.offset:s.offset + s.numel]).view(s.shape))
+    return model
+
+
+def test_a_stock_qwen3_loads_every_tensor_untied_and_gives_andreas_logits(run):
+    from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
+    hf, info = AutoModelForCausalLM.from_pretrained(run.out, output_loading_info=True)
+    assert type(hf) is Qwen3ForCausalLM  # the stock class, from config.json alone
+    assert (info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"]) == (set(), set(), set()), info
+    hf.eval()
+    ours = andrea_model(run)
+    assert torch.equal(hf.lm_head.weight, ours.lm_head.weight)
+    assert hf.lm_head.weight.data_ptr() != hf.model.embed_tokens.weight.data_ptr()  # untied
+    with torch.no_grad():
+        want, _ = ours(run.idx)
+        got = hf(run.idx).logits
+    # fp32, the same operations up to summation order (one q|k|v matmul against three; sdpa with a mask against
+    # is_causal); both compute the norms and rotary in fp32 from the same tables. The GPT export's bound (1e-4,
+    # tests/e2e/test_export.py); a wrong rotary convention, QK-norm after rotary, eps or head moves logits by > 1e-2.
+    assert want.abs().max() > 0.5  # logits with content, not a degenerate near-zero comparison
+    assert (got - want).abs().max() <= 1e-4
+    config = json.loads((run.out / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False and config["attention_bias"] is False
+    assert config["intermediate_size"] == ours.h[0].mlp.up_proj.weight.shape[0]
+    assert config["max_position_embeddings"] == run.cfg.model.block_size
+
+
+def test_the_run_samples_and_evaluates(run, capsys):
+    audits = json.loads((run.dir / ".samples.json").read_text())["audits"]  # the KV-cached decode, in the run
+    assert [a["step"] for a in audits] == [STEPS] * len(audits) and all(a["text"] for a in audits)
+    capsys.readouterr()
+    assert cli_main(["sample", str(run.dir), "--prompt", "The ", "--max-new-tokens", "8", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("The ") and len(out) > len("The ") + 1
+    assert cli_main(["eval", str(run.dir), "--tasks", str(TASKS), "--json"]) == 0
+    score = json.loads(capsys.readouterr().out)
+    assert 0.0 <= score["acc_norm"] <= 1.0 and score["examples"] > 0
+
+
+def test_export_then_init_from_is_bit_for_bit(run, prepared, tmp_path):
+    new = seed_data(prepared, tmp_path / "new")
+    result = train(new, *MODERN, "--init-from", str(run.out), "--steps", "0")
+    assert result.returncode == 0, result.stderr
+    start = np.fromfile(new / "step_000000.bin", dtype="<f4", offset=8).reshape(3, run.n)
+    assert start[0].tobytes() == run.weights.tobytes()  # weights, bit for bit
+    assert not start[1].any() and not start[2].any()  # m = v = 0
+    [marker] = [e for e in ledger(new) if e.get("event") == "start"]
+    assert marker["weights_only"] is True and marker["identity"]["model.arch"] == "modern"
+
+
+def qwen3_file(run, path: Path, edit) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(edit(load_file(str(run.out / export.SAFETENSORS_NAME))), str(path))
+    return path
+
+
+def test_published_style_files_are_read(run, tmp_path):
+    """The base model's names (no `model.` prefix), half precision, no norms at all, an old rotary buffer."""
+    def published(t):
+        t = {k.removeprefix("model."): v.astype(np.float16) for k, v in t.items() if "norm" not in k}
+        return {**t, "rotary_emb.inv_freq": np.ones(8, np.float32)}
+    flat = export.read_weights(qwen3_file(run, tmp_path / "q" / "model.safetensors", published), run.layout, "modern")
+    assert flat.tobytes() == run.weights.astype(np.float16).astype(np.float32).tobytes()
+
+
+@pytest.mark.parametrize("case", ["trained norm", "missing", "unexpected", "misshapen"])
+def test_bad_weights_are_refused_in_one_line(run, tmp_path, case):
+    C = run.cfg.model.n_embd
+    if case == "trained norm":
+        edit = lambda t: {**t, "model.layers.1.self_attn.k_norm.weight": np.full(32, 1.5, np.float32)}  # noqa: E731
+        words = "model.layers.1.self_attn.k_norm.weight is not all ones"
+    elif case == "missing":
+        edit = lambda t: {k: v for k, v in t.items() if k != "model.layers.1.mlp.up_proj.weight"}  # noqa: E731
+        words = "missing tensor model.layers.1.mlp.up_proj.weight"
+    elif case == "unexpected":
+        edit = lambda t: {**t, "model.layers.2.self_attn.q_proj.weight": np.zeros((C, C), np.float32)}  # noqa: E731
+        words = "unexpected tensor model.layers.2.self_attn.q_proj.weight"
+    else:
+        edit = lambda t: {**t, "model.layers.0.self_attn.o_proj.weight": np.zeros((C, 2 * C), np.float32)}  # noqa: E731
+        words = f"model.layers.0.self_attn.o_proj.weight has shape ({C}, {2 * C})"
+    path = qwen3_file(run, tmp_path / "w" / "model.safetensors", edit)
+    with pytest.raises(ckpt.CheckpointError) as e:
+        export.read_weights(path, run.layout, "modern")
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_gpt2_run_refuses_a_qwen3_directory_naming_a_tensor(run):
+    gpt2 = arch.layout_for(run_config(run.dir).model.__class__(**{**vars(run.cfg.model), "arch": "gpt2"}))
+    with pytest.raises(ckpt.CheckpointError, match="missing tensor transformer.wte.weight"):
+        export.read_weights(run.out, gpt2)
