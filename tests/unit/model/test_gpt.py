@@ -127,9 +127,9 @@ def test_the_cpu_snapshot_overlaps_the_next_forward_and_backward_and_the_update_
     monkeypatch.setattr(trainer_mod, "_copy_into", gated_copy)
     forward = t.model.forward
     t.model.forward = lambda *a, **k: (forward_ran.set(), forward(*a, **k))[1]
-    update = t.adamw
+    update = t.update
     copied_before_update = []
-    t.adamw = lambda *a, **k: (copied_before_update.append(fence.query()), update(*a, **k))[1]
+    t.update = lambda *a, **k: (copied_before_update.append(fence.query()), update(*a, **k))[1]
 
     staging = torch.empty_like(t.state.buffer)
     fence = t.snapshot(staging)  # returns at once: the copy is queued behind the gate
