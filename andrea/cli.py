@@ -88,7 +88,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise OSError(f"{run_dir}: an interrupted `andrea restore` ({names.RESTORING_NAME}): run it again to complete "
                       "the run directory before training")
     if cfg.checkpoint.replica and os.environ.get("RANK", "0") == "0":  # before anything is written (rank 0)
-        from andrea.replica.replicator import check_at_start
+        from andrea.replica.admit import check_at_start
         warning = check_at_start(cfg.checkpoint.replica, run_dir, bool(run_dir.is_dir()
                                                                         and ckpt.list_checkpoints(run_dir)))
         if warning:

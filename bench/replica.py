@@ -132,7 +132,7 @@ def steps_bench(args, server: S3Server, work: Path) -> dict:
         for label in (("without", "with") if i % 2 == 0 else ("with", "without")):  # alternate the order
             run_dir = work / f"{label}-{i}"
             seed_from(template, run_dir)
-            uri = (str(work / f"replica-{i}") if args.to_path else f"s3://{BUCKET}/bench-{i}") \
+            uri = (str(Path(args.to_path) / f"replica-{i}") if args.to_path else f"s3://{BUCKET}/bench-{i}") \
                 if label == "with" else None
             rate, share = train(run_dir, args, uri, env)
             rates[label].append(rate)
@@ -188,8 +188,10 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=8, help="pairs of runs")
     p.add_argument("--params", type=int, default=12_723_200, help="parameters of the uploaded checkpoint")
     p.add_argument("--uploads", type=int, default=3)
-    p.add_argument("--to-path", action="store_true",
-                   help="replicate the timed runs to a plain directory instead of the S3 server (no server CPU)")
+    p.add_argument("--to-path", metavar="DIR", default=None,
+                   help="replicate the timed runs to plain directories under DIR instead of the S3 server (no server "
+                        "CPU); DIR must be on another filesystem than the temporary run directories (a replica on "
+                        "the run's own disk is refused)")
     p.add_argument("--server-nice", type=int, default=10,
                    help="niceness of the local S3 server: its CPU stands for a remote store's, not the trainer's")
     p.add_argument("--server-cpus", default=None,

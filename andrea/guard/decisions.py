@@ -312,6 +312,17 @@ def _remedy(d: Any) -> dict[str, Any]:
             "data_offset": int(d["data_offset"]), "lr_scale": scale}
 
 
+def named_checkpoints(state: Any) -> list[int]:
+    """The steps of the run directory's checkpoints a guard state (`to_state`, as read from a companion) names:
+    its known-good one and the tentative ones (either may become the point a rollback reads), oldest first.
+    Plain data in, tolerant of a malformed state (what it cannot read names nothing: `from_state` reports it)."""
+    if not isinstance(state, dict):
+        return []
+    named = [state.get("good")] + (state.get("tentative") if isinstance(state.get("tentative"), list) else [])
+    return sorted({d["step"] for d in named if isinstance(d, dict) and isinstance(d.get("step"), int)
+                   and isinstance(d.get("path"), str) and "/" not in d["path"]})
+
+
 def ledger_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """What `andrea status` shows of the guard, from the ledger's markers (run/ledger_feed.py)."""
     incidents = [e for e in entries if e.get("event") == "incident"]

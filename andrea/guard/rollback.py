@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from andrea.config.schema import RunConfig
-from andrea.guard.decisions import Guard, GuardStateError
+from andrea.guard.decisions import Guard, GuardStateError, named_checkpoints
 from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars
 
 
@@ -29,10 +29,15 @@ def companion_path(run_dir: Path, step: int) -> Path:
 
 def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
                init_from: str | None = None,
-               read_json: Callable[[Path], object] = sidecars.read_json) -> tuple[Guard, str | None]:
+               read_json: Callable[[Path], object] = sidecars.read_json,
+               exists: Callable[[Path], bool] = Path.exists) -> tuple[Guard, str | None]:
     """The guard as of the checkpoint resumed from (its companion), else one whose known-good point is that
     checkpoint (a run from before the guard, a branch, --init-from) or the initial state; and a warning.
-    `read_json`: how this rank reads the companion (on separate disks, rank 0 reads it: parallel/sharing.py)."""
+    A companion whose known-good checkpoint is not in the run directory (a restore from a replica that no longer
+    held it, a hand deletion) cannot be rolled back to: the guard starts afresh from the checkpoint resumed from,
+    said in one line; tentative checkpoints that are gone are dropped (none of them may become the good point).
+    `read_json`, `exists`: how this rank reads the companion and sees a checkpoint (on separate disks, rank 0
+    answers: parallel/sharing.py)."""
     if info is None:
         return Guard(cfg.guard, init_from=init_from), None
     path = companion_path(info.path.parent, info.step)
@@ -40,7 +45,15 @@ def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
     try:
         d = read_json(path)
         if d is not None:
-            return Guard.from_state(cfg.guard, d, info.step, str(path)), None
+            guard = Guard.from_state(cfg.guard, d, info.step, str(path))
+            gone = {s for s in named_checkpoints(d)
+                    if s != info.step and not exists(run_dir / names.checkpoint_name(s))}
+            if guard.good["step"] in gone and guard.good["path"] is not None:
+                return Guard(cfg.guard, good_step=info.step, good_path=name), (
+                    f"{path}: its known-good checkpoint {names.checkpoint_name(guard.good['step'])} is not in "
+                    f"{run_dir} (a rollback could not read it); the guard starts afresh from {name}")
+            guard.tentative = [t for t in guard.tentative if t["step"] not in gone]
+            return guard, None
     except (sidecars.SidecarError, GuardStateError) as e:
         return Guard(cfg.guard, good_step=info.step, good_path=name), f"{e}; the guard starts afresh from {name}"
     return Guard(cfg.guard, good_step=info.step, good_path=name), None

@@ -38,6 +38,7 @@ in production.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -46,11 +47,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from andrea.guard.decisions import named_checkpoints
+from andrea.replica.admit import claimant, run_record
 from andrea.replica.plan import Health, remote_victims, superseded, upload_plan
 from andrea.rundir import checkpoint as ckpt, checksum
 from andrea.replica import store as rep
-from andrea.rundir.names import LEDGER_NAME, checkpoint_name
-from andrea.rundir.ledger import read_ledger
+from andrea.rundir.names import LEDGER_NAME, checkpoint_name, companion_path
 
 log = logging.getLogger("andrea.replica")
 MIN_INTERVAL = 2.0  # seconds between the starts of two passes: commits landing faster coalesce into one pass
@@ -58,21 +60,11 @@ NICE = 10  # the replica thread's niceness (Linux: per thread), above the traine
 BACKOFF_BASE = float(os.environ.get("ANDREA_TEST_REPLICA_BACKOFF", "1") or 1)  # test hook (module docstring)
 
 
-def run_record(run_dir: Path) -> dict | None:
-    """This run's {"identity", "started", "branched"}: the newest `start` marker of its ledger and the time of the
-    `branch` marker after it (an audit branch carries its parent's start marker, but is another run); None before
-    the run has a start marker."""
+def _read_json(path: Path):
     try:
-        entries = read_ledger(run_dir / LEDGER_NAME).entries
-    except ValueError:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):
         return None
-    starts = [i for i, e in enumerate(entries) if e.get("event") == "start"]
-    if not starts:
-        return None
-    start = entries[starts[-1]]
-    branches = [e for e in entries[starts[-1]:] if e.get("event") == "branch"]
-    return {"identity": start.get("identity"), "started": start.get("time"),
-            "branched": branches[-1].get("time") if branches else None}
 
 
 # --- the thread --------------------------------------------------------------------------------------------
@@ -248,7 +240,7 @@ class Replicator:
             record = run_record(self.run_dir)
             if record is None:
                 return False
-            self.replica.claim(record)
+            self.replica.claim(record, claimant(self.run_dir))
             self.pos.claimed = True
         return True
 
@@ -274,7 +266,8 @@ class Replicator:
     def _upload_checkpoints(self) -> None:
         """The checkpoints of the plan, newest first (`upload_plan`); one retention took meanwhile is skipped."""
         local = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
-        for step in upload_plan(local, self.pos.steps, self.keep_every):
+        guard = self._guard_good(local)
+        for step in upload_plan(local, self.pos.steps, self.keep_every, guard):
             self.uploading = step
             if not (self.run_dir / checkpoint_name(step)).exists():
                 continue  # retention took it meanwhile
@@ -289,12 +282,19 @@ class Replicator:
         self.uploading = None
 
     def _retain(self, listing: dict[str, int]) -> None:
-        """The replica's retention (the run's keep_last / keep_every), then the objects of checkpoints never
-        published (an upload a kill interrupted: never restored)."""
-        for step in remote_victims(self.pos.steps, self.keep_last, self.keep_every):
+        """The replica's retention (the run's keep_last / keep_every, sparing the guard's known-good checkpoint),
+        then the objects of checkpoints never published (an upload a kill interrupted: never restored)."""
+        guard = self._guard_good([s for s, _ in ckpt.list_checkpoints(self.run_dir)])
+        for step in remote_victims(self.pos.steps, self.keep_last, self.keep_every, guard):
             self._unpublish(step, listing)
         for step in rep.unpublished_steps(listing, self.pos.steps):
             rep.remove_checkpoint(self.replica, step, listing)
+
+    def _guard_good(self, local: list[int]) -> list[int]:
+        """The known-good checkpoint the newest local checkpoint's guard state names (guard/decisions.py), if any."""
+        state = _read_json(companion_path(self.run_dir, local[-1], "guard")) if local else None
+        good = state.get("good") if isinstance(state, dict) else None
+        return [s for s in named_checkpoints({"good": good}) if s in local]
 
     def _unpublish(self, step: int, listing: dict[str, int]) -> None:
         """Remove a published checkpoint from the replica (its `.sum.json` first) and from what this process knows."""
@@ -352,22 +352,6 @@ class Replicator:
             log.debug("%s: %s", rep.STATUS_NAME, e)
         if self.on_lag is not None and newest_local is not None:
             self.on_lag(newest_local, lag_steps, lag_s)
-
-
-def check_at_start(uri: str, run_dir: Path, has_checkpoints: bool) -> str | None:
-    """Before a start writes anything: refuse (ReplicaError, one line) a replica that holds another run, a missing
-    bucket, refused credentials, or (first start) an unreachable store; a warning line when a run that has
-    checkpoints finds its store unreachable (training goes on, the replica catches up later)."""
-    try:
-        replica = rep.Replica(uri, timeout_s=15, create=False)
-        replica.check_owner(run_record(run_dir) if run_dir.is_dir() else None)
-    except rep.ReplicaError as e:
-        if e.kind == "missing":
-            return None  # a plain path not made yet: an empty replica, made by the first pass
-        if e.kind in ("unreachable", "other") and has_checkpoints:
-            return f"{e}; training goes on and the replica catches up when the store is back"
-        raise
-    return None
 
 
 def start_for(cfg, run_dir: Path, writer, views=None, resumed_from: int = 0) -> Replicator | None:

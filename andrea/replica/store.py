@@ -16,7 +16,10 @@ Layout under the replica's prefix (the run directory's own names, rundir/names.p
     replica.json              {"format": 1, "identity": {...}, "started": T, "branched": B}: the run this replica
                               belongs to (the `identity` and `time` of the ledger's `start` marker, and the time of
                               the `branch` marker after it, null for a run that is no branch); written first, with
-                              create-if-absent, and checked before anything else is written
+                              create-if-absent, and checked before anything else is written; before a new run has a
+                              record, a provisional claim {"format": 1, "claimed_by": {"host", "pid", "run_dir"}}
+                              (replica/admit.py), replaced by the record at the run's first pass
+    replica.probe-<pid>-<ns>  a start's test write (`Replica.probe`), deleted at once
     step_NNNNNN.bin           a checkpoint, byte for byte
     step_NNNNNN.<kind>.json   its companions (state, guard, ledger); `step_NNNNNN.sum.json` is uploaded LAST:
                               a checkpoint is in the replica exactly when its `.sum.json` is (its *publication*)
@@ -56,6 +59,7 @@ from andrea.rundir.names import (ARCHIVE_DIR, CONFIG_NAME, DATA_DIR, LEDGER_NAME
                                  tmp_path)
 
 OWNER_KEY = "replica.json"
+PROBE_PREFIX = "replica.probe-"  # a start's test write (Replica.probe); a leftover one is no object of a run
 STATUS_NAME = REPLICA_STATUS_NAME
 FORMAT = 1
 CHUNK = 8 << 20  # bytes per read of a file being uploaded, and per multipart part
@@ -144,11 +148,12 @@ class Replica:
     def _call(self, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (FileNotFoundError, StopIteration, ReplicaError):
+        except (StopIteration, ReplicaError):
             raise
-        except Exception as e:  # noqa: BLE001
-            if type(e).__name__ == "NotFoundError":
-                raise FileNotFoundError(f"{self.uri}/{args[1] if len(args) > 1 else ''}") from None
+        except Exception as e:  # noqa: BLE001  (obstore raises FileNotFoundError too, with its debug dump)
+            if isinstance(e, FileNotFoundError) or type(e).__name__ == "NotFoundError":
+                raise FileNotFoundError(f"replica {self.uri}/{args[1] if len(args) > 1 else ''}: not found") \
+                    from None
             if type(e).__name__ == "AlreadyExistsError":
                 raise FileExistsError(f"{self.uri}/{args[1] if len(args) > 1 else ''}") from None
             raise classify(self.uri, e) from None
@@ -214,23 +219,37 @@ class Replica:
         `local`: this run's {"identity", "started"} (None: a run that has not started). Returns the record."""
         remote = self.owner()
         if remote is None:
-            if self.listing():
+            if any(not k.startswith(PROBE_PREFIX) for k in self.listing()):
                 raise ReplicaError(f"replica {self.uri}: holds objects but no {OWNER_KEY}: not an andrea replica; "
                                    "choose an empty prefix", "owner")
             return None
+        if remote.get("started") is None and isinstance(remote.get("claimed_by"), dict):
+            raise ReplicaError(f"replica {self.uri}: another run is starting on it ({_short(remote['claimed_by'])}): "
+                               "choose another prefix", "owner")
         if local is None or any(remote.get(k) != local.get(k) for k in ("started", "identity", "branched")):
             raise ReplicaError(f"replica {self.uri}: already holds another run (started at {remote.get('started')}, "
                                f"{_short(remote.get('identity'))}): choose another prefix, or `andrea restore` "
                                "that run", "owner")
         return remote
 
-    def claim(self, local: dict) -> None:
-        """Record this run as the replica's owner (create-if-absent), or check the record already there."""
+    def claim(self, local: dict, claimant: dict | None = None) -> None:
+        """Record this run as the replica's owner (create-if-absent), or check the record already there; a
+        provisional claim by `claimant` (this process: check_at_start's) is replaced by the record."""
+        body = json.dumps({"format": FORMAT, **local}, indent=1).encode()
         try:
-            self.put(OWNER_KEY, json.dumps({"format": FORMAT, **local}, indent=1).encode(), create=True)
+            self.put(OWNER_KEY, body, create=True)
         except FileExistsError:  # there already (this run's, or another writer got there first): check it
-            pass
+            remote = self.owner() or {}
+            if claimant is not None and remote.get("started") is None and remote.get("claimed_by") == claimant:
+                self.put(OWNER_KEY, body)
         self.check_owner(local)
+
+    def probe(self) -> None:
+        """A test write (put, then delete) under the replica: ReplicaError when the store refuses writes (a
+        read-only key, a read-only path) while it answers reads."""
+        key = f"{PROBE_PREFIX}{os.getpid()}-{time.time_ns()}"
+        self.put(key, b"andrea: a test write at start, deleted at once\n")
+        self.delete(key)
 
     # --- files -------------------------------------------------------------------------------------------
     def put_file(self, key: str, path: Path, check: Callable[[bytes], None] | None = None,

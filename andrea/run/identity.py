@@ -21,7 +21,7 @@ from typing import Any
 from andrea.config.schema import RunConfig
 from andrea.config.check import ConfigError
 from andrea.rundir import checkpoint as ckpt, names
-from andrea.rundir.ledger import LedgerError, read_ledger
+from andrea.rundir.ledger import readable_entries
 
 MODEL_KEYS = ("arch", "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias")
 MODERN_KEYS = ("rope_base",)  # what only the modern model's math reads
@@ -59,10 +59,7 @@ def tokenizer_sha256(run_dir: Path) -> str | None:
 
 def recorded_identity(run_dir: Path) -> dict[str, Any] | None:
     """The identity the run recorded at its (latest) first step: the newest `start` marker's."""
-    try:
-        entries = read_ledger(run_dir / names.LEDGER_NAME).entries
-    except LedgerError:
-        return None  # the start reports the ledger itself, in its own words
+    entries = readable_entries(run_dir / names.LEDGER_NAME)  # the start reports a line that is none (run/resume.py)
     starts = [e["identity"] for e in entries if e.get("event") == "start" and isinstance(e.get("identity"), dict)]
     return starts[-1] if starts else None
 

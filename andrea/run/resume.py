@@ -2,9 +2,10 @@
 
 Reads checkpoints (andrea/rundir/checkpoint.py: names, sizes, headers, values), `step_NNNNNN.state.json` and
 `.state.json` (rundir/sidecars.py); moves checkpoints that failed validation, newer than the one it resumes
-from, into `quarantine/` (the run would commit those steps again over the evidence). Used at the start of a
-process and by the divergence guard's rollback (run/runtime.py), which resumes in-process from its known-good
-checkpoint.
+from, into `quarantine/` (the run would commit those steps again over the evidence). Checks `.loss.json` against
+the checkpoint's ledger record (`check_ledger`: refuses, records a `gap`, or cuts unreadable lines after what the
+checkpoint vouches for, keeping them as `quarantine/.loss.json.cut-at-B`). Used at the start of a process and by
+the divergence guard's rollback (run/runtime.py), which resumes in-process from its known-good checkpoint.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from andrea.config.schema import RunConfig
 from andrea.mixture.bandit import BanditStateError
 from andrea.mixture.proxy import DataProxy
 from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars
-from andrea.rundir.ledger import LedgerError, ledger_problem, marker, unreadable_lines
+from andrea.rundir.ledger import (LedgerError, ledger_problem, marker, unlisted_lines, unreadable_lines,
+                                  unreadable_tail)
 
 log = logging.getLogger("andrea.run")
 
@@ -56,23 +58,60 @@ def set_aside_newer(run_dir: Path, info: ckpt.CheckpointInfo) -> None:
                         quarantine(run_dir, path))
 
 
-def check_ledger(run_dir: Path, info: ckpt.CheckpointInfo, accept_gap: bool) -> dict | None:
-    """The ledger against what the checkpoint resumed from recorded of it (its `ledger` companion): None when
-    it holds those bytes (or the checkpoint predates the record), else the `gap` marker to append when
-    `accept_gap`; refused in one line otherwise (LedgerError), before anything is written."""
-    recorded = sidecars.read_json(names.companion_path(info.path.parent, info.step, "ledger"))
-    if not isinstance(recorded, dict) or info.path.parent != run_dir:
-        return None
+def check_ledger(run_dir: Path, info: ckpt.CheckpointInfo | None, accept_gap: bool) -> list[dict]:
+    """The ledger at a start, so that it never holds a line no reader can read and no checkpoint vouches for one.
+    Against what the checkpoint resumed from recorded of it (its `ledger` companion): a ledger cut short or changed
+    inside that history, or lines that are no entries and that no `gap` marker lists (inside that history: kept by
+    an older version; anywhere, on a start without a checkpoint), are refused in one line (LedgerError) before
+    anything is written, unless `accept_gap`: then a `gap` marker lists every unreadable line. Lines that are no
+    entries after that history (junk appended, a crash's NUL-filled line) are cut away with what follows them
+    (`cut_unreadable_tail`: a `cut_tail` marker, one warning line). Returns the markers to append first."""
     path = run_dir / names.LEDGER_NAME
-    problem = ledger_problem(path, recorded, info.path.name)
-    if problem is None:
-        return None
-    if not accept_gap:
+    recorded = sidecars.read_json(names.companion_path(info.path.parent, info.step, "ledger")) \
+        if info is not None and info.path.parent == run_dir else None
+    if not isinstance(recorded, dict) and info is not None:
+        return []  # a checkpoint from before ledger records, or another directory's (--init-from)
+    problem = ledger_problem(path, recorded, info.path.name) if recorded is not None else None
+    vouched = recorded["bytes"] if recorded is not None and problem is None else None
+    unlisted = unlisted_lines(path, vouched)
+    if problem is None and unlisted:
+        problem = (f"{path}: line {unlisted[0]} ({len(unlisted)} unreadable in all) is not a ledger entry, yet "
+                   + (f"{info.path.name} vouches for it" if vouched is not None else "no `gap` marker lists it"))
+    if problem is not None and not accept_gap:
         raise LedgerError(f"{problem}; restore {names.LEDGER_NAME} from a copy that holds those lines, or start "
                           "with --accept-ledger-gap to continue past the gap (recorded as a `gap` marker)")
-    log.warning("%s; continuing past the gap (--accept-ledger-gap): a `gap` marker records it", problem)
-    return marker("gap", info.step, reason=problem, recorded_bytes=recorded["bytes"],
-                  unreadable_lines=unreadable_lines(path))
+    step = info.step if info is not None else 0
+    markers = [cut] if vouched is not None and (cut := cut_unreadable_tail(run_dir, step, vouched)) else []
+    if problem is not None:
+        log.warning("%s; continuing past the gap (--accept-ledger-gap): a `gap` marker records it", problem)
+        markers.append(marker("gap", step, reason=problem, recorded_bytes=recorded["bytes"] if recorded else 0,
+                              unreadable_lines=unreadable_lines(path)))
+    return markers
+
+
+def cut_unreadable_tail(run_dir: Path, step: int, vouched: int) -> dict | None:
+    """Cut the ledger back to the last entry before the first unreadable complete line after the `vouched` bytes
+    (the previous process's superseded tail, which no checkpoint vouches for); the bytes cut are kept in
+    quarantine/ first. Returns the `cut_tail` marker, or None when there was nothing to cut."""
+    path = run_dir / names.LEDGER_NAME
+    with open(path, "rb") as f:
+        f.seek(vouched)
+        tail = f.read()
+    at = unreadable_tail(tail)
+    if at is None:
+        return None
+    cut = tail[at:]
+    kept = run_dir / names.QUARANTINE_DIR / f"{names.LEDGER_NAME}.cut-at-{vouched + at}"
+    kept.parent.mkdir(exist_ok=True)
+    atomic.write_atomic(kept, cut)
+    with open(path, "rb+") as f:
+        f.truncate(vouched + at)
+        os.fsync(f.fileno())
+    lines = cut.count(b"\n")
+    log.warning("%s: cut %d bytes (%d lines, from byte %d) that are no ledger entries after what %s vouches for; "
+                "kept in %s", path, len(cut), lines, vouched + at, names.checkpoint_name(step),
+                kept.relative_to(run_dir))
+    return marker("cut_tail", step, at=vouched + at, bytes=len(cut), lines=lines, kept=str(kept.relative_to(run_dir)))
 
 
 def quarantine(run_dir: Path, path: Path) -> Path:

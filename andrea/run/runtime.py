@@ -164,17 +164,18 @@ class TrainingRun:
 
     def open_ledger(self, info) -> tuple[LossLedger | ranks.FollowerLedger, LedgerFeed]:
         """The ledger, checked first against what the checkpoint resumed from recorded of it (rank 0; a refusal
-        leaves the file as it found it), then opened (a crash's torn last line is cut) and fed."""
-        gap = resume.check_ledger(self.run_dir, info, self.accept_ledger_gap) \
-            if self.world.leader and info is not None else None
+        leaves the file as it found it), then opened (a crash's torn last line is cut) and fed. The check's
+        markers (`cut_tail`, `gap`) are durable before any other reader (W&B's backfill) reads the file."""
+        repairs = resume.check_ledger(self.run_dir, info, self.accept_ledger_gap) if self.world.leader else []
         if self.world.leader and info is not None:
             resume.set_aside_newer(self.run_dir, info)
         ledger = (LossLedger if self.world.leader else ranks.FollowerLedger)(self.run_dir / LEDGER_NAME)
         feed = LedgerFeed(ledger, self.io)
         if ledger.torn_bytes:
             log.warning("%s: cut a torn last line of %d bytes left by a crash", LEDGER_NAME, ledger.torn_bytes)
-        if gap is not None:
-            feed.lines.append(gap)
+        if repairs:
+            ledger.append(repairs)
+            ledger.sync()
         return ledger, feed
 
     async def start(self) -> Started:
@@ -227,7 +228,8 @@ class TrainingRun:
         if info is not None and info.path.parent == self.run_dir:
             writer.last_committed = self.step
         guard, warning = rollback.load_guard(self.cfg, info, self.run_dir, (imported or {}).get("from"),
-                                             sharing.json_reader(self.world))
+                                             sharing.json_reader(self.world),
+                                             lambda p: sharing.from_leader(self.world, Path.exists, p))
         if warning:
             log.warning("%s", warning)
         if info is not None and proxy.phase > 0 and proxy.phase_start == self.step:  # resumed at a pivot: as

@@ -34,6 +34,10 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
             written to run.toml)     {"event": "micro_batch", "step": S, "micro_batch_size": b, "rows": B/P,
                                       "out_of_memory_at": [B/P, ...]}
     torn_tail  a partial last line left by a crash was cut off at open {"event": "torn_tail", "bytes": k}
+    cut_tail   a start resuming from the checkpoint of step S found complete lines that are no ledger entries
+               (junk, a crash's NUL-filled line) after the bytes that checkpoint vouches for, and cut the file
+               back to the last entry before the first of them (run/resume.py); the bytes cut are kept in
+               quarantine/  {"event": "cut_tail", "step": S, "at": B, "bytes": k, "lines": n, "kept": "quarantine/..."}
     gap        the run continued past a ledger its checkpoint did not vouch for (`--accept-ledger-gap`)
                {"event": "gap", "step": S, "reason": "...", "recorded_bytes": B, "unreadable_lines": [n, ...]}
                — readers skip the unreadable lines it lists (and only those)
@@ -55,10 +59,11 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
                {"event": "stall", "step": S, "component": "train" | "boundary" | "io", "seconds": 12.3,
                 "limit": 10.0}
 
-Lifetime: the file is only ever appended to — never rewritten, archived or reset — with one exception made at
-open: a final line without its "\\n" (the trace of a crash in the middle of an append) carries no complete
-entry and is truncated away, and a `torn_tail` marker records how many bytes were cut. Everything before
-the last "\\n" is never touched.
+Lifetime: the file is only ever appended to — never rewritten, archived or reset — with two exceptions made at
+a start, both in what no checkpoint vouches for: a final line without its "\\n" (the trace of a crash in the
+middle of an append) carries no complete entry and is truncated away, and a `torn_tail` marker records how many
+bytes were cut; lines after the resumed checkpoint's record that are no entries are cut (`cut_tail`). Everything
+a checkpoint vouches for is never touched.
 """
 
 from __future__ import annotations
@@ -282,18 +287,47 @@ def read_ledger(path: str | Path) -> LedgerContents:
     return out
 
 
-def unreadable_lines(path: Path) -> list[int]:
-    """Line numbers (1-based) of the complete lines that are not ledger entries (garbage, NUL bytes)."""
-    numbers = []
+def _entry(line: bytes) -> dict[str, Any] | None:
+    """The ledger entry a complete line holds; None when it holds none (garbage, NUL bytes, not an object)."""
+    try:
+        entry = json.loads(line) if line else {"step": None}
+    except ValueError:
+        return None
+    return entry if isinstance(entry, dict) and "step" in entry else None
+
+
+def unreadable_lines(path: Path, upto: int | None = None) -> list[int]:
+    """Line numbers (1-based) of the complete lines (within the first `upto` bytes) that are not ledger entries."""
+    data = path.read_bytes() if path.exists() else b""
+    lines = data[:upto].split(b"\n")[:-1]
+    return [i + 1 for i, line in enumerate(lines) if _entry(line) is None]
+
+
+def unlisted_lines(path: Path, upto: int | None = None) -> list[int]:
+    """`unreadable_lines` that no `gap` marker lists: the lines every reader of the ledger refuses."""
+    bad = unreadable_lines(path, upto)
+    if not bad:
+        return []
+    listed = {n for e in readable_entries(path) if e.get("event") == "gap" for n in e.get("unreadable_lines", [])}
+    return [n for n in bad if n not in listed]
+
+
+def readable_entries(path: Path) -> list[dict[str, Any]]:
+    """Every complete line that is a ledger entry, the others skipped: for a reader that wants the run's markers
+    (its `start` identity, its replica's owner) whatever else the file holds. Other readers use `read_ledger`."""
     lines = path.read_bytes().split(b"\n")[:-1] if path.exists() else []
-    for i, line in enumerate(lines):
-        try:
-            entry = json.loads(line) if line else {"step": None}
-            if not isinstance(entry, dict) or "step" not in entry:
-                numbers.append(i + 1)
-        except ValueError:
-            numbers.append(i + 1)
-    return numbers
+    return [e for e in map(_entry, lines) if e is not None]
+
+
+def unreadable_tail(tail: bytes) -> int | None:
+    """Where, in `tail` (the bytes after what the newest checkpoint vouches for: the previous process's superseded
+    lines), the first complete line that is not a ledger entry starts; None when every complete line is one."""
+    offset = 0
+    for line in tail.split(b"\n")[:-1]:
+        if _entry(line) is None:
+            return offset
+        offset += len(line) + 1
+    return None
 
 
 def history(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -17,8 +17,9 @@ integrity checks and a replica agree on them.
       tokenizer.json           the run's BPE tokenizer (data/preparation.py)
       data/                    token files and manifest.json (data/splits.py, data/manifest.py)
       archive/phase-K/         the sidecars of a finished policy phase (rundir/sidecars.py)
-      quarantine/              checkpoints that failed validation at a start, with their companions
-                               (run/resume.py): evidence, never deleted
+      quarantine/              checkpoints that failed validation at a start, with their companions, and
+                               ledger bytes a start cut (.loss.json.cut-at-B) (run/resume.py): evidence,
+                               never deleted
       tb/                      TensorBoard event files when enabled (observe/tensorboard.py)
       train.lock, train.pid    one trainer per directory (rundir/runlock.py)
       .share-probe.<nonce>     for a moment at a torchrun start: does every rank see this directory

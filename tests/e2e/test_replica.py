@@ -16,7 +16,10 @@ import pytest
 
 from andrea import cli
 from andrea.commands.restore import restore
-from andrea.replica import plan, replicator as rp
+from andrea.config.keepers import GuardConfig
+from andrea.config.schema import RunConfig
+from andrea.guard.decisions import Guard
+from andrea.replica import admit, plan, replicator as rp
 from andrea.guard import rollback
 from andrea.rundir import checkpoint as ckpt
 from andrea.rundir.checkpoint_write import commit_checkpoint
@@ -259,6 +262,75 @@ def test_restore_takes_the_newest_verified_checkpoint_and_completes_when_run_aga
     assert ckpt.validate(target / checkpoint_name(10), N, deep=True).checksum == ckpt.VERIFIED
 
 
+def guarded_run(run_dir: Path, remote: Path, steps: list[int], good: int, keep_last: int = 5) -> rp.Replicator:
+    """A run whose guard names `good` as known-good and the later checkpoints as tentative, each checkpoint
+    replicated by a pass of its own (as at a real cadence)."""
+    r = replicator(make_run(run_dir, []), remote, keep_last=keep_last)
+    guard = Guard(GuardConfig(), good_step=good, good_path=checkpoint_name(good))
+    for step in steps:
+        make_run(run_dir, [step])
+        if step > good:
+            guard.on_checkpoint(step, checkpoint_name(step))
+        rollback.write_companion(run_dir, step, guard.to_state(step))
+        assert r.pass_once()
+    return r
+
+
+def test_the_guards_known_good_checkpoint_is_sent_and_kept_by_the_replicas_retention(tmp_path):
+    assert plan.upload_plan([10, 20, 30, 40], [], keep_every=0, guard=[20]) == [40, 20]
+    assert plan.upload_plan([10, 30, 40], [], keep_every=0, guard=[20]) == [40]  # not here to send
+    assert plan.remote_victims([10, 20, 30, 40], 1, 0, guard=[20]) == [10, 30]
+    run, remote = tmp_path / "run", tmp_path / "replica"
+    r = guarded_run(run, remote, [10, 20, 30], good=10, keep_last=1)
+    assert r.pos.steps == [10, 30]  # keep_last = 1, and the known-good point a rollback reads
+    (remote / "step_000010.sum.json").unlink()  # unpublished meanwhile (an older version's retention)
+    assert r.pass_once() and r.pos.steps == [10, 30]  # sent again
+
+
+def test_restore_brings_the_checkpoints_the_guard_state_names(tmp_path, capsys):
+    run, remote = tmp_path / "run", tmp_path / "replica"
+    guarded_run(run, remote, [10, 20, 30, 40], good=20)
+    target = tmp_path / "restored"
+    assert restore(str(remote), target) == 0
+    assert "restored step 40" in capsys.readouterr().out
+    for step in (20, 30, 40):  # the known-good point a rollback reads, and the tentative one that may become it
+        assert ckpt.validate(target / checkpoint_name(step), N, deep=True).checksum == ckpt.VERIFIED
+        assert sorted(p.name for p in target.glob(f"step_{step:06d}.*")) == [
+            f"step_{step:06d}.{k}" for k in ("bin", "guard.json", "ledger.json", "state.json", "sum.json")]
+    assert not (target / checkpoint_name(10)).exists()  # named by nothing: not brought
+    guard, warning = rollback.load_guard(RunConfig(), ckpt.validate(target / checkpoint_name(40), N), target)
+    assert warning is None and guard.good["step"] == 20
+
+
+def test_restore_says_in_one_line_a_known_good_checkpoint_the_replica_no_longer_holds(tmp_path, caplog):
+    run, remote = tmp_path / "run", tmp_path / "replica"
+    guarded_run(run, remote, [10, 20, 30, 40], good=10, keep_last=2)
+    store = rep.Replica(str(remote))
+    rep.remove_checkpoint(store, 10, store.listing())  # dropped by an older version's retention, or by hand
+    with caplog.at_level(logging.WARNING, "andrea.restore"):
+        assert restore(str(remote), tmp_path / "restored", out=open(os.devnull, "w")) == 0
+    said = [r.message for r in caplog.records]
+    assert len(said) == 1 and "step_000010.bin as its known-good point" in said[0], said
+    assert "not in the replica" in said[0] and "starts afresh from step_000040.bin" in said[0]
+    assert sorted(p.name for p in (tmp_path / "restored").glob("step_*.bin")) == ["step_000030.bin",
+                                                                                   "step_000040.bin"]
+
+
+@pytest.mark.parametrize("record", [b"\xff\xfe\x00 not text", b'{"bytes": 3, "xxh3_128": "00", "last_step": 1}',
+                                    b"[]"])
+def test_restore_falls_back_in_one_line_past_a_damaged_ledger_record(tmp_path, caplog, capsys, record):
+    run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
+    r = replicator(run, remote)
+    assert r.pass_once() and make_run(run, [20]) and r.pass_once()
+    (remote / "step_000020.ledger.json").write_bytes(record)
+    with caplog.at_level(logging.WARNING, "andrea.restore"):
+        assert restore(str(remote), tmp_path / "restored") == 0
+    assert "restored step 10" in capsys.readouterr().out
+    assert len(caplog.records) == 1 and "step_000020" in caplog.text and "trying an older" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "restored").glob("step_*")) == [
+        f"step_000010.{k}" for k in ("bin", "ledger.json", "state.json", "sum.json")]
+
+
 def test_restore_refuses_a_non_empty_directory_in_one_line(tmp_path, capsys):
     run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
     assert replicator(run, remote).pass_once()
@@ -270,27 +342,85 @@ def test_restore_refuses_a_non_empty_directory_in_one_line(tmp_path, capsys):
     assert [p.name for p in (tmp_path / "busy").iterdir()] == ["notes.txt"]
 
 
-def test_a_replica_holding_another_run_is_refused_before_anything_is_written(tmp_path):
-    remote = tmp_path / "replica"
+def s3_env(s3, monkeypatch, **changes):
+    for key, value in s3.env(**changes).items():
+        monkeypatch.setenv(key, value)
+
+
+def test_a_replica_holding_another_run_is_refused_before_anything_is_written(s3, tmp_path, monkeypatch):
+    s3_env(s3, monkeypatch)
+    remote = f"s3://{BUCKET}/owned"
     assert replicator(make_run(tmp_path / "a", [10], seed=1), remote).pass_once()
-    before = sorted(p.name for p in remote.iterdir())
+    before = sorted(rep.Replica(remote).listing())
     other = make_run(tmp_path / "b", [10], seed=2)
     with pytest.raises(rep.ReplicaError, match="already holds another run"):
-        rp.check_at_start(str(remote), other, has_checkpoints=True)
+        admit.check_at_start(remote, other, has_checkpoints=True)
     with pytest.raises(rep.ReplicaError, match="already holds another run"):
-        rp.check_at_start(str(remote), tmp_path / "fresh", has_checkpoints=False)
+        admit.check_at_start(remote, tmp_path / "fresh", has_checkpoints=False)
     assert not replicator(other, remote).pass_once()
-    assert sorted(p.name for p in remote.iterdir()) == before
+    assert sorted(rep.Replica(remote).listing()) == before
     branch = make_run(tmp_path / "branch", [10], seed=1)  # the parent's start marker, then a branch marker
     ledger = LossLedger(branch / LEDGER_NAME)
     ledger.append([marker("branch", 10, parent="a")])
     ledger.close()
     with pytest.raises(rep.ReplicaError, match="already holds another run"):
-        rp.check_at_start(str(remote), branch, has_checkpoints=True)
-    (tmp_path / "junk").mkdir()
-    (tmp_path / "junk" / "x").write_text("not ours")
+        admit.check_at_start(remote, branch, has_checkpoints=True)
+    rep.Replica(f"s3://{BUCKET}/junk").put("x", b"not ours")
     with pytest.raises(rep.ReplicaError, match="not an andrea replica"):
-        rp.check_at_start(str(tmp_path / "junk"), other, has_checkpoints=True)
+        admit.check_at_start(f"s3://{BUCKET}/junk", other, has_checkpoints=True)
+
+
+def test_a_replica_on_the_runs_own_filesystem_is_refused_in_one_line():
+    assert plan.placement_problem("/r/run", "/r/run", 1, 1) == "is the run directory itself"
+    assert plan.placement_problem("/r/run/rep", "/r/run", 1, 1) == "is inside the run directory"
+    assert plan.placement_problem("/r", "/r/run", 1, 1) == "holds the run directory"
+    assert "filesystem" in plan.placement_problem("/r/rep", "/r/run", 7, 7)
+    assert plan.placement_problem("/mnt/b/rep", "/r/run", 8, 7) is None
+    assert plan.placement_problem("/r/run2", "/r/run", 8, 7) is None  # a sibling whose name extends the run's
+
+
+@pytest.mark.parametrize("where", ["run", "run/replica", "beside"])
+def test_train_refuses_a_replica_on_the_runs_disk_before_writing(tmp_path, capsys, where):
+    run_dir = tmp_path / "run"
+    uri = str(tmp_path / where)
+    rc = cli.main(["train", "--preset", "andrea-tiny", "--run-dir", str(run_dir), "--steps", "0",
+                   "--set", f'checkpoint.replica="{uri}"'])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and "off the run's disk" in err, err
+    assert not run_dir.exists() and not (tmp_path / "beside").exists()
+
+
+def test_a_replica_that_refuses_a_test_write_is_refused_at_start(tmp_path, capsys):
+    import subprocess
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)], capture_output=True)
+    if mounted.returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:  # a read-only filesystem: even root's writes are refused (as a read-only key's are)
+        run_dir = tmp_path / "run"
+        rc = cli.main(["train", "--preset", "andrea-tiny", "--run-dir", str(run_dir), "--steps", "0",
+                       "--set", f'checkpoint.replica="{mount}"'])
+        err = capsys.readouterr().err
+        assert rc == 1 and err.count("\n") == 1 and "cannot be written" in err, err
+        assert not run_dir.exists()
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_of_two_runs_started_at_once_on_one_empty_prefix_the_second_is_refused_at_start(s3, tmp_path, monkeypatch):
+    s3_env(s3, monkeypatch)
+    uri = f"s3://{BUCKET}/twins"
+    admit.check_at_start(uri, tmp_path / "first", has_checkpoints=False)  # not started yet: a provisional claim
+    with pytest.raises(rep.ReplicaError, match="another run is starting on it"):
+        admit.check_at_start(uri, tmp_path / "second", has_checkpoints=False)
+    admit.check_at_start(uri, tmp_path / "first", has_checkpoints=False)  # the same run started again: its own
+    first = make_run(tmp_path / "first", [10], seed=1)
+    assert replicator(first, uri).pass_once()  # its first pass replaces the claim with the run's record
+    assert rep.Replica(uri).owner()["started"] == 1001.0
+    with pytest.raises(rep.ReplicaError, match="already holds another run"):
+        admit.check_at_start(uri, make_run(tmp_path / "second", [10], seed=2), has_checkpoints=True)
+    assert not [k for k in rep.Replica(uri).listing() if k.startswith(rep.PROBE_PREFIX)]  # test writes removed
 
 
 # --- bad input against the real server, one line each -------------------------------------------------------
@@ -316,6 +446,32 @@ def test_train_refuses_a_bad_replica_in_one_line_before_writing(s3, tmp_path, mo
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1 and words in err and uri in err, err
     assert "wrong" not in err and not run_dir.exists()
+
+
+class Racing(rep.Replica):
+    """The store while the run's retention removes the newest published checkpoint once a restore has downloaded
+    its `.bin` (a slow link: minutes between the listing and its companions)."""
+
+    def download(self, key, dest, check=None):
+        n = super().download(key, dest, check)
+        if key == checkpoint_name(20):
+            rep.remove_checkpoint(rep.Replica(self.uri), 20, self.listing())
+        return n
+
+
+def test_restore_racing_the_runs_retention_falls_back_in_one_line(s3, tmp_path, monkeypatch, caplog, capsys):
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    uri, run = f"s3://{BUCKET}/race", make_run(tmp_path / "run", [10])
+    r = replicator(run, uri, keep_last=5)
+    assert r.pass_once() and make_run(run, [20]) and r.pass_once()
+    monkeypatch.setattr(rep, "Replica", Racing)
+    with caplog.at_level(logging.WARNING, "andrea.restore"):
+        assert restore(uri, tmp_path / "restored") == 0
+    assert "restored step 10" in capsys.readouterr().out
+    assert len(caplog.records) == 1 and "removed by the run's retention" in caplog.text
+    assert "\n" not in caplog.text.strip() and "Debug" not in caplog.text  # the store's own dump stays out
+    assert (tmp_path / "restored" / checkpoint_name(10)).read_bytes() == (run / checkpoint_name(10)).read_bytes()
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import json
 import os
 import shutil
 import signal
@@ -113,6 +114,45 @@ def test_a_damaged_ledger_is_refused_untouched_then_continued_past_with_a_gap_ma
     with contextlib.redirect_stdout(io.StringIO()):
         assert cli.main(["status", str(run)]) == 0
     assert train(run, "--steps", "80").returncode == 0  # and the next start is clean
+
+
+@pytest.mark.parametrize("junk", [b"junk\n", b"\0" * 64 + b"\n"])  # `echo junk >>`, a crash's NUL-filled line
+def test_junk_after_the_last_checkpoint_is_cut_in_one_line_and_never_vouched_for(trained, tmp_path, junk):
+    run = copy_of(trained, tmp_path)
+    ledger = run / names.LEDGER_NAME
+    with open(ledger, "ab") as f:
+        f.write(junk)
+    result = train(run, "--steps", "60")
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "no ledger entries" in line]
+    assert len(said) == 1 and "step_000040.bin" in said[0] and not error_lines(result)
+    entries = L.read_ledger(ledger).entries  # every reader reads it, and step_000060 vouches for no junk
+    assert [e["event"] for e in entries if e.get("event") == "cut_tail"] == ["cut_tail"]
+    assert L.history(entries)[-1]["step"] == 60 and junk not in ledger.read_bytes()
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(["status", str(run)]) == 0
+
+
+def test_accept_ledger_gap_unblocks_every_reader_of_junk_a_checkpoint_vouched_for(trained, tmp_path):
+    run = copy_of(trained, tmp_path)
+    ledger = run / names.LEDGER_NAME
+    with open(ledger, "ab") as f:  # what the old start kept, and step 40 then vouched for
+        f.write(b"junk\n")
+    led = L.LossLedger(ledger)
+    seal = led.seal()
+    led.close()
+    names.companion_path(run, 40, "ledger").write_text(json.dumps(seal))
+    recorded = json.loads(names.companion_path(run, 40, "sum").read_text())
+    names.companion_path(run, 40, "sum").write_text(json.dumps({**recorded, "ledger": seal["xxh3_128"]}))
+    refused = train(run, "--steps", "60")
+    [line] = error_lines(refused)
+    assert refused.returncode == 1 and "vouches for it" in line and "--accept-ledger-gap" in line
+    accepted = train(run, "--steps", "60", "--accept-ledger-gap")
+    assert accepted.returncode == 0, accepted.stderr
+    [gap] = [e for e in L.read_ledger(ledger).entries if e.get("event") == "gap"]
+    assert gap["step"] == 40 and len(gap["unreadable_lines"]) == 1
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(["status", str(run)]) == 0
 
 
 def test_a_torn_tail_after_the_last_checkpoint_is_still_silent_and_harmless(trained, tmp_path):
