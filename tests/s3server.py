@@ -5,7 +5,7 @@ Lance endpoints off), with one access key and one bucket created at start-up by 
 no CreateBucket), and buckets never created on the fly (`-s3.autoCreateBucket=false`: a missing bucket stays
 missing). `start()` waits on a readiness condition, a signed LIST of the bucket answering, with a deadline;
 `stop()` ends the server's process group (weed ignores SIGTERM for a while: SIGKILL after a bounded wait).
-`nice` runs the server at that niceness and `cpus` on those CPUs only (`taskset -c`; bench/replica.py). `env()` is what a client needs: AWS_ENDPOINT_URL, the key, the region. Reads and writes only its data directory.
+`nice` runs the server at that niceness and `cpus` on those CPUs only (`taskset -c`; bench/replica.py). `env()` is what a client needs: AWS_ENDPOINT_URL, the key, the region. `add_reader()` adds a read-only key. Reads and writes only its data directory.
 """
 
 from __future__ import annotations
@@ -98,6 +98,13 @@ class S3Server:
             return None
         except Exception as e:  # noqa: BLE001
             return str(e)[:200]
+
+    def add_reader(self, key: str, secret: str) -> None:
+        """An identity that may read and list but not write (`weed shell`'s s3.configure): a read-only key."""
+        command = f"s3.configure -user={key} -access_key={key} -secret_key={secret} -actions=Read,List -apply\nexit\n"
+        done = subprocess.run([weed_binary(), "shell", f"-master=127.0.0.1:{self.ports['master']}"], input=command,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
 
     def stop(self, grace: float = 5.0) -> None:
         if self.proc is None or self.proc.poll() is not None:

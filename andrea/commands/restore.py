@@ -71,8 +71,11 @@ def restore(uri: str, run_dir: Path, out=None) -> int:
     kept, lacking, guard = [], {}, _json(companion_path(run_dir, step, "guard"))
     for named in guard_decisions.named_checkpoints(guard):
         if named != step:
-            problem = _take(replica, run_dir, named, listing, fetched) if named in rep.published_steps(listing) \
-                else "not in the replica"
+            try:
+                problem = _take(replica, run_dir, named, listing, fetched) \
+                    if named in rep.published_steps(listing) else "not in the replica"
+            except FileNotFoundError as e:
+                problem = f"{e} (removed by the run's retention while it was restored)"
             if problem is None:
                 kept.append(named)
             else:
@@ -133,6 +136,7 @@ def _newest_restorable(replica: rep.Replica, run_dir: Path, listing: dict[str, i
         if not gone:
             break
         listing = replica.listing()
+        fetched.append(_fetch(replica, run_dir, LEDGER_NAME, listing, always=True))  # what newer ones vouch for
     return None, skipped, listing
 
 

@@ -408,6 +408,24 @@ def test_a_replica_that_refuses_a_test_write_is_refused_at_start(tmp_path, capsy
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+def test_a_read_only_key_is_refused_at_start(s3, tmp_path, monkeypatch, capsys):
+    s3.add_reader("andrea-reader", "andrea-reader-secret")
+    s3_env(s3, monkeypatch, AWS_ACCESS_KEY_ID="andrea-reader", AWS_SECRET_ACCESS_KEY="andrea-reader-secret")
+    uri, run_dir = f"s3://{BUCKET}/read-only", tmp_path / "run"
+
+    def reads() -> bool:
+        try:
+            return rep.Replica(uri).listing() is not None
+        except rep.ReplicaError:
+            return False
+    wait_until(reads, 30, "the read-only key to be accepted")  # the server applies a new identity within a moment
+    rc = cli.main(["train", "--preset", "andrea-tiny", "--run-dir", str(run_dir), "--steps", "0",
+                   "--set", f'checkpoint.replica="{uri}"'])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1 and "cannot be written" in err and uri in err, err
+    assert not run_dir.exists() and "andrea-reader-secret" not in err
+
+
 def test_of_two_runs_started_at_once_on_one_empty_prefix_the_second_is_refused_at_start(s3, tmp_path, monkeypatch):
     s3_env(s3, monkeypatch)
     uri = f"s3://{BUCKET}/twins"

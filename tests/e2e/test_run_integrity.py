@@ -116,9 +116,8 @@ def test_a_damaged_ledger_is_refused_untouched_then_continued_past_with_a_gap_ma
     assert train(run, "--steps", "80").returncode == 0  # and the next start is clean
 
 
-@pytest.mark.parametrize("junk", [b"junk\n", b"\0" * 64 + b"\n"])  # `echo junk >>`, a crash's NUL-filled line
-def test_junk_after_the_last_checkpoint_is_cut_in_one_line_and_never_vouched_for(trained, tmp_path, junk):
-    run = copy_of(trained, tmp_path)
+def test_junk_after_the_last_checkpoint_is_cut_in_one_line_and_never_vouched_for(trained, tmp_path):
+    run, junk = copy_of(trained, tmp_path), b"\0" * 64 + b"\n"  # a crash's NUL-filled line (`echo junk >>`: unit)
     ledger = run / names.LEDGER_NAME
     with open(ledger, "ab") as f:
         f.write(junk)
