@@ -8,7 +8,7 @@ directory on each node's own disk (two rented machines). The sharded commit (com
 first: every rank writes its blocks into the one `.tmp`. So at start every rank writes a probe file named by a
 fresh nonce of its own (os.urandom: not training randomness), the nonces are all-gathered, and every rank
 reads every probe back from its own view of the run directory; the answers, gathered, are the `seen` matrix
-that `decide` (pure) turns into `Views`. Fresh names, never looked up before, keep a network filesystem's
+that `decide` (pure) turns into `RunDirSharing`. Fresh names, never looked up before, keep a network filesystem's
 negative lookup cache out of the answer; close-to-open consistency makes a closed file's bytes visible.
 
     shared      every rank saw every probe: one directory. Everything stays as it was: the sharded commit,
@@ -45,30 +45,32 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Views:
+class RunDirSharing:
+    """What the probe found: whether the ranks share one run directory, and which directory each rank sees."""
+
     shared: bool  # every rank sees every probe: one run directory
     view: tuple[int, ...]  # per rank: the lowest rank seeing the same directory (0 for rank 0's)
     problem: str | None = None  # why the answers describe no filesystem a run can trust
 
 
-def decide(seen: list[list[bool]]) -> Views:
+def decide(seen: list[list[bool]]) -> RunDirSharing:
     """seen[r][s]: rank r read back rank s's probe. Pure: the gathered answers -> the views of the ranks."""
     size = len(seen)
     for r, row in enumerate(seen):
         if not row[r]:
-            return Views(False, tuple(range(size)), f"rank {r} cannot read back its own probe file in the run "
+            return RunDirSharing(False, tuple(range(size)), f"rank {r} cannot read back its own probe file in the run "
                                                     "directory")
         for s in range(size):
             if row[s] != seen[s][r]:
                 a, b = (r, s) if row[s] else (s, r)
-                return Views(False, tuple(range(size)), f"rank {a} sees rank {b}'s probe file but rank {b} does "
+                return RunDirSharing(False, tuple(range(size)), f"rank {a} sees rank {b}'s probe file but rank {b} does "
                                                         f"not see rank {a}'s (a filesystem whose nodes disagree)")
     view = tuple(min(s for s in range(size) if seen[r][s]) for r in range(size))
     for r in range(size):  # an equivalence: whoever r sees, sees exactly what r sees
         if any(seen[r][s] and seen[s] != seen[r] for s in range(size)):
-            return Views(False, view, f"rank {r}'s run directory is seen by ranks that see different "
+            return RunDirSharing(False, view, f"rank {r}'s run directory is seen by ranks that see different "
                                       "directories (a filesystem whose nodes disagree)")
-    return Views(all(all(row) for row in seen), view)
+    return RunDirSharing(all(all(row) for row in seen), view)
 
 
 def probe_path(run_dir: Path, nonce: str) -> Path:
@@ -82,10 +84,10 @@ def read_probe(path: Path, nonce: str) -> bool:
         return False
 
 
-def probe(world: World, run_dir: Path) -> Views:
+def probe(world: World, run_dir: Path) -> RunDirSharing:
     """Every rank together, at start (control group): find out, record it on `world`, say it once."""
     if not world.distributed:
-        return Views(True, (0,))
+        return RunDirSharing(True, (0,))
     mine = os.urandom(16).hex()
     nonces = world.gather(mine)
     own = probe_path(run_dir, mine)

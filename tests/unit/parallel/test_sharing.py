@@ -22,13 +22,13 @@ T, F = True, False
 
 def test_every_rank_seeing_every_probe_is_one_directory():
     views = sharing.decide([[T, T, T]] * 3)
-    assert views == sharing.Views(True, (0, 0, 0))
+    assert views == sharing.RunDirSharing(True, (0, 0, 0))
 
 
 def test_two_nodes_on_their_own_disks_are_separate_with_one_first_rank_each():
-    assert sharing.decide([[T, F], [F, T]]) == sharing.Views(False, (0, 1))
+    assert sharing.decide([[T, F], [F, T]]) == sharing.RunDirSharing(False, (0, 1))
     two_by_two = [[T, T, F, F], [T, T, F, F], [F, F, T, T], [F, F, T, T]]
-    assert sharing.decide(two_by_two) == sharing.Views(False, (0, 0, 2, 2))
+    assert sharing.decide(two_by_two) == sharing.RunDirSharing(False, (0, 0, 2, 2))
 
 
 @pytest.mark.parametrize("seen,words", [
