@@ -2,9 +2,9 @@
 
 import sys
 
-from andrea.data import early_stop
+from andrea.run import early_signals
 
-early_stop.install()  # before the heavy imports: a SIGTERM in the first second is still a clean stop
+early_signals.install()  # before the heavy imports: a SIGTERM in the first second is still a clean stop
 
 from andrea.cli import main  # noqa: E402
 

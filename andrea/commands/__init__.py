@@ -1,1 +1,1 @@
-"""The command line's commands beyond `train`: a run's life (operate) and data preparation (prepare)."""
+"""The command line's commands, one module per concern; andrea/cli.py parses and dispatches to them."""

@@ -23,6 +23,7 @@ import signal
 import time
 from pathlib import Path
 
+from andrea.errors import UserError
 from andrea.config import load as configload
 from andrea.config.schema import RunConfig
 from andrea.config.check import ConfigError
@@ -241,7 +242,7 @@ def branch_point(a: list[dict], b: list[dict]) -> int:
     return same
 
 
-class NoTrainingSteps(FileNotFoundError):
+class NoTrainingSteps(UserError, FileNotFoundError):
     """A run whose ledger holds no step yet, given to a command that reads its curve (an OSError: exit 1)."""
 
 

@@ -8,13 +8,16 @@ exit 0; running it again continues, and on a prepared run it does nothing and sa
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 from pathlib import Path
 
+from andrea.commands.run_config import make_run_dir, resolve_config
 from andrea.config.schema import RunConfig
-from andrea.data import early_stop, manifest as mf, store
+from andrea.data import manifest as mf, store
 from andrea.data.preparation import Interrupted, check_unchanged, prepare_run
+from andrea.run import early_signals
 from andrea.rundir import atomic, names
 from andrea.rundir.runlock import RunLock
 
@@ -25,7 +28,7 @@ class StopFlag:
     def __init__(self) -> None:
         self.signal: str | None = None
         self.previous = {sig: signal.signal(sig, self._set) for sig in (signal.SIGTERM, signal.SIGINT)}
-        if (early := early_stop.take()) is not None:  # received while the process started
+        if (early := early_signals.take()) is not None:  # received while the process started
             self._set(signal.Signals[early], None)
 
     def _set(self, signum: int, frame: object) -> None:
@@ -67,3 +70,10 @@ def prepare_command(cfg: RunConfig, run_dir: Path, out=None) -> int:
     finally:
         lock.release()
         stop.restore()
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    cfg = resolve_config(args, run_dir)
+    make_run_dir(run_dir)
+    return prepare_command(cfg, run_dir)

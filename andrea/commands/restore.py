@@ -19,6 +19,7 @@ completes it (files already there at their replica size are kept, a verified che
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import re
@@ -49,6 +50,10 @@ def check_target(run_dir: Path) -> bool:
         return True
     raise rep.ReplicaError(f"{run_dir}: not empty ({len(entries)} entries): restore writes only into an empty or "
                            "absent directory; nothing was changed", "other")
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    return restore(args.replica, Path(args.run_dir))
 
 
 def restore(uri: str, run_dir: Path, out=None) -> int:

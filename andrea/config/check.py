@@ -14,9 +14,13 @@ import types
 import typing
 from typing import Any
 
+from andrea.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A configuration that cannot be used; the message is one line naming the source and the key."""
+
+    exit_code = 2  # a bad configuration or command line
 
 
 def unknown_message(key: str, known: list[str]) -> str:

@@ -20,12 +20,13 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from andrea.errors import UserError
 from andrea.config.schema import SourceConfig
 
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A data source that cannot be used; one line naming the source and the problem."""
 
 

@@ -43,6 +43,7 @@ import math
 
 import numpy as np
 
+from andrea.errors import UserError
 from andrea.mixture.policy import Policy, PolicyError, project_capped_simplex
 
 STATE_FORMAT = 2
@@ -66,7 +67,7 @@ FIXED_SHARE = 1e-3
 than ~log((K-1)/α) below the rest (≈ 7.6 for K = 3) and recovery takes tens of updates, not thousands."""
 
 
-class BanditStateError(ValueError):
+class BanditStateError(UserError, ValueError):
     """A `.state.json` payload that is not a bandit state; the message is one line naming the bad field."""
 
 

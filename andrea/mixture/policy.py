@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from andrea.errors import UserError
 
-class PolicyError(ValueError):
+
+class PolicyError(UserError, ValueError):
     """Caps/floors that cannot define a mixture; the message is one line naming the arm or the sum."""
 
 

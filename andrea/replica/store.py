@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from andrea.errors import UserError
 from andrea.rundir import checksum
 from andrea.rundir.atomic import streamed
 from andrea.rundir.names import (ARCHIVE_DIR, CONFIG_NAME, DATA_DIR, LEDGER_NAME, MANIFEST_NAME, SAMPLES_NAME,
@@ -71,7 +72,7 @@ EXTRA_MISSING = ("the replica needs the `replica` extra: pip install 'andrea[rep
                  "one (--set checkpoint.replica=\"\")")
 
 
-class ReplicaError(RuntimeError):
+class ReplicaError(UserError, RuntimeError):
     """The store refused or could not be reached: one line naming the replica and the problem; `kind` is
     bucket | credentials | unreachable | full | owner | corrupt | missing | other."""
 

@@ -34,6 +34,7 @@ from functools import partial
 
 import numpy as np
 
+from andrea.errors import UserError
 from andrea.evals import audit
 from andrea.mixture import pivot
 from andrea.parallel import ranks, sharing
@@ -52,7 +53,7 @@ from andrea.rundir.ledger import marker
 log = logging.getLogger("andrea.run")
 
 
-class RunFailed(RuntimeError):
+class RunFailed(UserError, RuntimeError):
     """The run stopped without the guarantee it owes (e.g. the final checkpoint could not be written)."""
 
 

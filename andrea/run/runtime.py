@@ -53,7 +53,8 @@ from andrea.run.ledger_feed import LedgerFeed
 from andrea.mixture.proxy import Batch, DataProxy
 from andrea.run.records import StepRecords
 from andrea.run.started import Started
-from andrea.run.signals import EarlySignals, Requests, abort_now, install_handlers, remove_handlers
+from andrea.run.early_signals import EarlySignals
+from andrea.run.signals import Requests, abort_now, install_handlers, remove_handlers
 from andrea.data.preparation import Interrupted
 from andrea.parallel.distributed import World
 from andrea.observe.progress import Progress

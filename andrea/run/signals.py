@@ -90,23 +90,6 @@ def boundary_action(step: int, stop_at: int, every: int, req: Requests) -> Actio
     return Action(checkpoint=bool(reasons), reason=", ".join(reasons), stop=stop, pivot=due and req.pivot)
 
 
-class EarlySignals:
-    """Signals that arrive while the process starts, before the event loop's handlers are armed.
-
-    Installed first thing by `train` (plain `signal.signal` handlers that only record); the runtime replays
-    them once `install_handlers` has taken over, so a SIGTERM during imports or data preparation still ends
-    in the same clean stop as one during training.
-    """
-
-    def __init__(self) -> None:
-        self.received: list[signal.Signals] = []
-        for sig in HANDLED:
-            signal.signal(sig, self._record)
-
-    def _record(self, signum: int, frame: object) -> None:
-        self.received.append(signal.Signals(signum))
-
-
 def install_handlers(loop: asyncio.AbstractEventLoop, on_signal: Callable[[signal.Signals], None]) -> None:
     for sig in HANDLED:
         loop.add_signal_handler(sig, on_signal, sig)

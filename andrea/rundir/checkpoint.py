@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from andrea.errors import UserError
 from andrea.rundir import checksum
 from andrea.rundir.names import DATA_DIR, TMP_SUFFIX, is_own_tmp, step_of
 
@@ -44,7 +45,7 @@ HEADER = struct.Struct("<ii")
 WRITE_CHUNK = 64 << 20  # bytes per read or write() call: bounded syscalls, lets a slow disk report progress
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be used; the message is one line naming the file and the problem."""
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import xxhash
 
+from andrea.errors import UserError
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.jsonfile import read_json
 from andrea.rundir.names import companion_path, step_of
@@ -50,7 +51,7 @@ HEADER_BYTES = 8
 READ_CHUNK = 16 << 20  # bytes per read when hashing a file: bounded memory, and a reader retention cannot stall
 
 
-class ChecksumError(ValueError):
+class ChecksumError(UserError, ValueError):
     """A checksum file that cannot be read or does not fit its checkpoint; one line naming the file."""
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from andrea.errors import UserError
 from andrea.rundir.checkpoint import list_checkpoints
 from andrea.rundir.ledger import tail_step
 from andrea.rundir.names import CONFIG_NAME, DATA_DIR, LEDGER_NAME, MANIFEST_NAME, TOKENIZER_NAME
@@ -23,7 +24,7 @@ RUN_FILES = (CONFIG_NAME, LEDGER_NAME, TOKENIZER_NAME)
 PREPARED_FILES = (TOKENIZER_NAME, DATA_DIR)  # what a first start (or data preparation) leaves before step 1
 
 
-class NotARunError(FileNotFoundError):
+class NotARunError(UserError, FileNotFoundError):
     """A path given as a run directory that is not one: one line naming it (an OSError: exit 1)."""
 
 

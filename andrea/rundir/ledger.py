@@ -77,9 +77,11 @@ from typing import Any
 
 import xxhash
 
+from andrea.errors import UserError
 
 
-class LedgerError(ValueError):
+
+class LedgerError(UserError, ValueError):
     """A ledger that cannot be read; one line naming the file and the line."""
 
 

@@ -11,10 +11,11 @@ import os
 import time
 from pathlib import Path
 
+from andrea.errors import UserError
 from andrea.rundir.names import LOCK_NAME, PID_NAME, tmp_path
 
 
-class RunLockedError(RuntimeError):
+class RunLockedError(UserError, RuntimeError):
     pass
 
 

@@ -17,12 +17,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from andrea.errors import UserError
 from andrea.rundir import jsonfile
 from andrea.rundir.atomic import fsync_dir, write_atomic
 from andrea.rundir.names import ARCHIVE_DIR, SAMPLES_NAME, STATE_NAME, companion_path
 
 
-class SidecarError(ValueError):
+class SidecarError(UserError, ValueError):
     """A sidecar that cannot be used; one line naming the file and the problem."""
 
 

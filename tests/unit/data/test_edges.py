@@ -295,11 +295,11 @@ def test_cjk_text_cut_into_pieces_tokenizes_exactly_as_the_whole(monkeypatch):
 
 def test_a_sigterm_before_prepare_takes_over_is_a_clean_stop(tmp_path, capsys, cli_logging):
     from andrea import cli
-    from andrea.data import early_stop
+    from andrea.run import early_signals
     (tmp_path / "a.txt").write_text(text(1, 200))
-    previous = {s: signal.getsignal(s) for s in early_stop.SIGNALS}
+    previous = {s: signal.getsignal(s) for s in early_signals.AT_START}
     try:
-        early_stop.install()  # as andrea/__main__.py does before its imports
+        early_signals.install()  # as andrea/__main__.py does before its imports
         signal.raise_signal(signal.SIGTERM)  # "in the first second"
         code = cli.main(["prepare", "--preset", "andrea-tiny", "--run-dir", str(tmp_path / "run"), "--set",
                          "data.arms=[]", "--set", f"data.sources=[{{name='a', path='{tmp_path / 'a.txt'}'}}]"])
@@ -309,7 +309,7 @@ def test_a_sigterm_before_prepare_takes_over_is_a_clean_stop(tmp_path, capsys, c
     out = capsys.readouterr()
     assert code == 0 and "SIGTERM received: stopping data preparation" in out.err
     assert "preparation stopped" in out.out and "again" in out.out
-    assert early_stop.take() is None  # taken once: a later prepare in this process is not stopped by it
+    assert early_signals.take() is None  # taken once: a later prepare in this process is not stopped by it
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),

@@ -1,0 +1,88 @@
+"""`python -m andrea train`: what is refused before the run directory is touched, then the run (run/runtime.py).
+
+Refused, in this order, each one `andrea: error:` line and nothing written: a configuration that does not resume
+the run's (run/identity.py), an interrupted `andrea restore`, a bad replica (replica/replicator.py), a bad
+--init-from, a notice command that does not exist, a batch the ranks cannot split, a device or kernels the machine
+cannot run; then the run directory is created and the run starts. Heavy imports (torch) come after the early signal
+handlers: a SIGTERM from the first moment on ends in a clean stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from andrea.commands.run_config import make_run_dir, resolve_config
+from andrea.config import load as configload
+from andrea.rundir import checkpoint as ckpt, names
+
+log = logging.getLogger("andrea")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from andrea.run.early_signals import EarlySignals
+    from andrea.run.signals import HANDLED
+    early = EarlySignals(HANDLED)  # before the slow imports: a SIGTERM from now on ends in a clean stop
+    run_dir = Path(args.run_dir)
+    cfg = resolve_config(args, run_dir)
+    if run_dir.is_dir():  # an existing run keeps what its checkpoints mean (run/identity.py)
+        from andrea.run.identity import check_resume
+        saved = run_dir / names.CONFIG_NAME
+        check_resume(run_dir, cfg, configload.run_config(run_dir) if saved.exists() else None)
+    if (run_dir / names.RESTORING_NAME).exists():
+        raise OSError(f"{run_dir}: an interrupted `andrea restore` ({names.RESTORING_NAME}): run it again to complete "
+                      "the run directory before training")
+    if cfg.checkpoint.replica and os.environ.get("RANK", "0") == "0":  # before anything is written (rank 0)
+        from andrea.replica.admit import check_at_start
+        warning = check_at_start(cfg.checkpoint.replica, run_dir, bool(run_dir.is_dir()
+                                                                        and ckpt.list_checkpoints(run_dir)))
+        if warning:
+            log.warning("%s", warning)
+    init_from = Path(args.init_from) if args.init_from else None
+    # Everything that can be refused is refused before the run directory is created or written to.
+    check_init_from(init_from)
+    from andrea.observe import notify
+    notify.check(cfg.notify)  # the notice command's program exists
+    import torch
+
+    from andrea.run import devices
+    from andrea.parallel.distributed import World, check_batch
+    world = World.from_env()  # torchrun's RANK / WORLD_SIZE / LOCAL_RANK; one process without them
+    check_batch(cfg.train.batch_size, world.size, cfg.train.micro_batch_size)
+    device_type, kernels = devices.resolve(cfg.train.device, cfg.train.kernels, world.local_rank, world.distributed)
+    make_run_dir(run_dir)
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise OSError(f"{run_dir}: the run directory is not writable")
+    device = world.device(torch.device(device_type))
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    from andrea.run.runtime import TrainingRun
+    world.init(device, cfg.watchdog.collective_timeout_s if cfg.watchdog.enabled else None)
+    try:
+        run = TrainingRun(cfg, run_dir, device=device, kernels=kernels, init_from=init_from, early=early,
+                          world=world, accept_ledger_gap=args.accept_ledger_gap)
+        return run_async(run.main(cfg.train.steps))
+    finally:
+        world.close()
+
+
+def check_init_from(path: Path | None) -> None:
+    """--init-from names a file, or a GPT-2 directory holding weights (export.weights_file); checked before the
+    run directory is touched (the file itself is validated when the run starts)."""
+    if path is None:
+        return
+    from andrea.model.export import is_weights, weights_file
+    if is_weights(path):
+        weights_file(path)  # no such file / a directory without weights: one line naming it
+    elif not path.is_file():
+        raise FileNotFoundError(f"{path}: --init-from: {'not a file' if path.exists() else 'no such file'}")
+
+
+def run_async(coro) -> int:
+    try:
+        import uvloop
+        return uvloop.run(coro)
+    except ImportError:
+        import asyncio
+        return asyncio.run(coro)
