@@ -21,8 +21,8 @@ O_DIRECT: no copy on the I/O thread, no page cache, so the commit costs the trai
 (`CommitResult.cpu_seconds`, the I/O thread's time.thread_time() over the commit, is logged with each commit).
 A filesystem that refuses O_DIRECT is told once in the log and then written buffered (`direct.refusal`).
 
-Test hook: `ANDREA_TEST_COMMIT_DELAY=<seconds>` sleeps after the temporary file is complete and before the
-rename, to make the commit window observable to the fault suite. Never set in production.
+Test hook (andrea/testhooks.py): `ANDREA_TEST_COMMIT_DELAY=<seconds>` sleeps after the temporary file is complete
+and before the rename, to make the commit window observable to the fault suite. Never set in production.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import mmap
-import os
 import time
 import weakref
 from collections.abc import Callable, Iterable
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from andrea import testhooks
 from andrea.observe.watchdog import test_hang
 from andrea.rundir import checkpoint as ckpt, checkpoint_write, names, spare
 
@@ -138,7 +138,7 @@ class CheckpointWriter:
         self._reported: set[str] = set()  # retention's warnings already logged
         self.last_error: str | None = None
         self.stall_seconds: list[float] = []
-        self.delay = float(os.environ.get("ANDREA_TEST_COMMIT_DELAY", "0") or 0)
+        self.delay = testhooks.commit_delay()  # test hook ANDREA_TEST_COMMIT_DELAY (andrea/testhooks.py)
         # Steps retention must never delete (the divergence guard's known-good checkpoint); read at retention.
         self.protected: Callable[[], Iterable[int]] = tuple
 
@@ -171,7 +171,7 @@ class CheckpointWriter:
         time from the fence on, `_write`, retention where this rank writes the run directory, and on a failure
         the reason in the result and the companions of a checkpoint that never landed removed."""
         t0, cpu0 = time.perf_counter(), time.thread_time()
-        test_hang("io", step, self.rank)  # test hook ANDREA_TEST_HANG=io@<step> (observe/watchdog.py)
+        test_hang("io", step, self.rank)  # test hook ANDREA_TEST_HANG=io@<step> (andrea/testhooks.py)
         try:
             if fence is not None:
                 fence.synchronize()  # the snapshot's copy (a blocking event: sleeps): not the commit's time or CPU

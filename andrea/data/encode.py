@@ -9,14 +9,13 @@ continues from there and ends with the same bytes as an uninterrupted one. Every
 (read.py), so a chunk is never larger than `CHUNK_BYTES` plus one piece, whatever a document's size.
 `should_stop` is polled between chunks and between source files. A document's own "<|endoftext|>" string is
 encoded as text (never as the boundary token) and counted.
-Test hooks, never set in production: `ANDREA_TEST_FILE_DELAY=<seconds>` sleeps after each source file (a window
+Test hooks (andrea/testhooks.py), never set in production: `ANDREA_TEST_FILE_DELAY=<seconds>` sleeps after each source file (a window
 for signals); `ANDREA_TEST_STOP_AT_COMMIT=<k>` asks to stop right after the k-th commit of a preparation
 (`CommitHook`), so a test can stop at every commit boundary in turn.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from andrea import testhooks
 from andrea.config.schema import SourceConfig
 from andrea.data import manifest as mf, read, splits
 from andrea.data.codec import EOT, TextCodec
@@ -43,7 +43,7 @@ class CommitHook:
     """Test hook `ANDREA_TEST_STOP_AT_COMMIT=k`: a stop request right after the k-th commit (0: never)."""
 
     def __init__(self) -> None:
-        self.stop_at = int(os.environ.get("ANDREA_TEST_STOP_AT_COMMIT", "0") or 0)
+        self.stop_at = testhooks.stop_at_commit()  # ANDREA_TEST_STOP_AT_COMMIT (andrea/testhooks.py)
         self.commits = 0
 
     def committed(self) -> None:
@@ -122,7 +122,7 @@ class ArmJob:
                                                                  record.cursor.get("documents", 0)]}
         self.finished: list[dict] = []  # file records whose last piece is in the chunk
         self.done_bytes = self.file_size = 0
-        self.file_delay = float(os.environ.get("ANDREA_TEST_FILE_DELAY", "0") or 0)  # test hook: slow files
+        self.file_delay = testhooks.file_delay()  # test hook ANDREA_TEST_FILE_DELAY (andrea/testhooks.py)
 
     def run(self, should_stop: Callable[[], bool], progress: ByteProgress) -> bool:
         """True when the arm is complete; False when stopped (everything read so far committed)."""

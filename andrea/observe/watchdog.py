@@ -23,7 +23,7 @@ group state when there is one, a `stall` marker in the ledger (rundir/ledger.py)
 that thread is the one hung (waited for at most MARKER_WAIT_S), a `stall` notice (observe/notify.py); then the
 process exits with config.STALL_EXIT_CODE at once (os._exit: a hung thread cannot be joined).
 
-Test hook: `ANDREA_TEST_HANG=<train|io>@<step>[@<rank>]` hangs the training thread after the update that reaches
+Test hook (andrea/testhooks.py): `ANDREA_TEST_HANG=<train|io>@<step>[@<rank>]` hangs the training thread after the update that reaches
 header step <step> (run/runtime.py), or the I/O thread at the start of the commit of step <step>
 (commit/writer.py), once per process, on every rank or the one named. Never in production.
 """
@@ -40,6 +40,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from andrea import testhooks
 from andrea.config.keepers import STALL_EXIT_CODE, WatchdogConfig
 
 log = logging.getLogger("andrea.watchdog")
@@ -262,7 +263,7 @@ _hung: set[str] = set()
 
 def test_hang(where: str, step: int, rank: int = 0) -> None:
     """ANDREA_TEST_HANG=<where>@<step>[@<rank>]: block this thread for good, once per process. Never in production."""
-    spec = os.environ.get("ANDREA_TEST_HANG", "")
+    spec = testhooks.hang()  # andrea/testhooks.py
     if not spec or where in _hung:
         return
     parts = spec.split("@")

@@ -32,7 +32,7 @@ newest checkpoint the replica holds is never deleted locally before a newer one 
 
 At a stop `finish(timeout)` asks for one last pass and waits for it at most `checkpoint.replica_wait` seconds; an
 upload still in flight then is abandoned (the store publishes nothing half-written) and the next start finishes it.
-Test hook: `ANDREA_TEST_REPLICA_BACKOFF=<seconds>`: the first retry's delay (1 s; doubling up to 60 s). Never set
+Test hook (andrea/testhooks.py): `ANDREA_TEST_REPLICA_BACKOFF=<seconds>`: the first retry's delay (1 s; doubling up to 60 s). Never set
 in production.
 """
 
@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from andrea import testhooks
 from andrea.guard.decisions import named_checkpoints
 from andrea.replica.admit import claimant, run_record
 from andrea.replica.plan import Health, remote_victims, superseded, upload_plan
@@ -57,7 +58,7 @@ from andrea.rundir.names import LEDGER_NAME, checkpoint_name, companion_path
 log = logging.getLogger("andrea.replica")
 MIN_INTERVAL = 2.0  # seconds between the starts of two passes: commits landing faster coalesce into one pass
 NICE = 10  # the replica thread's niceness (Linux: per thread), above the trainer's own
-BACKOFF_BASE = float(os.environ.get("ANDREA_TEST_REPLICA_BACKOFF", "1") or 1)  # test hook (module docstring)
+BACKOFF_BASE = testhooks.replica_backoff()  # test hook ANDREA_TEST_REPLICA_BACKOFF (andrea/testhooks.py)
 
 
 def _read_json(path: Path):

@@ -37,7 +37,7 @@ MD5 of a single PUT, or of the parts' MD5s for a multipart upload, computed here
 elsewhere (an encrypted object, GCS, Azure, a plain path) the object is read back and hashed again; only then are
 its companions and its `.sum.json` published. Writes `RUN_DIR/.replica.json` (the replica's newest step and lag,
 for `andrea status`): {"uri", "step", "local_step", "lag_steps", "lag_seconds", "error", "updated"}.
-Test hook: `ANDREA_TEST_REPLICA_DELAY=<seconds>` sleeps after each piece of a `.bin` read for its upload (a slow
+Test hook (andrea/testhooks.py): `ANDREA_TEST_REPLICA_DELAY=<seconds>` sleeps after each piece of a `.bin` read for its upload (a slow
 store, and a window in which to kill the uploading process). Never set in production.
 """
 
@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from andrea import testhooks
 from andrea.errors import UserError
 from andrea.rundir import checksum
 from andrea.rundir.atomic import streamed
@@ -67,7 +68,7 @@ CHUNK = 8 << 20  # bytes per read of a file being uploaded, and per multipart pa
 SUM_RE = re.compile(r"^step_(\d{6,})\.sum\.json$")
 STEP_RE = re.compile(r"^step_(\d{6,})\.(bin|[a-z]+\.json)$")
 SIDECARS = (STATE_NAME, SAMPLES_NAME, WANDB_STATE_NAME)  # .wandb.json: a restored run goes on in its W&B run
-UPLOAD_DELAY = float(os.environ.get("ANDREA_TEST_REPLICA_DELAY", "0") or 0)  # test hook (module docstring)
+UPLOAD_DELAY = testhooks.replica_delay()  # test hook ANDREA_TEST_REPLICA_DELAY (andrea/testhooks.py)
 EXTRA_MISSING = ("the replica needs the `replica` extra: pip install 'andrea[replica]' (obstore); or train without "
                  "one (--set checkpoint.replica=\"\")")
 

@@ -14,10 +14,9 @@ writer, the guard), then `Boundary.cross` / `Boundary.advance` until a stop, and
 the commit is sharded (commit/shards.py); rank 0 alone holds the lock, the ledger, the sidecars and the audits.
 The watchdog (observe/watchdog.py) watches the threads while the step loop runs; notices (observe/notify.py) go
 out for what an operator acts on. Test hook: `ANDREA_TEST_HANG` (observe/watchdog.py).
-Test hook: `ANDREA_TEST_STEP_DELAY=<seconds>` sleeps after each step (a window for signals); never in production.
-Test hook: `ANDREA_TEST_POISON_STEPS=<n>[,<n>...]` makes the step record of header step n read loss = NaN the first
-time this process reaches n (the weights are untouched): a divergence at a chosen step on any machine, which the
-guard meets as a non-finite incident (tests/e2e/test_guard_run.py, tests/e2e/test_durability.py). Never in production.
+Test hooks (andrea/testhooks.py): `ANDREA_TEST_STEP_DELAY` sleeps after each step (a window for signals);
+`ANDREA_TEST_POISON_STEPS` makes the step record of chosen header steps read loss = NaN once (a divergence the
+guard meets as a non-finite incident). Never in production.
 Reads `run.toml`, checkpoints, `tokenizer.json` and `data/`; writes `train.pid`, `run.toml` and, through the
 boundary, everything listed in sidecars.py, `.loss.json` (run/ledger_feed.py) and `step_NNNNNN.bin` (checkpoint.py).
 """
@@ -36,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from andrea import testhooks
 from andrea.evals import audit
 from andrea.model import export
 from andrea.observe import mfu
@@ -68,17 +68,6 @@ from andrea.parallel.zero import trainer_for
 log = logging.getLogger("andrea.run")
 
 
-def poison_steps(text: str) -> set[int]:
-    """The steps of the ANDREA_TEST_POISON_STEPS test hook ("33" or "33,70"; empty: none)."""
-    try:
-        steps = {int(part) for part in text.split(",") if part.strip()}
-    except ValueError:
-        steps = {0}
-    if min(steps, default=1) < 1:
-        raise ConfigError(f"ANDREA_TEST_POISON_STEPS={text!r}: expected header steps >= 1, comma-separated")
-    return steps
-
-
 class TrainingRun:
     def __init__(self, cfg: RunConfig, run_dir: Path, *, device: torch.device, kernels: str,
                  init_from: Path | None = None, early: EarlySignals | None = None, world: World | None = None,
@@ -103,8 +92,8 @@ class TrainingRun:
         self.replicator: replicator.Replicator | None = None  # checkpoint.replica: copies off the machine
         self.early = early
         self.preparing = False  # rank 0 is preparing data (a stop then ends the preparation, not a step)
-        self.step_delay = float(os.environ.get("ANDREA_TEST_STEP_DELAY", "0") or 0)  # test hook: slow steps
-        self.poison_steps = poison_steps(os.environ.get("ANDREA_TEST_POISON_STEPS", ""))  # test hook: NaN records
+        self.step_delay = testhooks.step_delay()  # test hook ANDREA_TEST_STEP_DELAY (andrea/testhooks.py)
+        self.poison_steps = testhooks.poison_steps()  # test hook ANDREA_TEST_POISON_STEPS (andrea/testhooks.py)
 
     @property
     def step(self) -> int:

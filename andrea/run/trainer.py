@@ -22,7 +22,7 @@ over rows are split in B/b parts). The step is atomic for the control plane: it 
 slice raises, none of the update. `"auto"` starts from the whole batch and, on the first step only, answers an
 out-of-memory error by halving b and running the step again from a zeroed gradient (memory.next_micro_batch);
 the choice is left in `micro_batch_choice` for the control plane to record (run.toml, the ledger).
-Test hook: `ANDREA_TEST_OOM_ROWS=<rows>` makes a pass over more rows than that raise torch.OutOfMemoryError after
+Test hook (andrea/testhooks.py): `ANDREA_TEST_OOM_ROWS=<rows>` makes a pass over more rows than that raise torch.OutOfMemoryError after
 its forward (an injected CUDA out-of-memory, on any device); never in production.
 """
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from functools import partial
 
 import torch
 
+from andrea import testhooks
 from andrea.model import generate as generation
 from andrea.model import memory
 from andrea.config.schema import RunConfig, TrainConfig
@@ -48,7 +48,6 @@ from andrea.model.gpt import ModelMath, ParamSpec, bind_flat, decay_mask, n_para
 from andrea.optim.muon import MuonAdamW
 
 log = logging.getLogger("andrea.run.trainer")
-OOM_HOOK = "ANDREA_TEST_OOM_ROWS"
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -141,7 +140,7 @@ class Trainer:
         self.micro_batch: int | None = None  # rows per pass, fixed at the first step (per rank)
         self._auto = cfg.train.micro_batch_size == "auto"  # until the first step has run
         self.micro_batch_choice: dict | None = None  # what "auto" chose, for the control plane to record
-        self._oom_rows = int(os.environ.get(OOM_HOOK, "0") or 0)  # test hook (module docstring)
+        self._oom_rows = testhooks.oom_rows()  # test hook ANDREA_TEST_OOM_ROWS (andrea/testhooks.py)
 
     # --- state -------------------------------------------------------------------------------------------
     def load(self, payload: torch.Tensor) -> None:
@@ -215,7 +214,7 @@ class Trainer:
             with self.autocast:
                 seq = self.model(x[lo:lo + mb], y[lo:lo + mb])[1]  # (mb,); the logits are not kept
             if self._oom_rows and mb > self._oom_rows and lo + mb == rows:
-                raise torch.OutOfMemoryError(f"CUDA out of memory ({OOM_HOOK}={self._oom_rows}, injected)")
+                raise torch.OutOfMemoryError(f"CUDA out of memory ({testhooks.OOM_ROWS}={self._oom_rows}, injected)")
             # d(Σ slice / B): autograd adds each slice's part into the flat gradient in place (model.bind_flat)
             (seq.mean() if mb == rows else seq.sum() / rows).backward()
             parts.append(seq.detach())

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2] / "andrea"
 LAYERS = [
     {"andrea.errors", "andrea.mixture.policy", "andrea.config.check",
      "andrea.observe.mfu"},                                                  # pure: errors; caps, floors; types; MFU
-    {"andrea.config", "andrea.config.schema", "andrea.config.keepers"},      # the schema
+    {"andrea.config", "andrea.config.schema", "andrea.config.keepers",
+     "andrea.testhooks"},                                                    # the schema; the test hooks
     {"andrea.rundir", "andrea.replica.store"},                              # the run directory's files, its replica
     {"andrea.config.load", "andrea.observe.progress"},                      # TOML layered; progress lines
     {"andrea.data", "andrea.kernels", "andrea.run.devices", "andrea.model.memory"},
