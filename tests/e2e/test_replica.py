@@ -379,6 +379,17 @@ def test_a_replica_on_the_runs_own_filesystem_is_refused_in_one_line():
     assert plan.placement_problem("/r/run2", "/r/run", 8, 7) is None  # a sibling whose name extends the run's
 
 
+def test_who_holds_a_replicas_claim():
+    me = {"host": "h", "pid": 7, "run_dir": "/r/run"}
+    claim = lambda **c: {"format": 1, "claimed_by": {**me, **c}}  # noqa: E731
+    assert plan.claim_holder(None, me, alive=False) == "none"
+    assert plan.claim_holder({"started": 5.0, "identity": {}}, me, alive=False) == "run"
+    assert plan.claim_holder(claim(pid=99), me, alive=True) == "ours"  # this run directory, started again
+    assert plan.claim_holder(claim(run_dir="/r/other"), me, alive=True) == "other"  # starting at this moment
+    assert plan.claim_holder(claim(run_dir="/r/other"), me, alive=False) == "stale"  # a start that died
+    assert plan.claim_holder(claim(host="elsewhere"), me, alive=False) == "other"  # cannot tell: another's
+
+
 @pytest.mark.parametrize("where", ["run", "run/replica", "beside"])
 def test_train_refuses_a_replica_on_the_runs_disk_before_writing(tmp_path, capsys, where):
     run_dir = tmp_path / "run"
