@@ -75,7 +75,7 @@ EXTRA_MISSING = ("the replica needs the `replica` extra: pip install 'andrea[rep
 
 class ReplicaError(UserError, RuntimeError):
     """The store refused or could not be reached: one line naming the replica and the problem; `kind` is
-    bucket | credentials | unreachable | full | owner | corrupt | missing | other."""
+    bucket | credentials | unreachable | full | owner | corrupt | missing | readonly | other."""
 
     def __init__(self, message: str, kind: str = "other"):
         super().__init__(message)
