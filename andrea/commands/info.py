@@ -20,6 +20,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from andrea.observe.mfu import model_flops_per_token
     from andrea.model.arch import layout_for
     from andrea.model.gpt import n_params
+    from andrea.optim.muon import workspace_bytes
     overrides = list(args.set or [])
     if args.micro_batch_size is not None:
         overrides.append(f"train.micro_batch_size={args.micro_batch_size}")
@@ -30,8 +31,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     layout = layout_for(cfg.model)
     n = n_params(layout)
     tc = cfg.train
+    workspace = workspace_bytes(layout, args.device) if tc.optimizer == "muon" else 0  # AdamW updates in place
     est = memory.estimate(cfg.model, n, memory.micro_batch_rows(tc.micro_batch_size, tc.batch_size),
-                          activation_checkpointing=tc.activation_checkpointing, device=args.device)
+                          activation_checkpointing=tc.activation_checkpointing, device=args.device,
+                          optimizer_workspace=workspace)
     flops = model_flops_per_token(cfg.model, n)  # andrea/observe/mfu.py (PaLM's 6N + 12LHQT)
     print(json.dumps({"preset": args.preset, "arch": cfg.model.arch, "n_params": n,
                       "checkpoint_bytes": ckpt.checkpoint_bytes(n),
@@ -43,5 +46,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     sys.stderr.write(f"device memory ({args.device}, micro-batch {est.micro_batch_size} of {tc.batch_size} rows, "
                      f"activation checkpointing {est.activation_checkpointing}): parameters {mib(est.parameters)}, "
                      f"gradient {mib(est.gradient)}, m and v {mib(est.adam_m_v)}, activations "
-                     f"{mib(est.activations)}, logits {mib(est.logits)}; total {est.total / 2**30:.2f} GiB\n")
+                     f"{mib(est.activations)}, logits {mib(est.logits)}"
+                     + (f", optimizer workspace {mib(workspace)} (after the backward)" if workspace else "")
+                     + f"; total {est.total / 2**30:.2f} GiB\n")
     return 0

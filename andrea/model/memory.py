@@ -9,6 +9,9 @@ The estimate counts what a training step keeps alive at its peak, the moment the
     adam_m_v     fp32 m and v, 8·n                  (1/P of that per rank under torchrun: ZeRO-1, andrea/parallel/zero.py)
     activations  what autograd saved for the backward, per micro-batch of b rows of T tokens
     logits       the (b·T, V) log-probabilities the loss saved and the same-sized gradient its backward makes
+    optimizer_workspace  what the update allocates beside the state (Muon: andrea/optim/muon.py's
+                 workspace_bytes; AdamW: nothing, in place). It lives after the backward, when the activations
+                 and logits are gone: the peak is the larger of the two moments, and the total counts that.
 Activations per token, counted from the tensors autograd saves (checked against saved-tensor hooks in
 tests/e2e/test_microbatch.py): per block the LayerNorm inputs (2·C), their outputs (2·C), q, k, v (3·C), the attention
 output (C), the MLP's hidden layer before and after GELU (8·C), and small per-token statistics (LayerNorm mean
@@ -73,10 +76,12 @@ class MemoryEstimate:
     adam_m_v: int
     activations: int
     logits: int
+    optimizer_workspace: int = 0
 
     @property
     def total(self) -> int:
-        return self.parameters + self.gradient + self.adam_m_v + self.activations + self.logits
+        return self.parameters + self.gradient + self.adam_m_v + max(self.activations + self.logits,
+                                                                     self.optimizer_workspace)
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -116,8 +121,10 @@ def block_weight_bytes(cfg: ModelConfig, device: str) -> int:
 
 
 def estimate(cfg: ModelConfig, n_params: int, micro_batch_size: int, *, activation_checkpointing: str = "none",
-             device: str = "cuda", world_size: int = 1) -> MemoryEstimate:
-    """Peak device memory of a training step with micro-batches of `micro_batch_size` rows (per rank)."""
+             device: str = "cuda", world_size: int = 1, optimizer_workspace: int = 0) -> MemoryEstimate:
+    """Peak device memory of a training step with micro-batches of `micro_batch_size` rows (per rank);
+    `optimizer_workspace`: the update's own (Muon's: optim/muon.workspace_bytes; the whole model's, an upper bound
+    for a ZeRO-1 rank, which orthogonalises only its own matrices)."""
     tokens = micro_batch_size * cfg.block_size
     block = block_bytes_per_token(cfg, device)
     if activation_checkpointing == "blocks":
@@ -132,4 +139,4 @@ def estimate(cfg: ModelConfig, n_params: int, micro_batch_size: int, *, activati
     shard = -(-n_params // world_size)
     return MemoryEstimate(device, micro_batch_size, activation_checkpointing, parameters=4 * n_params,
                           gradient=4 * n_params, adam_m_v=8 * shard, activations=tokens * per_token + weights,
-                          logits=tokens * logits_per_token)
+                          logits=tokens * logits_per_token, optimizer_workspace=optimizer_workspace)

@@ -112,14 +112,29 @@ def matrix_spans(layout: list[ParamSpec]) -> list[tuple[int, int]]:
     return [(m.offset, m.numel) for m in muon_matrices(layout)]
 
 
-def polar_express(u: torch.Tensor, steps: int) -> torch.Tensor:
-    """(k, r, c) fp32 -> (k, r, c) fp32: each matrix's orthogonal factor, approximately (module docstring)."""
+def workspace_bytes(layout: list[ParamSpec], device: str) -> int:
+    """Device memory the update holds beyond the state at its peak (model/memory.py's `optimizer_workspace`), for
+    the largest batch of same-shaped matrices, E elements as k matrices (r', c'), r' <= c'. Modelled from the
+    tensors `MuonAdamW.__call__` and `polar_express` keep alive together: the stacked input u (fp32), the iterate
+    and its next value and, for a tall batch, the transposed result (12 bytes per element in all), and up to three
+    k·(r', r') squares in the matmul dtype (X·Xᵀ and the polynomial of a step while the next X·Xᵀ is made). An
+    upper bound: tests/unit/optim/test_muon.py holds it against the live bytes a CPU update allocates."""
+    batches: dict[tuple[int, int], list[Matrix]] = {}
+    for m in muon_matrices(layout):
+        batches.setdefault((m.rows, m.cols), []).append(m)
+    width = 2 if device == "cuda" else 4
+    return max((12 * sum(m.numel for m in ms) + 3 * width * sum(m.parts for m in ms) * min(r, c) ** 2
+                for (r, c), ms in batches.items()), default=0)
+
+
+def polar_express(u: torch.Tensor, steps: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """(k, r, c) fp32 -> (k, r, c) fp32: each matrix's orthogonal factor, approximately (module docstring). The
+    matmuls run in `dtype`: by default bf16 on a GPU, fp32 elsewhere."""
+    dtype = dtype or (torch.bfloat16 if u.device.type == "cuda" else torch.float32)
     tall = u.shape[-2] > u.shape[-1]
     x = u.mT if tall else u  # (k, r', c'), r' <= c': A = X Xᵀ is the smaller square
-    x = x / (torch.linalg.matrix_norm(x, keepdim=True) * SAFETY + 1e-7)
-    if x.device.type == "cuda":
-        x = x.bfloat16()
-    x = x.contiguous()
+    x = x / (torch.linalg.matrix_norm(x, keepdim=True) * SAFETY + 1e-7)  # fp32, before any rounding to bf16
+    x = x.to(dtype).contiguous()
     for a, b, c in POLAR_EXPRESS[:steps]:
         gram = x @ x.mT  # (k, r', r')
         poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A²

@@ -5,9 +5,11 @@ In process, on the CPU (fp32, deterministic); no trainer process."""
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from andrea.config import load as configload
 from andrea.config.check import ConfigError
@@ -15,7 +17,7 @@ from andrea.config.schema import TrainConfig
 from andrea.kernels import adamw_reference
 from andrea.model import arch
 from andrea.model.gpt import decay_mask, layout_for, n_params
-from andrea.optim.muon import MuonAdamW, adamw_runs, matrix_spans, muon_matrices, polar_express
+from andrea.optim.muon import MuonAdamW, adamw_runs, matrix_spans, muon_matrices, polar_express, workspace_bytes
 from andrea.parallel.distributed import shard_bounds, whole_cuts
 from andrea.run.trainer import Trainer, lr_at
 
@@ -87,6 +89,15 @@ def test_polar_express_pushes_every_singular_value_towards_one(shape):
         assert torch.allclose(polar_express(u.mT.contiguous(), 5), o.mT, atol=1e-6)
 
 
+def test_polar_express_in_bf16_as_on_a_gpu_stays_near_the_fp32_factor():
+    u = torch.randn(2, 64, 192, generator=torch.Generator().manual_seed(1))
+    o16, o32 = polar_express(u, 5, torch.bfloat16), polar_express(u, 5)
+    assert o16.dtype == torch.float32
+    sv = torch.linalg.svdvals(o16)
+    assert 0.8 < float(sv.min()) and float(sv.max()) < 1.2
+    assert float((o16 - o32).norm() / o32.norm()) < 0.05
+
+
 def test_polar_express_of_zero_is_zero():
     assert torch.equal(polar_express(torch.zeros(2, 8, 16), 5), torch.zeros(2, 8, 16))
 
@@ -140,6 +151,25 @@ def test_one_update_is_muon_on_the_matrices_and_adamw_on_the_rest(nesterov):
     assert not torch.equal(got[0][is_muon], w[is_muon])
 
 
+def test_the_fused_elementwise_kernels_give_the_references_update():
+    """kernels = "triton" (muon_momentum, muon_apply and adamw_step; here under the Triton interpreter) against the
+    plain-torch references, on the same state: equal within a few fp32 ulps of the weights."""
+    from andrea.kernels import adamw_step
+    cfg = tiny("train.muon_weight_decay=0.1")
+    tc, layout = cfg.train, layout_for(cfg.model)
+    n = n_params(layout)
+    gen = torch.Generator().manual_seed(5)
+    state = [torch.randn(n, generator=gen) for _ in range(3)] + [torch.rand(n, generator=gen)]
+    kw = dict(step=4, lr=1e-3, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay,
+              max_grad_norm=1.0)
+    plain, fused = [t.clone() for t in state], [t.clone() for t in state]
+    MuonAdamW(layout, tc, adamw_reference, "torch", CPU)(*plain, **kw)
+    MuonAdamW(layout, tc, adamw_step, "triton", CPU)(*fused, **kw)
+    for a, b in zip(fused, plain):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(fused[0], state[0])
+
+
 def test_muons_learning_rate_follows_lrs_warmup_and_decay():
     """The change Muon makes to a matrix, from zero momentum, is lr_muon · scale · O: its size over steps is the
     schedule's shape at muon_lr's peak."""
@@ -184,6 +214,50 @@ def test_zero1_bounds_keep_every_matrix_whole_and_the_slices_update_as_the_whole
         MuonAdamW(layout, tc, adamw_reference, "torch", CPU, lo, hi)(*part, **kw)
         for a, b in zip(part, whole):
             assert torch.allclose(a, b[lo:hi], rtol=0, atol=1e-6)
+
+
+class LiveBytes(TorchDispatchMode):
+    """The peak of the bytes held by storages allocated inside the mode: a storage counts from the first tensor
+    that shows it until the last tensor on it (views included) dies."""
+
+    def __init__(self, existing: list[torch.Tensor]):
+        super().__init__()
+        self.live = self.peak = 0
+        self.existing = {t.untyped_storage().data_ptr() for t in existing}
+        self.holders: dict[int, list[int]] = {}  # storage address -> [tensors on it, its bytes]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (list, tuple)) else [out]:
+            if not isinstance(t, torch.Tensor) or t.untyped_storage().data_ptr() in self.existing:
+                continue
+            key = t.untyped_storage().data_ptr()
+            if key not in self.holders:
+                self.holders[key] = [0, t.untyped_storage().nbytes()]
+                self.live += self.holders[key][1]
+                self.peak = max(self.peak, self.live)
+            self.holders[key][0] += 1
+            weakref.finalize(t, self.release, key)
+        return out
+
+    def release(self, key: int) -> None:
+        self.holders[key][0] -= 1
+        if not self.holders[key][0]:
+            self.live -= self.holders.pop(key)[1]
+
+
+@pytest.mark.parametrize("model", ["gpt2", "modern"])
+def test_the_workspace_estimate_bounds_what_an_update_allocates(model):
+    cfg = tiny(f"model.arch={model}")
+    tc, layout = cfg.train, arch.layout_for(cfg.model)
+    n = n_params(layout)
+    state = [torch.randn(n) for _ in range(3)] + [torch.rand(n)]
+    update = MuonAdamW(layout, tc, adamw_reference, "torch", CPU)
+    with LiveBytes(state) as live:
+        update(*state, step=3, lr=1e-3, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay,
+               max_grad_norm=1.0)
+    modelled = workspace_bytes(layout, "cpu")
+    assert live.peak <= modelled <= 1.5 * live.peak, (live.peak, modelled)
 
 
 def test_a_range_that_cuts_a_matrix_is_refused():
