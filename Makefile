@@ -6,7 +6,7 @@ PRESET ?= andrea-12m
 RUN_DIR ?= runs/$(PRESET)
 ARGS ?=
 
-.PHONY: train test quick faults mutants bench venv clean kernels-gpu-triton
+.PHONY: train test quick faults chaos mutants bench venv clean kernels-gpu-triton
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,15 @@ quick: venv
 # The long fault campaign: >= 200 SIGKILLs and every bad input, printed as one table.
 faults: venv
 	ANDREA_FAULT_KILLS=200 $(PY) -m pytest -q -s tests/faults $(ARGS)
+
+# The chaos run: one andrea run meets every fault (SIGTERM, a poisoned step, SIGKILL, a hung torchrun rank, a flipped
+# bit, a store outage, a full disk, the loss of the machine) under a supervisor loop as systemd runs it, with a real
+# S3 server and a loopback webhook; one report: the final bytes against the same command on a perfect machine, every
+# incident on the record, recovery seconds, goodput (bench/chaos.py, docs/benchmarks.md). Opt-in, like `make faults`;
+# the default takes about (faults + 1) minutes twice. CHAOS="--preset andrea-tiny --every 6" for a quick one.
+CHAOS ?= --preset andrea-12m --every 60 --checkpoint-every 1
+chaos: venv
+	$(PY) bench/chaos.py $(CHAOS) $(ARGS)
 
 # Mutations of the durable paths and the step boundary's order, one at a time in a scratch copy, each followed by
 # the tests that should catch it: one table, exit 0 only if every one is caught (tests/mutants.py; ~7 min on 2

@@ -1,4 +1,5 @@
-"""Test helpers at the os-call seam of a checkpoint commit: a payload, and a Disk that spies on and breaks O_DIRECT.
+"""Test helpers at the os-call seam of a checkpoint commit: a payload, and a Disk that spies on and breaks O_DIRECT;
+and a real filesystem filled to its last byte (tests/faults/test_full_disk.py, bench/chaos.py).
 
 A refusal is injected as EINVAL from `os.open` when the flags carry O_DIRECT, or from `os.pwrite` on a descriptor
 whose flags (read back with fcntl) carry O_DIRECT, so the tests see what the real file descriptor was opened with,
@@ -10,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -77,3 +79,26 @@ def refuse_o_direct_on_setfl(monkeypatch: pytest.MonkeyPatch, module) -> None:
         return real(fd, cmd, *args)
 
     monkeypatch.setattr(module.fcntl, "fcntl", refuse)
+
+
+def fill_to_the_last_byte(directory: Path) -> Path:
+    """Write a filler file until the filesystem is completely full (down to the last byte). Bounded: at most
+    the filesystem's size in writes of each chunk size, then it fails instead of writing forever."""
+    filler = directory / "filler"
+    st = os.statvfs(directory)
+    size = st.f_blocks * st.f_frsize
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for chunk in (1 << 20, 1 << 12, 1):
+            for _ in range(size // chunk + 2):  # a filesystem of `size` bytes refuses one of these writes
+                try:
+                    os.write(fd, bytes(chunk))
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    break
+            else:
+                raise AssertionError(f"{directory}: still not full after {size} bytes in chunks of {chunk}")
+    finally:
+        os.close(fd)
+    return filler

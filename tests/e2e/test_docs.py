@@ -152,6 +152,7 @@ MAKE_TARGETS = {
     "train": "-m andrea train --preset $(PRESET) --run-dir $(RUN_DIR) $(ARGS)",  # the README's first run runs it
     "test": "-m pytest",  # CI itself (.ci/run)
     "quick": "-m pytest",  # the unit tests of `make test`, for the development loop
+    "chaos": "bench/chaos.py",  # the long chaos run; its short version runs in the suite (BENCH_TESTS)
 }
 
 # bench scripts shown in the docs -> the test that runs them (each test's source names its script).
@@ -172,6 +173,8 @@ BENCH_TESTS = {
     "bench/mixture.py": "tests/e2e/test_bench_smoke.py::test_mixture_bench_compares_each_policy_with_uniform",
     "bench/gpu_train.py": "tests/e2e/test_gpu_check.py::test_the_selftest_runs_every_part_into_one_results_directory",
     "bench/peer.py": "tests/e2e/test_gpu_check.py::test_the_selftest_runs_every_part_into_one_results_directory",
+    "bench/chaos.py":
+        "tests/e2e/test_chaos.py::test_the_chaos_run_reaches_its_target_with_the_fault_free_bytes_and_reports_every_fault",
 }
 
 # External tools shown in ```sh blocks -> the tests that exercise what the docs claim of them.

@@ -28,6 +28,7 @@ from andrea.rundir.checkpoint_write import commit_checkpoint
 from tests.faults.conftest import remount_size
 from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, first_line_with, last_error_line,
                                   newest_committed, stale_tmp)
+from tests.disks import fill_to_the_last_byte
 from tests.runs import ROOT, Trainer, env, launcher_argv, seed_data, train
 
 ENOSPC_TEXT = os.strerror(errno.ENOSPC)
@@ -49,29 +50,6 @@ def _seeded_bytes(prepared: Path) -> int:
 def _one_and_a_half_checkpoints(prepared: Path, n: int) -> int:
     """Room for the data, one checkpoint and its sidecars, but not for a second checkpoint's temporary file."""
     return _seeded_bytes(prepared) + ckpt.checkpoint_bytes(n) * 3 // 2 + (256 << 10)
-
-
-def _fill(directory: Path) -> Path:
-    """Write a filler file until the filesystem is completely full (down to the last byte). Bounded: at most
-    the filesystem's size in writes of each chunk size, then it fails instead of writing forever."""
-    filler = directory / "filler"
-    st = os.statvfs(directory)
-    size = st.f_blocks * st.f_frsize
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for chunk in (1 << 20, 1 << 12, 1):
-            for _ in range(size // chunk + 2):  # a filesystem of `size` bytes refuses one of these writes
-                try:
-                    os.write(fd, bytes(chunk))
-                except OSError as e:
-                    if e.errno != errno.ENOSPC:
-                        raise
-                    break
-            else:
-                raise AssertionError(f"{directory}: still not full after {size} bytes in chunks of {chunk}")
-    finally:
-        os.close(fd)
-    return filler
 
 
 def test_full_disk_retry_logs_the_error_keeps_training_and_a_failed_final_write_exits_1(prepared, tmpfs, n_params):
@@ -170,7 +148,7 @@ def disk_filled_mid_run(prepared, tmp_path_factory, n_params):
         t = Trainer(run, "--steps", "10000000", "--checkpoint-every", "10", "--set", "checkpoint.keep_last=1")
         t.wait_ready()
         t.wait_for(lambda l: "step_000010.bin committed" in l, 60)
-        filler = _fill(disk)
+        filler = fill_to_the_last_byte(disk)
         failed = t.wait_for(lambda l: "checkpoint write failed" in l, 60)
         failed_step = names.step_of(failed.split(": checkpoint")[0].rsplit("/", 1)[-1])
         t.wait_for(lambda l: f"step {failed_step + 20}/" in l or f"step_{failed_step + 10:06d}.bin" in l, 60)

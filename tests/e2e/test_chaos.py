@@ -1,0 +1,40 @@
+"""The chaos run, short (bench/chaos.py; `make chaos` is the long one): andrea-tiny meets a poisoned step, a flipped
+bit in its newest checkpoint and the loss of its machine, under the supervisor loop, with a real S3 server and a
+loopback webhook; it must reach its target with the bytes of the same command on a perfect machine, and the
+report must show each fault with what it left on the record. Timings are printed by the bench, never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.runs import ROOT, env
+
+FAULTS = ["poison", "bitflip", "loss"]  # a guard rollback, a checksum quarantine, a restore: one start each at most
+
+
+def test_the_chaos_run_reaches_its_target_with_the_fault_free_bytes_and_reports_every_fault(prepared, tmp_path):
+    out = tmp_path / "chaos.json"
+    r = subprocess.run([sys.executable, "bench/chaos.py", "--preset", "andrea-tiny", "--steps", "150",
+                        "--checkpoint-every", "10", "--every", "2", "--faults", ",".join(FAULTS),
+                        "--template", str(prepared), "--import-probes", "0", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, env={**env(), "TMPDIR": str(tmp_path)}, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["verdict"]["target_reached"] and figures["outcome"] == "done"
+    assert figures["skipped"] == [] and [f["kind"] for f in figures["faults"]] == FAULTS
+    assert figures["bytes"]["same_checkpoint"] and figures["bytes"]["same_ledger"], figures["bytes"]
+    assert figures["bytes"]["checkpoint"] == "step_000150.bin"
+    rows = {f["kind"]: f for f in figures["faults"]}
+    assert {"incident", "rollback"} <= set(rows["poison"]["markers"]) and rows["poison"]["lost"] > 0
+    assert {"incident", "rollback"} <= set(rows["poison"]["notices"])
+    for kind in ("bitflip", "loss"):  # SIGKILLed: an exit, a resume, a first new step after it
+        assert rows[kind]["rc"] == -9 and "resume" in rows[kind]["markers"] and rows[kind]["seconds"] > 0, rows[kind]
+    assert rows["bitflip"]["lost"] >= 10  # the flipped checkpoint was not resumed: one cadence at least trained again
+    assert [n["event"] for n in figures["notices"]][-1] == "finished"
+    for kind in FAULTS:
+        assert f"| {kind} |" in r.stdout, r.stdout
+    assert 0 < figures["goodput"]["goodput"] and "### Goodput" in r.stdout
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("andrea-chaos-")]  # the bench cleans up
