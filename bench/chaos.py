@@ -97,6 +97,7 @@ class Chaos:
         self.offline = None       # what to do to the disk once the process has exited (bitflip, loss)
         self.ending: plan.Injected | None = None  # the fault whose signal is ending the current process
         self.stop_requested = False
+        self.aborted = False
         self.finished = threading.Event()
         self.outcome = ""
         self.poison_step: int | None = None
@@ -151,6 +152,9 @@ class Chaos:
     def supervise(self) -> None:
         try:
             for n in range(MAX_STARTS):
+                if self.aborted:
+                    self.outcome = "interrupted"
+                    return
                 seg = self.start(n)
                 with self.lock:
                     self.current = seg
@@ -175,7 +179,7 @@ class Chaos:
                                             str(self.run)], self.server.env(), self.work / f"start-{n:03d}.restore.log")
                     rrc = r.wait_exit(None)
                     self.segments.append({**segment_record(r, rrc, time.time()), "action": "restored"})
-                elif action in (plan.DONE, plan.SHORT):
+                elif action in (plan.DONE, plan.SHORT, plan.REFUSED):
                     self.outcome = action
                     return
             self.outcome = f"gave up after {MAX_STARTS} starts"
@@ -335,6 +339,7 @@ def main() -> int:
     if "disk" in args.faults and not in_own_namespace() and os.geteuid() == 0 and shutil.which("unshare"):
         return subprocess.call(["unshare", "-m", "--propagation", "private", sys.executable, *sys.argv],
                                env={**os.environ, IN_NAMESPACE: "1"})
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its server and trainer
     work = Path(tempfile.mkdtemp(prefix="andrea-chaos-"))
     print(f"work directory: {work}", file=sys.stderr)
     try:
@@ -354,15 +359,18 @@ def run_chaos(args, work: Path) -> int:
     seed_data(template, run)
     server = S3Server(work / "s3", nice=10).start()
     inbox = Inbox()
+    chaos = Chaos(args, work, run, server, inbox, f"s3://{BUCKET}/chaos", disk)
     try:
-        chaos = Chaos(args, work, run, server, inbox, f"s3://{BUCKET}/chaos", disk)
-        supervisor = threading.Thread(target=chaos.supervise, name="supervisor")
+        supervisor = threading.Thread(target=chaos.supervise, name="supervisor", daemon=True)
         supervisor.start()
         chaos.inject_all()
         supervisor.join()
         reference = setup.reference_run(args, work, template, server, chaos.poison_step, train_flags)
         chaos.torch_import_s = setup.torch_import_seconds(args.import_probes)
     finally:
+        chaos.aborted = True  # an interrupted bench: no more starts
+        if chaos.current is not None:
+            chaos.current.kill()
         inbox.close()
         server.stop()
     figures = report(args, chaos, reference, setup.read_ledger(run), chaos.observed(), setup.newest_checkpoint(run),

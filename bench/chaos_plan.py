@@ -4,7 +4,8 @@
   operator's runbook would make it: the run directory gone (or a restore left half done) -> `andrea restore`;
   a non-zero exit -> start `train` again; exit 0 at the target -> done; exit 0 short of it after a stop the chaos
   asked for (a preemption) -> start again; exit 0 short of it unasked -> stop and say so (systemd would leave the
-  unit stopped there, and starting again would repeat it).
+  unit stopped there, and starting again would repeat it); exit 2, a configuration the trainer refuses, -> stop
+  (a restart cannot fix it: `RestartPreventExitStatus=2`).
 - `FAULTS`: each fault's kind, whether it ends the process, whether the run must end with the fault-free run's
   bytes after it and why, and the ledger markers and notices it should leave (the names andrea writes today and
   the ones issue 46 asks for: a name not yet written is reported as missing, not as a failure of the run).
@@ -22,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-RESTORE, RESTART, DONE, SHORT = "restore", "restart", "done", "short"
+RESTORE, RESTART, DONE, SHORT, REFUSED = "restore", "restart", "done", "short", "refused"
+CONFIG_EXIT = 2  # `train`'s exit status for a bad configuration or command line (docs/operating.md)
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ def decide(rc: int, state: DirState, target: int, stop_requested: bool) -> str:
     """The supervisor's next action after `andrea train` exited with `rc`."""
     if state.gone or state.restore_partial:
         return RESTORE
+    if rc == CONFIG_EXIT:
+        return REFUSED
     if rc != 0:
         return RESTART
     if state.newest is not None and state.newest >= target:
@@ -143,13 +147,17 @@ class Recovery:
     seconds: float | None  # exit -> first new step (None: no exit, or no step after it)
 
 
-def recovery(fault: Injected, entries: list[dict[str, Any]]) -> Recovery:
+def recovery(fault: Injected, entries: list[dict[str, Any]], until: float | None = None) -> Recovery:
     """Steps lost and seconds to the first new step for one fault (a fault without an exit: from its injection to
-    the first step after a rollback it caused, steps lost = the rollback's T - G)."""
+    the first step after a rollback it caused, steps lost = the rollback's T - G). `until`: the next fault's time,
+    where this one's seconds stop counting (a restart that meets the next fault is that fault's too)."""
     if fault.exit_at is not None:
         resumed = resumed_step(entries, fault.exit_at)
         first = first_step_after(entries, fault.exit_at)
-        seconds = first["time"] - fault.exit_at if first else None
+        end = first["time"] if first else None
+        if until is not None and until > fault.exit_at and (end is None or end > until):
+            end = until
+        seconds = end - fault.exit_at if end is not None else None
     else:
         rollback = next((e for e in entries if e.get("event") == "rollback" and e["time"] >= fault.at), None)
         if rollback is None:

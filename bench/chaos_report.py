@@ -103,7 +103,7 @@ def report(args, chaos, ref: dict, final: list[dict], led: list[dict], newest: i
     rows = []
     for i, f in enumerate(injected):
         fault = plan.FAULTS[f.kind]
-        rec = plan.recovery(f, led)
+        rec = plan.recovery(f, led, injected[i + 1].at if i + 1 < len(injected) else None)
         seen_m = [e["event"] for e, o in zip(markers, m_owner) if o == i]
         seen_n = [e["event"] for e, o in zip(notices, n_owner) if o == i]
         found_m, found_n = plan.matches(fault.markers, seen_m), plan.matches(fault.notices, seen_n)

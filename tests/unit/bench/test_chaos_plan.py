@@ -27,6 +27,10 @@ def test_a_non_zero_exit_is_started_again(rc):
     assert plan.decide(rc, HERE, target=100, stop_requested=False) == plan.RESTART
 
 
+def test_a_refused_configuration_is_not_started_again():
+    assert plan.decide(2, HERE, target=100, stop_requested=False) == plan.REFUSED
+
+
 def test_a_lost_run_directory_is_restored_whatever_the_exit():
     for rc in (0, 1, -9):
         assert plan.decide(rc, DirState(True, False, None), 100, False) == plan.RESTORE
@@ -78,6 +82,8 @@ def test_a_crash_s_steps_lost_and_seconds_to_the_first_new_step():
     r = plan.recovery(f, led)
     assert (r.reached, r.resumed, r.lost) == (57, 50, 7)
     assert r.seconds == pytest.approx(72.5 - 57.0)
+    # the next fault struck the restart before its first step: the seconds after it are that fault's
+    assert plan.recovery(f, led, until=65.0).seconds == pytest.approx(65.0 - 57.0)
 
 
 def test_a_rollback_s_steps_lost_are_its_from_minus_its_checkpoint_and_no_rollback_loses_none():
