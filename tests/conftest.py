@@ -39,6 +39,7 @@ HEAVY = [
     "tests/e2e/test_gpu_check.py",
     "tests/e2e/test_watchdog_run.py",
     "tests/e2e/test_replica_run.py",
+    "tests/e2e/test_chaos.py",  # ~25 s of CPU: three trainer starts, a restore, the fault-free run, the S3 server
     "tests/faults/test_full_disk.py",
     "tests/e2e/test_wandb.py",
     "tests/e2e/test_integrity.py",
