@@ -3,14 +3,19 @@
 spills per (kernel, configuration, architecture).
 
 Where the configurations come from: nothing here copies a block size. The real launchers (attention_forward and
-_backward, layer_norm_forward and _backward, cross_entropy_forward and _backward, adamw_step) run on meta tensors
-shaped as each preset's training step (and a few config knobs that change a kernel: model.bias, train.grad_clip,
-train.beta1; attention, LayerNorm and cross-entropy in bf16, fp16 and fp32), with each kernel's `run` swapped for a
-recorder. So each launch's constexprs, num_warps / num_stages / enable_fp_fusion and scalar arguments are exactly
-what the launcher and its config function (attention_config, layer_norm_config, cross_entropy_block, adamw_config)
-produce for that shape. Triton's own binder (create_function_from_signature + _pack_args, what a real launch
-specializes with: i32 / i64, divisible by 16, equal to 1) turns a launch into (signature, constexprs, attributes,
-options) per target; launches that bind identically (one kernel shared by presets) are compiled once.
+_backward, layer_norm_forward and _backward for model.arch = gpt2, rms_norm_forward and _backward on the residual
+stream and per head (QK-norm) and rotary_apply both ways for model.arch = modern, cross_entropy_forward and
+_backward, and the trainer's optimizer update: adamw_step, or Muon's muon_momentum and muon_apply with adamw_step on
+the rest) run on meta tensors shaped as each preset's training step, as the model hands them over (q and k as
+strided views), and a few config knobs that change a kernel: model.bias, train.grad_clip, train.beta1,
+train.optimizer, train.muon_nesterov; attention, LayerNorm and cross-entropy in bf16, fp16 and fp32, RMSNorm and
+rotary in the dtypes training gives them (_modern_launches), with each kernel's `run` swapped for a recorder. So
+each launch's constexprs, num_warps / num_stages / enable_fp_fusion and scalar arguments are exactly what the
+launcher and its config function (attention_config, layer_norm_config, rms_norm_config, rotary_config,
+cross_entropy_block, adamw_config, muon_config) produce for that shape. Triton's own binder
+(create_function_from_signature + _pack_args, what a real launch specializes with: i32 / i64, divisible by 16,
+equal to 1) turns a launch into (signature, constexprs, attributes, options) per target; launches that bind
+identically (one kernel shared by presets) are compiled once.
 
 Each compile is `triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))` in a pool of worker processes,
 each compile with a Triton cache of its own (a fresh temporary directory, deleted after it): no earlier compile can
@@ -47,11 +52,12 @@ import triton
 from andrea.config.load import load, preset_names
 from andrea.model.arch import layout_for
 from andrea.model.gpt import n_params
+from andrea.run.trainer import update_fn
 
 # The kernel modules by import path: the package re-exports functions named like two of them (attention,
 # cross_entropy), so attribute access on andrea.kernels would find those instead.
 MODULES = ("andrea.kernels.attention", "andrea.kernels.layernorm", "andrea.kernels.cross_entropy",
-           "andrea.kernels.adamw")
+           "andrea.kernels.adamw", "andrea.kernels.rmsnorm", "andrea.kernels.rotary", "andrea.kernels.muon")
 ARCHS = {80: "A100", 89: "RTX 4090", 90: "H100/H200"}
 # Largest shared memory one block may use (bytes, after cudaFuncSetAttribute opt-in), from NVIDIA's tuning guides
 # and the CUDA C++ Programming Guide's per-compute-capability table: A100 (8.0) up to 163 KB per block of its
@@ -62,8 +68,10 @@ ARCHS = {80: "A100", 89: "RTX 4090", 90: "H100/H200"}
 SHARED_LIMIT = {80: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 REGISTER_FILE = 65536  # 32-bit registers per SM (and per block) on 8.0, 8.9 and 9.0
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# Config knobs that select a different kernel specialization (HAS_BIAS; HAS_CLIP; AdamW's LERP_FROM_START).
-VARIANTS = ((), ("model.bias=false",), ("train.grad_clip=0",), ("train.beta1=0",))
+# Config knobs that select a different kernel specialization (HAS_BIAS; HAS_CLIP; AdamW's LERP_FROM_START; Muon's
+# kernels and, without Nesterov, its momentum kernel's NESTEROV=False).
+VARIANTS = ((), ("model.bias=false",), ("train.grad_clip=0",), ("train.beta1=0",), ("train.optimizer=muon",),
+            ("train.optimizer=muon", "train.muon_nesterov=false"))
 
 
 @dataclass
@@ -125,10 +133,11 @@ def recording(kernel_list):
 
 def trainer_launches(preset: str, overrides: tuple[str, ...] = ()) -> list[Launch]:
     """The launches of one training step of `preset` (+ overrides), the 16-bit and fp32 kernels all included."""
-    from andrea.kernels.adamw import adamw_step
     from andrea.kernels.attention import attention_backward, attention_forward
     from andrea.kernels.cross_entropy import cross_entropy_backward, cross_entropy_forward
     from andrea.kernels.layernorm import layer_norm_backward, layer_norm_forward
+    from andrea.kernels.rmsnorm import rms_norm_backward, rms_norm_forward
+    from andrea.kernels.rotary import rotary_apply
 
     cfg = load(preset, overrides=list(overrides))
     m, t = cfg.model, cfg.train
@@ -139,24 +148,46 @@ def trainer_launches(preset: str, overrides: tuple[str, ...] = ()) -> list[Launc
             q, k, v = (torch.empty(B, H, T, C // H, dtype=dtype, **meta) for _ in range(3))  # (B, nh, T, hs)
             o, lse = attention_forward(q, k, v)
             attention_backward(torch.empty_like(o), q, k, v, o, lse)
-            x = torch.empty(B, T, C, dtype=dtype, **meta)
-            weight, bias = torch.empty(C, **meta), (torch.empty(C, **meta) if m.bias else None)
-            y, x2d, mean, rstd = layer_norm_forward(x, weight, bias)
-            layer_norm_backward(torch.empty_like(y), x2d, weight, mean, rstd, bias is not None)
+            if m.arch == "gpt2":
+                x = torch.empty(B, T, C, dtype=dtype, **meta)
+                weight, bias = torch.empty(C, **meta), (torch.empty(C, **meta) if m.bias else None)
+                y, x2d, mean, rstd = layer_norm_forward(x, weight, bias)
+                layer_norm_backward(torch.empty_like(y), x2d, weight, mean, rstd, bias is not None)
             logits = torch.empty(B * T, V, dtype=dtype, **meta)
             targets = torch.empty(B * T, dtype=torch.int64, **meta)
             loss, lse = cross_entropy_forward(logits, targets)
             cross_entropy_backward(torch.empty_like(loss), logits, targets, lse)
-        n = n_params(layout_for(m))
+        if m.arch == "modern":
+            _modern_launches(B, T, C, H, rms_norm_forward, rms_norm_backward, rotary_apply)
+        layout = layout_for(m)
+        n = n_params(layout)
         w, g, mom, var = (torch.empty(n, **meta) for _ in range(4))
-        # the trainer's call (Trainer.train_step): decay mask always, clipping unless grad_clip is 0
-        adamw_step(w, g, mom, var, step=1, lr=t.lr, beta1=t.beta1, beta2=t.beta2, eps=t.eps,
-                   weight_decay=t.weight_decay, decay_mask=torch.empty(n, dtype=torch.bool, **meta),
-                   max_grad_norm=t.grad_clip or None)
+        # the trainer's optimizer and call (Trainer.train_step): AdamW, or Muon on the hidden matrices and AdamW on the
+        # rest; decay mask always, clipping unless grad_clip is 0
+        update = update_fn(t, layout, "triton", torch.device("meta"))
+        update(w, g, mom, var, step=1, lr=t.lr, beta1=t.beta1, beta2=t.beta2, eps=t.eps, weight_decay=t.weight_decay,
+               decay_mask=torch.empty(n, dtype=torch.bool, **meta), max_grad_norm=t.grad_clip or None)
     use = (preset.removeprefix("andrea-"), " ".join(o.split(".", 1)[1] for o in overrides))
     for launch in launches:
         launch.use = use
     return launches
+
+
+def _modern_launches(B: int, T: int, C: int, n_head: int, rms_norm_forward, rms_norm_backward, rotary_apply) -> None:
+    """The modern model's own kernels as andrea/model/modern.py calls them in training on a GPU, in the dtypes they
+    get there (one each, not the three: 16 compiles an arch fewer in the suite's compile check): RMSNorm on
+    the fp32 residual stream (autocast leaves the embedding and the residual adds in fp32), QK-norm on the bf16 q of
+    the projection viewed (B, T, nh, hs), rotary on its (B, nh, T, hs) transpose (strided) and the inverse rotation
+    of the contiguous gradient that attention_backward returns into that transpose's layout."""
+    meta = dict(device="meta")
+    y, x2d, rstd = rms_norm_forward(torch.empty(B, T, C, **meta), 1e-6)  # (B, T, C) fp32
+    rms_norm_backward(torch.empty_like(y), x2d, rstd)
+    q = torch.empty(B, T, n_head, C // n_head, dtype=torch.bfloat16, **meta)  # (B, T, nh, hs): q_proj under autocast
+    q_normed, q2d, rstd = rms_norm_forward(q, 1e-6)
+    rms_norm_backward(torch.empty_like(q_normed), q2d, rstd)
+    cos, sin = (torch.empty(T, C // n_head // 2, **meta) for _ in range(2))  # (T, hs/2) fp32
+    q_rot = rotary_apply(q_normed.transpose(1, 2), cos, sin)  # (B, nh, T, hs)
+    rotary_apply(torch.empty_like(q_rot), cos, sin, inverse=True, layout=q_normed.transpose(1, 2))
 
 
 def bind(launch: Launch, cc: int) -> Job:

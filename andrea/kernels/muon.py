@@ -37,24 +37,24 @@ def muon_apply_reference(w: torch.Tensor, update: torch.Tensor, lr: float, weigh
 
 
 @triton.jit
-def _lerp(start, end, weight, FROM_START: tl.constexpr):
-    # torch's lerp: start + weight * (end - start) for |weight| < 0.5, else end - (end - start) * (1 - weight)
-    if FROM_START:
-        return start + weight * (end - start)
-    else:
-        return end - (end - start) * (1.0 - weight)
-
-
-@triton.jit
 def _muon_momentum_kernel(G, M, U, n, momentum_weight, beta, NESTEROV: tl.constexpr, M_FROM_START: tl.constexpr,
                           U_FROM_START: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: flat buffers may pass 2**31 bytes
     ok = offs < n
     g = tl.load(G + offs, mask=ok, other=0.0)
-    m = _lerp(tl.load(M + offs, mask=ok, other=0.0), g, momentum_weight, M_FROM_START)  # momentum.lerp_(g, 1 - β)
+    m = tl.load(M + offs, mask=ok, other=0.0)
+    # torch's two-sided lerp(start, end, w): start + w * (end - start) for |w| < 0.5, else end - (end - start) * (1 - w)
+    if M_FROM_START:  # momentum.lerp_(g, 1 - β)
+        m = m + momentum_weight * (g - m)
+    else:
+        m = g - (g - m) * (1.0 - momentum_weight)
     tl.store(M + offs, m, mask=ok)
-    if NESTEROV:
-        tl.store(U + offs, _lerp(g, m, beta, U_FROM_START), mask=ok)  # g.lerp(momentum, β)
+    if NESTEROV:  # g.lerp(momentum, β)
+        if U_FROM_START:
+            u = g + beta * (m - g)
+        else:
+            u = m - (m - g) * (1.0 - beta)
+        tl.store(U + offs, u, mask=ok)
 
 
 @triton.jit

@@ -3,10 +3,12 @@
 Half-split convention (HF's `rotate_half`, as Llama/Qwen3 load it): for x (B, H, T, D), x1 = x[..., :D/2],
 x2 = x[..., D/2:], out = cat(x1·cos − x2·sin, x2·cos + x1·sin) with cos, sin (T, D/2) fp32 for position t and
 pair i at angle t · base^(−2i/D). rotary_reference computes in fp32 and returns x's dtype.
-The kernel reads x through its strides (q and k arrive as transposed views of the qkv projection: no copy), the
-(T, D/2) tables once per tile, and writes a contiguous (B, H, T, D) in x's dtype, fp32 math. Its backward is the
-same kernel rotating by −θ (sin negated inside): dx1 = dy1·cos + dy2·sin, dx2 = dy2·cos − dy1·sin. The tables are
-constants (no gradient). Each output element has one writer: deterministic.
+The kernel reads x through its strides (q and k arrive as transposed views of the projection: no copy), the
+(T, D/2) tables once per tile, and writes a contiguous (B, H, T, D) in x's dtype (what attention reads), fp32 math.
+Its backward is the same kernel rotating by −θ (sin negated inside): dx1 = dy1·cos + dy2·sin,
+dx2 = dy2·cos − dy1·sin, written in x's own layout (the (B, T, H, D) memory of the projection and QK-norm), so the
+gradient flows on without a transposing copy. The tables are constants (no gradient). Each output element has one
+writer: deterministic.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
 
 
 @triton.jit
-def _rotary_kernel(X, COS, SIN, OUT, H, T, HALF, stride_b, stride_h, stride_t, INVERSE: tl.constexpr,
-                   BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _rotary_kernel(X, COS, SIN, OUT, H, T, HALF, stride_b, stride_h, stride_t, out_stride_b, out_stride_h,
+                   out_stride_t, INVERSE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr):
     pid_t = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64: B * H * T * D passes 2**31 at long context
     b, h = bh // H, bh % H
@@ -52,7 +54,7 @@ def _rotary_kernel(X, COS, SIN, OUT, H, T, HALF, stride_b, stride_h, stride_t, I
     x_offs = b * stride_b + h * stride_h + t[:, None] * stride_t + i[None, :]  # the last dim has stride 1
     x1 = tl.load(X + x_offs, mask=ok, other=0.0).to(tl.float32)  # (BLOCK_T, BLOCK_HALF): x[..., :D/2]
     x2 = tl.load(X + x_offs + HALF, mask=ok, other=0.0).to(tl.float32)  # x[..., D/2:]
-    o_offs = bh * T * 2 * HALF + t[:, None] * 2 * HALF + i[None, :]  # the output is contiguous (B, H, T, D)
+    o_offs = b * out_stride_b + h * out_stride_h + t[:, None] * out_stride_t + i[None, :]
     tl.store(OUT + o_offs, (x1 * cos - x2 * sin).to(OUT.dtype.element_ty), mask=ok)
     tl.store(OUT + o_offs + HALF, (x2 * cos + x1 * sin).to(OUT.dtype.element_ty), mask=ok)
 
@@ -67,8 +69,10 @@ def rotary_config(head_dim: int, device_type: str) -> tuple[int, int, int]:
     return max(1, 2048 // block_half), block_half, 4
 
 
-def rotary_apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """The rotation of x (B, H, T, D) by θ (by −θ with inverse) → a contiguous (B, H, T, D) in x's dtype."""
+def rotary_apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False,
+                 layout: torch.Tensor | None = None) -> torch.Tensor:
+    """The rotation of x (B, H, T, D) by θ (by −θ with inverse) → (B, H, T, D) in x's dtype, contiguous or with the
+    strides of `layout` (a tensor of x's shape, e.g. on the meta device, whose last dim has stride 1)."""
     if x.dim() != 4 or x.shape[-1] % 2 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"want x (B, H, T, D) with D even in fp32/bf16/fp16; got {tuple(x.shape)} {x.dtype}")
     B, H, T, D = x.shape
@@ -82,12 +86,16 @@ def rotary_apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse:
         raise RuntimeError("CPU tensors need the Triton interpreter (TRITON_INTERPRET=1 before importing triton)")
     if x.stride(-1) != 1:
         x = x.contiguous()
-    out = torch.empty(B, H, T, D, device=x.device, dtype=x.dtype)
+    if layout is None or layout.shape != x.shape or layout.stride(-1) != 1:
+        out = torch.empty(B, H, T, D, device=x.device, dtype=x.dtype)
+    else:
+        out = torch.empty_strided(x.shape, layout.stride(), device=x.device, dtype=x.dtype)
     block_t, block_half, num_warps = rotary_config(D, x.device.type)
     if out.numel():
         _rotary_kernel[(triton.cdiv(T, block_t), B * H)](
-            x, cos, sin, out, H, T, D // 2, x.stride(0), x.stride(1), x.stride(2), INVERSE=inverse, BLOCK_T=block_t,
-            BLOCK_HALF=block_half, num_warps=num_warps, enable_fp_fusion=FP_FUSION)
+            x, cos, sin, out, H, T, D // 2, x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1),
+            out.stride(2), INVERSE=inverse, BLOCK_T=block_t, BLOCK_HALF=block_half, num_warps=num_warps,
+            enable_fp_fusion=FP_FUSION)
     return out
 
 
@@ -95,12 +103,14 @@ class RotaryFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, cos, sin):
         ctx.save_for_backward(cos, sin)
+        # x's layout, kept without its memory: dense x (the projection's transposed view) gets dx in the same strides
+        ctx.layout = torch.empty_like(x, device="meta")
         return rotary_apply(x, cos, sin)
 
     @staticmethod
     def backward(ctx, dy):
         cos, sin = ctx.saved_tensors
-        return rotary_apply(dy, cos, sin, inverse=True), None, None  # the tables are constants
+        return rotary_apply(dy, cos, sin, inverse=True, layout=ctx.layout), None, None  # the tables are constants
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,9 @@ from andrea.kernels import compile_check
 from andrea.kernels.attention import attention_config
 from andrea.kernels.cross_entropy import cross_entropy_block
 from andrea.kernels.layernorm import layer_norm_config
+from andrea.kernels.muon import muon_config
+from andrea.kernels.rmsnorm import rms_norm_config
+from andrea.kernels.rotary import rotary_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 ARCHS = (80, 89, 90)
@@ -85,14 +88,50 @@ def test_each_preset_shape_is_compiled_as_its_launcher_picks_it(report, preset):
                 assert any(r["kernel"] == kernel and r["arch"] == cc and r["dtype"] == name
                            and _config(r)["HEAD_DIM"] == str(head_dim)
                            and (_config(r)["BLOCK_M"], _config(r)["BLOCK_N"]) == tuple(map(str, tiles)) for r in rows)
-            block, warps, _ = layer_norm_config(1, cfg.n_embd, "cuda")
-            for kernel in ("_layer_norm_fwd_kernel", "_layer_norm_bwd_kernel"):
-                assert any(r["kernel"] == kernel and r["arch"] == cc and r["dtype"] == name
-                           and _config(r)["BLOCK"] == str(block) and f" w{warps} " in r["config"] for r in rows)
+            if cfg.arch == "gpt2":
+                block, warps, _ = layer_norm_config(1, cfg.n_embd, "cuda")
+                for kernel in ("_layer_norm_fwd_kernel", "_layer_norm_bwd_kernel"):
+                    assert any(r["kernel"] == kernel and r["arch"] == cc and r["dtype"] == name
+                               and _config(r)["BLOCK"] == str(block) and f" w{warps} " in r["config"] for r in rows)
             block, warps = cross_entropy_block(cfg.vocab_size, "cuda")
             for kernel in ("_cross_entropy_fwd_kernel", "_cross_entropy_bwd_kernel"):
                 assert any(r["kernel"] == kernel and r["arch"] == cc and r["dtype"] == name
                            and _config(r)["BLOCK"] == str(block) and f" w{warps} " in r["config"] for r in rows)
+
+
+@pytest.mark.parametrize("preset", [p for p in preset_names() if load(p).model.arch == "modern"])
+def test_each_modern_preset_compiles_rms_norm_and_rotary_in_the_dtypes_training_gives_them(report, preset):
+    cfg = load(preset).model
+    head_dim = cfg.n_embd // cfg.n_head
+    for cc in ARCHS:
+        # RMSNorm on the fp32 residual stream and per head on the bf16 q and k (QK-norm); rotary both ways on them
+        for width, dtype in ((cfg.n_embd, "fp32"), (head_dim, "bf16")):
+            block, per_program, warps = rms_norm_config(width, "cuda")
+            for kernel in ("_rms_norm_fwd_kernel", "_rms_norm_bwd_kernel"):
+                assert any(r["kernel"] == kernel and r["arch"] == cc and r["dtype"] == dtype
+                           and _config(r) == dict(ROWS=str(per_program), BLOCK=str(block))
+                           and f" w{warps} " in r["config"] and _used_by(r, preset) for r in report["rows"])
+        block_t, block_half, warps = rotary_config(head_dim, "cuda")
+        for inverse in ("False", "True"):
+            assert any(r["kernel"] == "_rotary_kernel" and r["arch"] == cc and r["dtype"] == "bf16"
+                       and _config(r) == dict(INVERSE=inverse, BLOCK_T=str(block_t), BLOCK_HALF=str(block_half))
+                       and f" w{warps} " in r["config"] and _used_by(r, preset) for r in report["rows"])
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_each_preset_compiles_muons_kernels_for_either_nesterov(report, preset):
+    block, warps = muon_config("cuda")
+    for cc in ARCHS:
+        for kernel, nesterov in (("_muon_momentum_kernel", "True"), ("_muon_momentum_kernel", "False"),
+                                 ("_muon_apply_kernel", None)):
+            assert any(r["kernel"] == kernel and r["arch"] == cc and _config(r)["BLOCK"] == str(block)
+                       and f" w{warps} " in r["config"] and _config(r).get("NESTEROV") == nesterov
+                       and _used_by(r, preset, "optimizer=muon") for r in report["rows"])
+
+
+def _used_by(row, preset: str, variant: str = "") -> bool:
+    """Whether `preset` (with overrides starting with `variant`) launches the row's compile."""
+    return any(p == preset.removeprefix("andrea-") and v.startswith(variant) for p, v in row["uses"])
 
 
 def test_the_check_refuses_the_interpreter_in_one_line():

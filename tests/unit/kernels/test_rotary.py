@@ -90,6 +90,20 @@ def test_the_gradient_is_the_rotation_by_minus_theta_and_preserves_norms(device)
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=ON_CPU), pytest.param("cuda", marks=ON_CUDA)])
+def test_the_gradient_comes_back_in_the_projections_layout(device):
+    # q is a (B, H, T, D) view of the (B, T, H, D) projection: dx is written in that memory order, so the transpose's
+    # backward hands QK-norm a contiguous gradient (no copy); the forward's output is contiguous for attention.
+    base = torch.randn(2, 7, 3, 16, device=device).requires_grad_()  # (B, T, H, D)
+    cos, sin = rotary_tables(7, 16, 10000.0, device)
+    out = rotary(base.transpose(1, 2), cos, sin)
+    dy = torch.randn_like(out)
+    (got,) = torch.autograd.grad(out, base, dy)
+    (want,) = torch.autograd.grad(rotary_reference(base.transpose(1, 2), cos, sin), base, dy)
+    assert out.is_contiguous() and got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)  # fp32, O(1) values
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=ON_CPU), pytest.param("cuda", marks=ON_CUDA)])
 def test_tolerance_catches_a_shifted_position(device):
     x, dy, cos, sin = _inputs(1, 2, 123, 48, device=device)
     cos1, sin1 = (t.roll(1, dims=0).contiguous() for t in (cos, sin))  # position t rotated as t - 1
