@@ -61,11 +61,11 @@ def _rotary_kernel(X, COS, SIN, OUT, H, T, HALF, stride_b, stride_h, stride_t, o
 
 def rotary_config(head_dim: int, device_type: str) -> tuple[int, int, int]:
     """(BLOCK_T, BLOCK_HALF, num_warps), pinned per head dim and device type; never autotuned. GPU: ~2048 pairs a
-    program (16 fp32 of each half per thread at 4 warps). Interpreter: 16 positions, so T = 123 spans 8 tiles with a
-    ragged last one."""
+    program (16 fp32 of each half per thread at 4 warps). Interpreter: 32 positions (each program costs Python
+    overhead), so T = 123 spans 4 tiles with a ragged last one."""
     block_half = triton.next_power_of_2(head_dim // 2)
     if device_type == "cpu":
-        return 16, block_half, 1
+        return 32, block_half, 1
     return max(1, 2048 // block_half), block_half, 4
 
 

@@ -4,7 +4,7 @@ and the reference against the half-split convention a stock `transformers` Llama
 (apply_rotary_pos_emb with rotate_half).
 
 x arrives as the model makes it: a (B, H, T, D) view of a (B, T, H, D) tensor (strided; the kernel reads it in
-place). Odd shapes: T 1 / 7 / 123 / 431 (16-position tiles under the interpreter: ragged last tiles), D 16 / 48 / 64
+place). Odd shapes: T 1 / 7 / 123 / 431 (32-position tiles under the interpreter: ragged last tiles), D 16 / 48 / 64
 / 128 (48: a half of 24 in a 32-wide masked block).
 """
 
@@ -119,7 +119,7 @@ def test_two_runs_are_bit_identical(device, dtype):
 
 
 def test_launch_config_is_a_pinned_function_of_the_head_dim():
-    assert rotary_config(48, "cpu") == (16, 32, 1)
+    assert rotary_config(48, "cpu") == (32, 32, 1)
     for D in (16, 48, 64, 128, 256):
         block_t, block_half, _ = rotary_config(D, "cuda")
         assert block_half >= D // 2 and block_half & (block_half - 1) == 0 and block_t * block_half == 2048
