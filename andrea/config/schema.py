@@ -55,7 +55,8 @@ class ModelConfig:
     bias: bool = True
     """Biases in Linear and LayerNorm, as GPT-2 (arch = gpt2 only: the modern model has no biases)."""
     rope_base: float = 10_000.0
-    """Rotary position embeddings' base (arch = modern): pair i of a head turns by position · rope_base^(−2i/head_dim)."""
+    """Rotary position embeddings' base (arch = modern): pair i of a head turns by position ·
+    rope_base^(−2i/head_dim)."""
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:

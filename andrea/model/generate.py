@@ -32,11 +32,12 @@ The modern model (andrea/model/modern.py) runs the same loop through `_modern_bl
 rotary at each slot's position (the tables gathered per row, so left padding shifts them as it shifts the GPT's
 positions), SwiGLU.
 
-Past block_size: positions are learned and absolute (rotary tables stop at block_size), and the uncached loop feeds the last block_size tokens at
-positions 0..block_size-1; once a row is longer than that, every token's position shifts with each new token and
-no cached key stays valid. So when the next token would make the longest row exceed block_size, the batch is
-re-prefilled from each row's last block_size tokens (shorter rows are re-prefilled unchanged, at the same
-positions): exactly the uncached loop's context, at its cost (one full-window forward per token) from then on.
+Past block_size: positions are learned and absolute (rotary tables stop at block_size), and the uncached loop
+feeds the last block_size tokens at positions 0..block_size-1; once a row is longer than that, every token's
+position shifts with each new token and no cached key stays valid. So when the next token would make the longest
+row exceed block_size, the batch is re-prefilled from each row's last block_size tokens (shorter rows are
+re-prefilled unchanged, at the same positions): exactly the uncached loop's context, at its cost (one full-window
+forward per token) from then on.
 Audits (ANDREA-12M: a few prompt tokens + 48 new, block_size 256) never get there.
 
 Equality with the uncached loop (`decode_uncached`, kept as the reference for tests and bench/audit.py): the same
@@ -59,7 +60,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from andrea.model.gpt import GPT, torch_rotary
+from andrea.model.gpt import GPT
+from andrea.model.torch_math import rotary
 from andrea.model.modern import Modern
 
 Pick = Callable[[torch.Tensor], list[int]]  # fp32 logits of each row's last token (B, V) → each row's next token
@@ -124,8 +126,9 @@ def _gpt_blocks(model: GPT, pos: torch.Tensor, idx: torch.Tensor, attend) -> tor
 
 def _modern_blocks(model: Modern, pos: torch.Tensor, idx: torch.Tensor, attend) -> torch.Tensor:
     """Modern.forward's math over idx (B, t) at positions pos (B, t) → fp32 logits of the last slot (B, V). Rotary
-    takes each row's own positions (left padding shifts them), so it is the torch reference here, with the tables
-    gathered per row; the norms are the model's (the Triton RMSNorm under --kernels triton)."""
+    takes each row's own positions (left padding shifts them), so it is the torch one here
+    (andrea/model/torch_math.py), with the tables gathered per row; the norms are the model's (the Triton RMSNorm
+    under --kernels triton)."""
     B, t = idx.shape
     C, nh = model.cfg.n_embd, model.cfg.n_head
     cos, sin = (tab[pos][:, None] for tab in model.rotary_tables(idx.device))  # (B, 1, t, hs/2): every head
@@ -133,8 +136,8 @@ def _modern_blocks(model: Modern, pos: torch.Tensor, idx: torch.Tensor, attend) 
     for i, block in enumerate(model.h):
         attn, h = block.attn, block.norm_1(x)
         q, k, v = (_linear(p, h).view(B, t, nh, C // nh) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        q = torch_rotary(attn.q_norm(q).transpose(1, 2), cos, sin)  # (B, nh, t, hs)
-        k = torch_rotary(attn.k_norm(k).transpose(1, 2), cos, sin)
+        q = rotary(attn.q_norm(q).transpose(1, 2), cos, sin)  # (B, nh, t, hs)
+        k = rotary(attn.k_norm(k).transpose(1, 2), cos, sin)
         x = x + _linear(attn.o_proj, attend(i, q, k, v.transpose(1, 2)))
         mlp, h = block.mlp, block.norm_2(x)
         x = x + _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, h)) * _linear(mlp.up_proj, h))

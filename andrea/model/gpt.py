@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from andrea.config.schema import ModelConfig
+from andrea.model.torch_math import rms_norm, rotary
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 LayerNormFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor]
@@ -70,29 +71,16 @@ def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
     return _TokenCrossEntropy.apply(logits.float(), targets)
 
 
-def torch_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """The parameter-free RMSNorm's torch reference (andrea/kernels/rmsnorm.py), imported at the first call: a
-    process that only lays out a model (`info`, export) does not import the kernels' package and Triton."""
-    from andrea.kernels.rmsnorm import rms_norm_reference
-    return rms_norm_reference(x, eps)
-
-
-def torch_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary's torch reference (andrea/kernels/rotary.py), imported at the first call as torch_rms_norm."""
-    from andrea.kernels.rotary import rotary_reference
-    return rotary_reference(x, cos, sin)
-
-
 class ModelMath(NamedTuple):
     """Where the model's math comes from: torch (the defaults) or the Triton kernels (--kernels triton).
     The choice never changes the parameters, their order or the checkpoint. `rms_norm` and `rotary` serve the
-    modern model (andrea/model/modern.py); the GPT has neither."""
+    modern model (andrea/model/modern.py; torch's: andrea/model/torch_math.py); the GPT has neither."""
 
     attention: AttentionFn = sdpa_attention
     layer_norm: LayerNormFn | None = None  # None: torch's LayerNorm
     token_loss: TokenLossFn = token_cross_entropy
-    rms_norm: RmsNormFn = torch_rms_norm
-    rotary: RotaryFn = torch_rotary
+    rms_norm: RmsNormFn = rms_norm
+    rotary: RotaryFn = rotary
 
 
 class LayerNorm(nn.LayerNorm):

@@ -3,7 +3,7 @@
 Rotary position embeddings (no position table), parameter-free RMSNorm before each sublayer and at the end,
 QK-norm (an RMSNorm per head on q and k, before rotary, as Qwen3), a SwiGLU MLP, no biases and an untied head.
 It is Qwen3's decoder with every norm weight fixed at one, so Hugging Face's stock `Qwen3ForCausalLM` loads its
-export without custom code (andrea/model/qwen3.py; why that class: docs/operating.md#export-and---init-from).
+export without custom code (andrea/model/qwen3.py says why that class; docs/operating.md, "The modern recipe").
 
 The flat-buffer machinery is the GPT's (andrea/model/gpt.py: `param_layout`, `bind_flat`, `decay_mask`,
 `n_params`); this module adds the model, its initialisation and the MLP's width. Parameter-iteration order —
@@ -12,7 +12,8 @@ part of the checkpoint format (docs/formats.md), listed by `param_layout` and pr
     for each layer i: h.i.attn.{q_proj, k_proj, v_proj, o_proj}.weight (C, C),
                       h.i.mlp.{gate_proj, up_proj}.weight (H, C), h.i.mlp.down_proj.weight (C, H),
     lm_head.weight (V, C).
-H = `swiglu_hidden(C)` (andrea/config/schema.py). The norms have no parameters and no place in the buffer. Linear weights are (out, in).
+H = `swiglu_hidden(C)` (andrea/config/schema.py). The norms have no parameters and no place in the buffer. Linear
+weights are (out, in).
 
 The math (`ModelMath`): attention, RMSNorm, rotary and the loss come from torch's references or, with
 `--kernels triton`, the Triton kernels; neither changes a parameter or its order.

@@ -3,8 +3,9 @@
 Why Qwen3: among the decoders `transformers` ships, it is the one whose math is andrea's modern model op for op —
 RMSNorm before each sublayer and at the end, QK-norm (an RMSNorm per head on q and k, applied before rotary),
 half-split rotary (`rotate_half`), a SwiGLU MLP (SiLU gate), no biases (`attention_bias = false`), an untied head
-(`tie_word_embeddings = false`) and the 1/√head_dim attention scale. Llama and Mistral have no QK-norm; Gemma
-scales the embedding and its norms by (1 + w); OLMo-2 norms after the sublayers. Qwen3's norms carry weights:
+(`tie_word_embeddings = false`) and the 1/√head_dim attention scale. Llama and Mistral have no QK-norm; Gemma 3
+has one but scales the embedding by √C, gates with GELU and normalises after each sublayer too; OLMo-2 normalises
+after the sublayers, and q and k as a whole rather than per head. Qwen3's norms carry weights:
 andrea's have none, so an export writes them as ones (x · 1 is x exactly) and an import refuses any other value.
 
 Name mapping, andrea layout name → Qwen3ForCausalLM state-dict name (no transposes: both keep Linear's (out, in)):

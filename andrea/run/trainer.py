@@ -278,7 +278,7 @@ class Trainer:
 
 def _model_math(kernels: str) -> ModelMath:
     """The Triton kernels for attention, LayerNorm, RMSNorm, rotary and the loss, or torch's math (ModelMath's
-    defaults: SDPA, torch's LayerNorm, the RMSNorm and rotary references of andrea/kernels/)."""
+    defaults: SDPA, torch's LayerNorm, andrea/model/torch_math.py's RMSNorm and rotary)."""
     if kernels == "triton":
         from andrea.kernels import attention, cross_entropy, layer_norm, rms_norm, rotary
         return ModelMath(attention, layer_norm, partial(cross_entropy, reduction="none"), rms_norm, rotary)

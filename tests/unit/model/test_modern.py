@@ -93,6 +93,28 @@ def test_initialisation_is_seeded_and_starts_every_block_as_the_identity():
     assert float(a.loss_of(x, y)) == pytest.approx(math.log(300), abs=0.01)  # lm_head ~ N(0, 0.001)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_torch_math_is_the_kernels_references_forward_and_backward(dtype):
+    """andrea/model/torch_math.py's one-pass RMSNorm and rotary against andrea/kernels/'s references (autograd through
+    them), on odd shapes: outputs and input gradients within fp32 rounding (bf16: one bf16 rounding of the output)."""
+    from andrea.kernels.rmsnorm import rms_norm_reference
+    from andrea.kernels.rotary import rotary_reference, rotary_tables
+    from andrea.model.torch_math import rms_norm, rotary
+    gen = torch.Generator().manual_seed(3)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    cos, sin = rotary_tables(7, 10, 10000.0)
+    for ours, ref, shape in ((lambda x: rms_norm(x, 1e-6), lambda x: rms_norm_reference(x, 1e-6), (3, 7, 37)),
+                             (lambda x: rotary(x, cos, sin), lambda x: rotary_reference(x, cos, sin), (2, 3, 7, 10))):
+        x = (3 * torch.randn(shape, generator=gen)).to(dtype)
+        dy = torch.randn(shape, generator=gen).to(dtype)
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = ours(a), ref(b)
+        ya.backward(dy), yb.backward(dy)
+        assert ya.dtype == a.grad.dtype == dtype
+        torch.testing.assert_close(ya, yb, **tol)
+        torch.testing.assert_close(a.grad, b.grad, **tol)
+
+
 def sharp(trainer: Trainer) -> Trainer:
     """Weights far from init (every block live, attention far from uniform) so positions and norms matter."""
     with torch.no_grad():
