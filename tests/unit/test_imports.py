@@ -7,6 +7,7 @@ deferred import that only hides a circle counts as the circle it is. Imports not
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "andrea"
@@ -116,3 +117,16 @@ def test_the_graph_sees_deferred_imports():
     g = graph()
     assert "andrea.commands.train" in g["andrea.cli"]  # cli imports each command's module inside its dispatch
     assert "andrea.run.runtime" in g["andrea.commands.train"]  # and train the runtime inside cmd_train
+
+
+def doc_layers() -> list[set[str]]:
+    """docs/architecture.md's layers table, each `path` cell as a module name (`rundir/` -> andrea.rundir)."""
+    text = (ROOT.parent / "docs" / "architecture.md").read_text()
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|") for line in section.splitlines() if line.startswith("| ") and line[2:3].isdigit()]
+    to_module = lambda path: "andrea." + path.removesuffix("/").removesuffix(".py").replace("/", ".")  # noqa: E731
+    return [{to_module(p) for p in re.findall(r"`([^`]+)`", row[2])} for row in rows]
+
+
+def test_the_architecture_docs_layers_table_is_layers():
+    assert doc_layers() == LAYERS, "docs/architecture.md's layers table and LAYERS disagree: change both"
