@@ -52,7 +52,7 @@ BOUNDARY_FILE, BOUNDARY = "andrea/run/boundary.py", "tests/unit/run/test_boundar
 
 MUTANTS = [
     # --- issue #28's five survivors --------------------------------------------------------------------------
-    Mutant("#28.1 buffered commit: no fsync before the rename", "andrea/rundir/checkpoint.py",
+    Mutant("#28.1 buffered commit: no fsync before the rename", "andrea/rundir/checkpoint_write.py",
            '            pwrite_all(fd, memoryview(data).cast("B"), offset)\n        os.fsync(fd)\n',
            '            pwrite_all(fd, memoryview(data).cast("B"), offset)\n',
            (DURABILITY, POWER, "-k", "not sigkill")),
@@ -68,7 +68,7 @@ MUTANTS = [
            "ckpt.retention_victims(steps, self.keep_last, self.keep_every)",
            (*GUARD, REAL_RUN)),
     Mutant("#28.4 the runtime never hands the guard's protection to the writer", "andrea/run/runtime.py",
-           "        self.writer.protected = self.guard.protected", "        self.writer.protected = tuple",
+           "        writer.protected = guard.protected", "        writer.protected = tuple",
            (REAL_RUN, "tests/e2e/test_guard_run.py", "-k", "real_run or divergence_after")),
     Mutant("#28.5 commit gate open while an incident is pending", "andrea/guard/decisions.py",
            "        return self.pending is None and sum(self.detector.flags) < max(1, self.cfg.persist - 1)\n",
@@ -78,14 +78,14 @@ MUTANTS = [
            "self.state.v, step=step + 1, lr=lr,", "self.state.v, step=max(step, 1), lr=lr,",
            ("tests/unit/run/test_trainer.py",)),
     # --- the one-process commit ------------------------------------------------------------------------------
-    Mutant("O_DIRECT commit: no fsync before the rename", "andrea/rundir/checkpoint.py",
+    Mutant("O_DIRECT commit: no fsync before the rename", "andrea/rundir/checkpoint_write.py",
            "        os.ftruncate(fd, size)\n        os.fsync(fd)\n    finally:\n",
            "        os.ftruncate(fd, size)\n    finally:\n",
            (DURABILITY, POWER, "-k", "not sigkill")),
-    Mutant("publish: no directory fsync after the rename", "andrea/rundir/checkpoint.py",
+    Mutant("publish: no directory fsync after the rename", "andrea/rundir/atomic.py",
            "    fsync_dir(final.parent)\n    return final\n", "    return final\n",
            (DURABILITY, POWER, "-k", "not sigkill")),
-    Mutant("buffered commit: fsync before the writes", "andrea/rundir/checkpoint.py",
+    Mutant("buffered commit: fsync before the writes", "andrea/rundir/checkpoint_write.py",
            "        os.ftruncate(fd, size)\n        for offset, data in regions:\n"
            "            pwrite_all(fd, memoryview(data).cast(\"B\"), offset)\n        os.fsync(fd)\n",
            "        os.ftruncate(fd, size)\n        os.fsync(fd)\n        for offset, data in regions:\n"
@@ -103,14 +103,13 @@ MUTANTS = [
            "    for directory in {path.parent for path in files}:\n        pass\n",
            (DURABILITY, "-k", "sidecars")),
     Mutant("writer: before_commit (ledger, companions) after the .bin", "andrea/commit/writer.py",
-           "            if before_commit is not None:\n                before_commit()\n"
-           "            hold = (lambda: time.sleep(self.delay)) if self.delay else None\n"
-           "            path = checkpoint_write.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n, "
-           "direct=self.direct,\n                                     before_rename=hold)\n",
-           "            hold = (lambda: time.sleep(self.delay)) if self.delay else None\n"
-           "            path = checkpoint_write.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n, "
-           "direct=self.direct,\n                                     before_rename=hold)\n"
-           "            if before_commit is not None:\n                before_commit()\n",
+           "        if before_commit is not None:\n            before_commit()\n"
+           "        return checkpoint_write.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n,\n"
+           "                                             direct=self.direct, before_rename=before_rename)\n",
+           "        path = checkpoint_write.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n,\n"
+           "                                             direct=self.direct, before_rename=before_rename)\n"
+           "        if before_commit is not None:\n            before_commit()\n"
+           "        return path\n",
            (DURABILITY, "-k", "writer or real_run")),
     # --- the sharded commit ----------------------------------------------------------------------------------
     Mutant("ZeRO-1: each rank votes before it writes", "andrea/commit/shards.py",
@@ -118,7 +117,7 @@ MUTANTS = [
            "    votes = world.to_leader(world.rank + 1 if error else 0)\n    attempt(lambda: write(tails))\n",
            (DURABILITY, "-k", "rank")),
     # --- the spare and the rollback --------------------------------------------------------------------------
-    Mutant("spare claimed, then dropped: every commit writes a fresh file", "andrea/rundir/checkpoint.py",
+    Mutant("spare claimed, then dropped: every commit writes a fresh file", "andrea/rundir/checkpoint_write.py",
            "            spare.claim(tmp)\n            write_image(tmp, view, size, direct)\n",
            "            spare.claim(tmp) and tmp.unlink()\n            write_image(tmp, view, size, direct)\n",
            (DURABILITY, "-k", "spare")),

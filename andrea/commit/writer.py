@@ -192,12 +192,12 @@ class CheckpointWriter:
 
     def _write(self, slot: int, step: int, before_commit: Callable[[], None] | None,
                before_rename: Callable[[], None] | None) -> Path:
-        """Commit staging buffer `slot` as `step_NNNNNN.bin` (one process: the whole image, rundir/checkpoint_write.py);
-        the sharded and gathered writers replace this. Raises OSError or CommitFailed."""
+        """Commit staging buffer `slot` as `step_NNNNNN.bin`: one process writes the whole image
+        (rundir/checkpoint_write.py); the sharded and gathered writers replace this. Raises OSError or CommitFailed."""
         if before_commit is not None:
             before_commit()
-        return checkpoint_write.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n, direct=self.direct,
-                                 before_rename=before_rename)
+        return checkpoint_write.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n,
+                                             direct=self.direct, before_rename=before_rename)
 
     def _finished(self, fut: asyncio.Future) -> None:
         if fut.cancelled() or fut.exception() is not None:
