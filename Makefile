@@ -6,7 +6,7 @@ PRESET ?= andrea-12m
 RUN_DIR ?= runs/$(PRESET)
 ARGS ?=
 
-.PHONY: train test quick faults chaos mutants bench venv clean kernels-gpu-triton
+.PHONY: train test quick durations faults chaos mutants bench venv clean kernels-gpu-triton
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,12 +22,21 @@ train: venv
 
 # Two workers, one test file each at a time (pytest-xdist, --dist loadfile: a module's fixtures are built once):
 # most tests wait on single-threaded trainer processes, so one worker leaves a core idle (2 cores: 18.6 min
-# against 26.8 serially, 2026-12-02; the whole suite now takes 9.6-11.8 min on two workers). More cores take up to 4
-# workers. --no-loadscope-reorder hands the files out
-# in collection order, the longest first (tests/conftest.py: HEAVY), so no worker is left alone on a long file at
-# the end. --durations=12 prints the slowest tests of every run: what to look at when the suite grows (<= 12 min).
+# against 26.8 serially, 2026-12-02; the whole suite takes about 9-10 min on two workers). More cores take up to 4
+# workers. --no-loadscope-reorder hands the files out in collection order, the longest first by the durations
+# record (tests/durations.json; tests/conftest.py), so no worker is left alone on a long file at the end.
+# --durations=12 prints the slowest tests of every run: what to look at when the suite grows (<= 10 min).
 test: venv
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder -m "not slow" --durations=12 $(ARGS)
+
+# Regenerates the durations record that orders `make test` (tests/durations.py): the suite as `make test` runs it,
+# every test's time into build/durations.txt, then each file's seconds into tests/durations.json (commit it).
+# ARGS=tests/e2e/test_x.py measures and updates that file's entry alone.
+durations: venv
+	@mkdir -p build
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder -m "not slow" --durations=0 \
+	    $(ARGS) > build/durations.txt || true
+	$(PY) -m tests.durations build/durations.txt
 
 # The development loop: the unit tests only (no trainer process, no compile check; ~1 min on 2 cores). `make test`
 # runs them too, with everything else.
