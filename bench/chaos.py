@@ -326,7 +326,8 @@ def main() -> int:
     p.add_argument("--every", type=float, default=60.0, help="seconds between faults")
     p.add_argument("--faults", default=",".join(plan.ORDER), help="comma-separated, in order")
     p.add_argument("--outage", type=float, default=10.0, help="seconds the store stays down")
-    p.add_argument("--watchdog", type=float, default=10.0, help="watchdog.floor_s of the run (a hang's detection)")
+    p.add_argument("--watchdog", type=float, default=30.0,
+                   help="watchdog.floor_s of the run: a hang is found this long after it (above a step and a start)")
     p.add_argument("--template", type=Path, default=None, help="a prepared run directory to copy data from")
     p.add_argument("--json", type=Path, default=None, help="also write the report's figures as JSON here")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
