@@ -191,6 +191,19 @@ def segment_rate(entries: list[dict[str, Any]], spans: list[tuple[float, float]]
     return steps / seconds if seconds > 0 else None
 
 
+def high_water(entries: list[dict[str, Any]], t: float) -> int:
+    """The highest step any step entry recorded by time t reached: the run's new ground (steps trained again after a
+    crash or a rollback do not move it)."""
+    return max((e["step"] for e in entries if "event" not in e and e["time"] <= t), default=0)
+
+
+def window_loss(entries: list[dict[str, Any]], start: float, end: float, rate: float) -> tuple[int, float]:
+    """(new steps, seconds lost) between two times: the window's length less what its new steps take at the
+    fault-free rate. The windows between consecutive faults add up to the run's whole loss, wall - kept / rate."""
+    gained = high_water(entries, end) - high_water(entries, start)
+    return gained, (end - start) - gained / rate
+
+
 def goodput(steps_kept: int, wall_s: float, rate: float) -> float:
     """Steps kept / (wall time x the fault-free steps/s): 1.0 is a run that lost nothing to its faults."""
     if wall_s <= 0 or rate <= 0:

@@ -168,33 +168,42 @@ def report(args, chaos, ref: dict, final: list[dict], led: list[dict], newest: i
     w(f"median one-process start: first line {med['imports']:.2f} s, to ready {med['to_ready']:.2f} s, ready to the "
       f"first step {med['ready_to_step']:.2f} s")
 
-    lost_s = wall - kept / rate if rate > 0 else 0.0
-    causes = {"dying (fault -> exit)": 0.0, "restarting (exit -> first step)": 0.0, "steps trained again": 0.0}
-    for f, r in zip(injected, rows):
-        if f.exit_at is not None:
-            causes["dying (fault -> exit)"] += f.exit_at - f.at
-            causes["restarting (exit -> first step)"] += r["seconds"] or 0.0
-        elif r["seconds"] is not None:
-            causes["restarting (exit -> first step)"] += r["seconds"]
-        causes["steps trained again"] += (r["lost"] or 0) / rate
-    causes["the rest (slower steps: the store's and the hang's CPU, stops' checkpoints, noise)"] = \
-        lost_s - sum(causes.values())
+    # Each fault's window runs from it to the next fault (the last one's to the last step); the windows' losses add
+    # up to the run's, wall - kept / rate. A window's loss is split into dying (fault -> exit), starting again (exit ->
+    # the next process's `ready`, a restore included), the steps trained again, and the rest (the first step's
+    # warm-up, slower steps beside the store's or a full disk's troubles, noise).
+    first_t, last_t = (all_steps[0]["time"], all_steps[-1]["time"]) if all_steps else (t0, t0)
+    bounds = [max(f.at, first_t) for f in injected] + [last_t]
+    before_gain, before_loss = plan.window_loss(led, first_t, bounds[0], rate) if injected else (kept, wall - kept / rate)
+    windows = []
+    for i, (f, r) in enumerate(zip(injected, rows)):
+        gained, loss = plan.window_loss(led, bounds[i], bounds[i + 1], rate)
+        dying = (f.exit_at - f.at) if f.exit_at else 0.0
+        nxt = next((s for s in chaos.segments if f.exit_at and s["kind"] != "restore" and s["spawned"] >= f.exit_at
+                    and s.get("ready")), None)
+        starting = (nxt["ready"] - f.exit_at) if nxt else 0.0
+        again = (r["lost"] or 0) / rate
+        windows.append({"kind": f.kind, "seconds": bounds[i + 1] - bounds[i], "new_steps": gained, "lost_s": loss,
+                        "dying_s": dying, "starting_s": starting, "again_s": again,
+                        "rest_s": loss - dying - starting - again})
     w("\n### Goodput\n")
     w(f"steps kept {kept} (step {first['step'] if first else '-'} to {last['step'] if last else '-'}) / (wall "
       f"{wall:.1f} s from the first step to the last x fault-free {rate:.3f} steps/s) = **{100 * good:.1f} %** "
       f"(target >= 90 % at one fault a minute on andrea-12m)\n")
     w(f"fault-free steps/s: the fault-free run {ref_rate:.3f}, the chaos run's own processes while they trained "
       f"{fmt(own_rate, '.3f')}; the larger is used\n")
-    w("| where the rest went | seconds | share of the wall |\n|---|---|---|")
-    for k, v in causes.items():
-        w(f"| {k} | {v:.1f} | {100 * v / wall if wall else 0:.1f} % |")
-    by_kind = {}
-    for f, r in zip(injected, rows):
-        cost = ((f.exit_at - f.at) if f.exit_at else 0.0) + (r["seconds"] or 0.0) + (r["lost"] or 0) / rate
-        by_kind[f.kind] = by_kind.get(f.kind, 0.0) + cost
-    w("\n| fault | seconds it cost (dying + restarting + steps again) |\n|---|---|")
-    for k, v in by_kind.items():
-        w(f"| {k} | {v:.1f} |")
+    w("Where the rest went, fault by fault (each from it to the next; the rows add up to wall - kept / rate):\n")
+    w("| window | seconds | new steps | lost (s) | dying: fault -> exit | starting: exit -> ready | steps again | "
+      "the rest (first step, slower steps) |\n|---|---|---|---|---|---|---|---|")
+    w(f"| before the first fault | {bounds[0] - first_t:.1f} | {before_gain} | {before_loss:.1f} | | | | |")
+    for x in windows:
+        w(f"| {x['kind']} | {x['seconds']:.1f} | {x['new_steps']} | {x['lost_s']:.1f} | {x['dying_s']:.1f} | "
+          f"{x['starting_s']:.1f} | {x['again_s']:.1f} | {x['rest_s']:.1f} |")
+    total = {k: sum(x[k] for x in windows) for k in ("lost_s", "dying_s", "starting_s", "again_s", "rest_s")}
+    lost_all = total["lost_s"] + before_loss
+    w(f"| **all** ({100 * lost_all / wall if wall else 0:.1f} % of the wall) | {wall:.1f} | {kept} | {lost_all:.1f} | "
+      f"{total['dying_s']:.1f} | {total['starting_s']:.1f} | {total['again_s']:.1f} | "
+      f"{total['rest_s'] + before_loss:.1f} |")
 
     return {"target": args.steps, "every": args.every, "preset": args.preset, "outcome": chaos.outcome,
             "faults": rows, "bytes": bytes_, "verdict": {"target_reached": target_reached, "same_bytes": same,
@@ -203,4 +212,4 @@ def report(args, chaos, ref: dict, final: list[dict], led: list[dict], newest: i
             "notices": [dict(e, fault=injected[o].kind if o is not None else None) for e, o in zip(notices, n_owner)],
             "starts": phases, "goodput": {"steps_kept": kept, "wall_s": wall, "rate": rate, "reference_rate": ref_rate,
                                           "own_rate": own_rate, "goodput": good,
-                                          "causes": causes, "by_fault": by_kind}, "skipped": chaos.skipped}
+                                          "windows": windows, "lost_s": lost_all}, "skipped": chaos.skipped}

@@ -108,3 +108,15 @@ def test_every_fault_is_in_the_default_order_and_the_ones_riding_a_start_follow_
     for i, kind in enumerate(plan.ORDER):
         if kind in ("poison", "hang"):
             assert i > 0 and plan.FAULTS[plan.ORDER[i - 1]].exits
+
+
+def test_the_windows_between_faults_add_up_to_the_whole_loss_and_steps_trained_again_are_no_new_ground():
+    # 10 steps at 1 step/s, a crash at 10.5 back to step 6, a 4 s restart, steps 7..20 again at 1 step/s
+    led = steps(1, 10, 0.0) + [{"event": "resume", "step": 6, "time": 14.0}] + steps(7, 20, 15.0)
+    assert plan.high_water(led, 17.0) == 10  # steps 7-9 trained again are not new ground
+    assert plan.high_water(led, 19.0) == 11
+    before = plan.window_loss(led, -1.0, 10.5, rate=1.0)  # from before step 1 (at t = 0) to the crash
+    after = plan.window_loss(led, 10.5, 28.0, rate=1.0)
+    assert before == (10, pytest.approx(1.5)) and after == (10, pytest.approx(7.5))  # 4 s restart + 3 steps again
+    kept, wall = 20, 28.0 - (-1.0)
+    assert before[1] + after[1] == pytest.approx(wall - kept / 1.0)  # the windows add up to the run's loss
