@@ -33,19 +33,21 @@ from andrea.guard.decisions import Detector, band  # noqa: E402
 from andrea.rundir.ledger import history, read_ledger  # noqa: E402
 
 
-def headroom(entries: list[dict], cfg: GuardConfig) -> dict:
-    """Replay the detector over the step entries: the closest each signal came to its band edge."""
+def headroom(entries: list[dict], cfg: GuardConfig, warmup_steps: int = 0) -> dict:
+    """Replay the detector over the step entries: the closest each signal came to its band edge (the gradient
+    norm once its warm-up grace, `warmup_steps + window`, is over)."""
     det = Detector(cfg)
     worst = {"loss_ratio": 0.0, "loss_step": None, "grad_ratio": 0.0, "grad_step": None, "max_flags": 0}
     for e in entries:
+        judged = e["step"] > warmup_steps + cfg.window
         if det.losses:
             lr_ = e["loss"] / band(det.losses, cfg.loss_sigmas, cfg.loss_margin)
-            gr_ = e["grad_norm"] / band(det.grads, cfg.grad_sigmas, cfg.grad_margin)
+            gr_ = e["grad_norm"] / band(det.grads, cfg.grad_sigmas, cfg.grad_margin) if judged else 0.0
             if lr_ > worst["loss_ratio"]:
                 worst.update(loss_ratio=lr_, loss_step=e["step"])
             if gr_ > worst["grad_ratio"]:
                 worst.update(grad_ratio=gr_, grad_step=e["step"])
-        det.feed(e["loss"], e["grad_norm"])
+        det.feed(e["loss"], e["grad_norm"], judge_grad=judged)
         worst["max_flags"] = max(worst["max_flags"], sum(det.flags))
     return worst
 
@@ -73,7 +75,7 @@ def main() -> int:
     seconds = time.monotonic() - t0
     entries = read_ledger(run_dir / ".loss.json").entries
     count = {k: sum(e.get("event") == k for e in entries) for k in ("incident", "rollback", "guard_stop")}
-    worst = headroom(history(entries), cfg.guard)
+    worst = headroom(history(entries), cfg.guard, cfg.train.warmup_steps)
     report = {"preset": args.preset, "steps": steps, "batch_size": args.batch_size or cfg.train.batch_size,
               "exit": proc.returncode, "seconds": round(seconds, 1), **count, **worst}
     print(f"| preset | steps | batch | exit | incidents | rollbacks | max loss/band (step) | "

@@ -26,6 +26,19 @@ or any non-finite loss or gradient norm, which is one at once. Before the first 
 empty and the first record (the loss of the initial state, about ln(vocab)) seeds it: a run at lr = 1.0
 that leaves its basin at step 4 is caught by step 6.
 
+The warm-up grace (the gradient norm only): a healthy run's gradient norm spikes 10-58x its median on single
+steps just after the learning-rate warm-up ends (andrea-tiny, ten seeds: steps 22-41 of a 20-step warm-up, each
+spike gone within three steps; after step 60 never above 3.3x; bench/guard_series.py measures it). No band over
+a young, smoothly falling baseline tells those from a divergence. So until header step
+`warmup_steps + window` the gradient norm is never an anomaly (and a value above its band stays out of the
+baseline, which is full and settled when the grace ends); the loss and non-finite values are judged from the
+first record, and they are what a real divergence moves (lr = 1.0 sends the loss from 6 to 80).
+
+The final step: a checkpoint the gate holds back at the step target would leave the run short of its target for
+good (every restart replays the same steps into the same gate). `hold_target` turns it into an incident, resolved
+as any other: a rollback to the known-good point with the remedy, trained again up to the target; after
+`max_attempts` the bounded stop names the checkpoint to resume from.
+
 Known-good: a checkpoint is committed only while no incident is pending and the detector is not one anomaly
 short of one (`may_commit`); it stays *tentative* until `confirm_steps` later records
 have passed without an incident and the detector is quiet again — a divergence is detected a few steps after
@@ -81,25 +94,29 @@ class Detector:
     grads: list[float] = field(default_factory=list)
     flags: list[bool] = field(default_factory=list)
 
-    def feed(self, loss: float, grad_norm: float) -> tuple[str, str]:
-        """(verdict, reason) for one record; healthy values join the baseline."""
+    def feed(self, loss: float, grad_norm: float, judge_grad: bool = True) -> tuple[str, str]:
+        """(verdict, reason) for one record; healthy values join the baseline. `judge_grad` False (the warm-up
+        grace): a gradient norm above its band is no anomaly, and stays out of the baseline."""
         c = self.cfg
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.flags = (self.flags + [True])[-c.persist_window:]
             return INCIDENT, f"loss {loss} / grad norm {grad_norm} is not finite"
-        reasons = []
+        reasons, grad_outlier = [], False
         if self.losses:
             edge = band(self.losses, c.loss_sigmas, c.loss_margin)
             if loss > edge:
                 reasons.append(f"loss {loss:.4g} above its band {edge:.4g}")
+        if self.grads:
             edge = band(self.grads, c.grad_sigmas, c.grad_margin)
-            if grad_norm > edge:
+            grad_outlier = grad_norm > edge
+            if grad_outlier and judge_grad:
                 reasons.append(f"grad norm {grad_norm:.4g} above its band {edge:.4g}")
         anomalous = bool(reasons)
         self.flags = (self.flags + [anomalous])[-c.persist_window:]
         if not anomalous:
             self.losses = (self.losses + [loss])[-c.window:]
-            self.grads = (self.grads + [grad_norm])[-c.window:]
+            if not grad_outlier:
+                self.grads = (self.grads + [grad_norm])[-c.window:]
             return (SUSPECT if any(self.flags) else HEALTHY), ""
         count = sum(self.flags)
         if count >= c.persist:
@@ -150,8 +167,9 @@ class Plan:
 
 class Guard:
     def __init__(self, cfg: GuardConfig, *, good_step: int = 0, good_path: str | None = None,
-                 init_from: str | None = None):
+                 init_from: str | None = None, warmup_steps: int = 0):
         self.cfg = cfg
+        self.grace_until = warmup_steps + cfg.window  # header steps up to this one: no grad-norm anomaly
         self.detector = Detector(cfg)
         self.remedy: dict[str, Any] = {"attempts": 0, "since": None, "data_offset": 0, "lr_scale": 1.0}
         self.good: dict[str, Any] = {"step": good_step, "path": good_path, "detector": self.detector.to_state(),
@@ -162,6 +180,7 @@ class Guard:
         self.pending: dict[str, Any] | None = None  # an incident awaiting its rollback (never saved: no
         self.last_reason = ""  # checkpoint is taken while one is pending)
         self.recovered: list[int] = []  # steps of confirmations that closed a series, for ledger markers
+        self.last_record: tuple[int, float, float] | None = None  # (step, loss, grad norm) last observed
 
     # --- records -------------------------------------------------------------------------------------------
     def observe(self, step: int, loss: float, grad_norm: float) -> str:
@@ -170,8 +189,9 @@ class Guard:
             return HEALTHY
         if self.pending is not None:
             return INCIDENT  # records after a detected incident belong to the abandoned timeline
-        verdict, reason = self.detector.feed(loss, grad_norm)
+        verdict, reason = self.detector.feed(loss, grad_norm, judge_grad=step > self.grace_until)
         self.last_reason = reason or self.last_reason  # the newest anomaly's, for the gate's log line
+        self.last_record = (step, loss, grad_norm)
         if verdict == INCIDENT:
             self.pending = {"step": step, "reason": reason, "loss": loss, "grad_norm": grad_norm}
             return verdict
@@ -199,6 +219,25 @@ class Guard:
         if not self.cfg.enabled:
             return True
         return self.pending is None and sum(self.detector.flags) < max(1, self.cfg.persist - 1)
+
+    def hold_target(self, step: int) -> None:
+        """The gate held back the checkpoint of the step target `step`: an incident, rolled back like any other
+        (a stop short of the target would be replayed into the same gate by every restart)."""
+        if not self.cfg.enabled or self.pending is not None:
+            return
+        _, loss, grad_norm = self.last_record or (step, math.nan, math.nan)
+        self.pending = {"step": step, "reason": f"the checkpoint of the step target {step} is held back: "
+                                                f"{self.last_reason}", "loss": loss, "grad_norm": grad_norm}
+
+    def where_good(self, newest: str | None) -> str:
+        """Where the run stands, for the line that says a checkpoint was held back: the known-good point, and the
+        newest checkpoint `newest` (the one a restart resumes from) when that is a newer, tentative one."""
+        good = self.good["path"]
+        said = f"{good}, on disk" if good else "the initial state, which a rollback re-creates"
+        if newest is None or newest == good:
+            return f"the last good state is {said}"
+        return (f"the newest checkpoint is {newest} (a restart resumes from it; tentative until "
+                f"{self.cfg.confirm_steps} quiet steps confirm it) and the guard's known-good point {said}")
 
     def on_checkpoint(self, step: int, path: str) -> dict[str, Any]:
         """A checkpoint of `step` is being committed (the gate was open): track it, return the companion."""
@@ -267,7 +306,7 @@ class Guard:
                 "remedy": dict(self.remedy)}
 
     @classmethod
-    def from_state(cls, cfg: GuardConfig, d: Any, step: int, source: str) -> "Guard":
+    def from_state(cls, cfg: GuardConfig, d: Any, step: int, source: str, warmup_steps: int = 0) -> "Guard":
         """Restore the guard saved with the checkpoint of `step`; GuardStateError names `source` and the field."""
         try:
             if not isinstance(d, dict):
@@ -281,7 +320,7 @@ class Guard:
                 raise GuardStateError("field 'good' missing or without an integer 'step'")
             if not isinstance(remedy, dict):
                 raise GuardStateError("field 'remedy' missing or not an object")
-            g = cls(cfg, good_step=good["step"], good_path=good.get("path"))
+            g = cls(cfg, good_step=good["step"], good_path=good.get("path"), warmup_steps=warmup_steps)
             g.detector = Detector.from_state(cfg, d.get("detector"))
             g.good = {"step": good["step"], "path": good.get("path"),
                       "detector": Detector.from_state(cfg, good.get("detector")).to_state(),

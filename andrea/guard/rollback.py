@@ -38,25 +38,27 @@ def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
     said in one line; tentative checkpoints that are gone are dropped (none of them may become the good point).
     `read_json`, `exists`: how this rank reads the companion and sees a checkpoint (on separate disks, rank 0
     answers: parallel/sharing.py)."""
+    warmup = cfg.train.warmup_steps  # the gradient norm's grace (guard/decisions.py)
     if info is None:
-        return Guard(cfg.guard, init_from=init_from), None
+        return Guard(cfg.guard, init_from=init_from, warmup_steps=warmup), None
     path = companion_path(info.path.parent, info.step)
     name = info.path.name if info.path.parent == run_dir else str(info.path.resolve())
     try:
         d = read_json(path)
         if d is not None:
-            guard = Guard.from_state(cfg.guard, d, info.step, str(path))
+            guard = Guard.from_state(cfg.guard, d, info.step, str(path), warmup_steps=warmup)
             gone = {s for s in named_checkpoints(d)
                     if s != info.step and not exists(run_dir / names.checkpoint_name(s))}
             if guard.good["step"] in gone and guard.good["path"] is not None:
-                return Guard(cfg.guard, good_step=info.step, good_path=name), (
+                return Guard(cfg.guard, good_step=info.step, good_path=name, warmup_steps=warmup), (
                     f"{path}: its known-good checkpoint {names.checkpoint_name(guard.good['step'])} is not in "
                     f"{run_dir} (a rollback could not read it); the guard starts afresh from {name}")
             guard.tentative = [t for t in guard.tentative if t["step"] not in gone]
             return guard, None
     except (sidecars.SidecarError, GuardStateError) as e:
-        return Guard(cfg.guard, good_step=info.step, good_path=name), f"{e}; the guard starts afresh from {name}"
-    return Guard(cfg.guard, good_step=info.step, good_path=name), None
+        return (Guard(cfg.guard, good_step=info.step, good_path=name, warmup_steps=warmup),
+                f"{e}; the guard starts afresh from {name}")
+    return Guard(cfg.guard, good_step=info.step, good_path=name, warmup_steps=warmup), None
 
 
 def good_payload(guard: Guard, run_dir: Path, cfg: RunConfig, trainer) -> torch.Tensor:

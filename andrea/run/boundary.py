@@ -99,6 +99,8 @@ class Boundary:
             taken = True
             if action.checkpoint and self.writer.last_committed != self.step:
                 taken = await self.checkpoint()
+                if not taken and action.stop and self.req.stop is None:  # the step target held back: resolved
+                    self.guard.hold_target(self.step)  # as an incident (guard/decisions.py), never left short
             if self.guard.pending is not None:
                 await self.rollback()
                 self.start = self.step
@@ -200,14 +202,13 @@ class Boundary:
         self.take_records(self.records.pop_ready(wait_until_step=step))
         self.feed.flush(force_sync=True)
         if not guard.may_commit():  # never checkpoint (or let retention pass) over the last good state
-            good = (f"{guard.good['path']}, on disk" if guard.good["path"] else
-                    "the initial state, which a restart re-creates")
+            newest = writer.last_committed
+            good = guard.where_good(names.checkpoint_name(newest) if newest is not None else None)
             why = "it is diverging" if guard.pending else f"the guard sees trouble ({guard.last_reason})"
             if self.req.stop is not None:
-                log.warning("%s during an incident: writing nothing, %s; the last good state is %s",
-                            self.req.stop, why, good)
+                log.warning("%s during an incident: writing nothing, %s; %s", self.req.stop, why, good)
             else:
-                log.warning("not checkpointing step %d: %s; the last good state is %s", step, why, good)
+                log.warning("not checkpointing step %d: %s; %s", step, why, good)
             return False
         state = self.proxy.state(step)
         guard_state = guard.on_checkpoint(step, names.checkpoint_name(step))

@@ -345,3 +345,29 @@ def test_a_failed_write_and_a_pivot_are_notices(tmp_path):
     assert [(kind, step) for kind, step, _ in sent] == [("write_error", 4), ("pivot", 6)]
     assert "step_000004.bin" in sent[0][2]["error"] and sent[0][2]["disk_full"] is False
     assert sent[1][2]["phase"] == 1 and sent[1][2]["caps"] == {cfg.data.arms[0]: 0.2}
+
+
+def test_a_step_target_the_gate_holds_back_is_rolled_back_and_trained_again_to_its_checkpoint(tmp_path):
+    """Issue 46: the gate shut at the step target used to end the run there, exit 0, without the final checkpoint
+    (for good: a restart replays the same steps into the same gate). Now it is an incident: a rollback to the
+    known-good checkpoint with the data skipped, trained again to the target, whose checkpoint lands."""
+    b = make_boundary(tmp_path, make_cfg(checkpoint={"every": 5, "keep_last": 10}))
+    open_gate = b.guard.may_commit
+    held = []
+
+    def gate() -> bool:  # the guard sees trouble at the first arrival at the target only
+        if b.step == 12 and not held:
+            held.append(b.step)
+            b.guard.last_reason = "grad norm 9 above its band 3"
+            return False
+        return open_gate()
+
+    b.guard.may_commit = gate
+    asyncio.run(drive(b, 12))
+    assert held == [12]
+    incident = next(e for e in b.events if e[:2] == ("line", "incident"))
+    rolled = next(e for e in b.events if e[:2] == ("line", "rollback"))
+    assert incident[2] == 12 and rolled[2] == 5  # the known-good checkpoint (confirmed 5 steps after it)
+    assert b.events.index(incident) < b.events.index(rolled) < b.events.index(("commit", 12, True))
+    assert b.step == 12 and b.writer.last_committed == 12 and (tmp_path / names.checkpoint_name(12)).exists()
+    assert b.proxy.data_offset == 7  # the batches that led into it skipped, as at any incident
