@@ -31,8 +31,8 @@ def resolve_config(args: argparse.Namespace, run_dir: Path | None) -> RunConfig:
     base = configload.read_toml(saved) if saved is not None and saved.exists() else None
     preset = args.preset or (None if args.config or base else DEFAULT_PRESET)
     if base and args.preset:
-        overridden = configload.overridden_keys(configload.parse_toml(configload.preset_text(args.preset),
-                                                                      f"preset {args.preset}"), base)
+        overridden = configload.kept_by_run(configload.parse_toml(configload.preset_text(args.preset),
+                                                                  f"preset {args.preset}"), base, overrides)
         if overridden:
             log.warning("--preset %s: %s keeps its own %s (the run's; --set changes a key deliberately)",
                         args.preset, saved, ", ".join(overridden[:4]) + (" ..." if len(overridden) > 4 else ""))

@@ -78,6 +78,15 @@ def overridden_keys(layer: dict[str, Any], base: dict[str, Any], prefix: str = "
     return out
 
 
+def kept_by_run(preset: dict[str, Any], base: dict[str, Any], named: list[str]) -> list[str]:
+    """What to warn about when a preset is named again on an existing run: the keys whose value the preset sets
+    otherwise and that run.toml keeps, less those the command line names itself (`named`: its --set items and
+    flags as `section.key=value`). A supervisor restarting the same command (its --steps, --checkpoint-every
+    again) is told nothing; a preset named over a run of another preset is."""
+    given = {item.split("=", 1)[0].strip() for item in named}
+    return [key for key in overridden_keys(preset, base) if key not in given]
+
+
 def from_dict(raw: dict[str, Any], source: str = "config") -> RunConfig:
     """Build and validate a RunConfig; every unknown key or bad value is one `ConfigError` line."""
     check_keys(raw, source)

@@ -387,22 +387,23 @@ class LogConfig:
     """Also stream the ledger's settled history to Weights & Biases, one W&B run per andrea run across restarts
     (andrea/observe/wandb_log.py; needs `pip install 'andrea[wandb]'` and, online, WANDB_API_KEY in the
     environment)."""
-    wandb_project: str = "andrea"
-    """The W&B project."""
+    wandb_project: str = ""
+    """The W&B project; empty: W&B's own WANDB_PROJECT from the environment, else "andrea"."""
     wandb_entity: str = ""
-    """The W&B entity (user or team); empty: the API key's default."""
+    """The W&B entity (user or team); empty: WANDB_ENTITY from the environment, else the API key's default."""
     wandb_name: str = ""
     """The W&B run's display name; empty: the run directory's name."""
-    wandb_mode: str = "online"
-    """online | offline (offline: files under RUN_DIR/wandb/ only, uploaded later with `wandb sync`)."""
+    wandb_mode: str = ""
+    """online | offline (offline: files under RUN_DIR/wandb/ only, uploaded later with `wandb sync`); empty:
+    W&B's own WANDB_MODE from the environment (a cluster without internet sets offline there), else online."""
     wandb_timeout_s: float = 30.0
     """Longest wait for W&B when it starts and when the process ends (what it has not sent is sent next time)."""
 
     def __post_init__(self) -> None:
         if not self.flush_secs > 0:
             raise ConfigError(f"log.flush_secs={self.flush_secs} must be > 0")
-        if self.wandb_mode not in ("online", "offline"):
-            raise ConfigError(f"log.wandb_mode={self.wandb_mode!r} must be online or offline")
+        if self.wandb_mode not in ("", "online", "offline"):
+            raise ConfigError(f"log.wandb_mode={self.wandb_mode!r} must be online, offline or empty (WANDB_MODE)")
         if not self.wandb_timeout_s > 0:
             raise ConfigError(f"log.wandb_timeout_s={self.wandb_timeout_s} must be > 0")
 

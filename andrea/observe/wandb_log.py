@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import re
 import secrets
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -277,9 +279,9 @@ class WandbLog:
                                     json.dumps({"id": self.id, "logged_through": self.rows.logged}).encode())
             (self.run_dir / WANDB_DIR).mkdir(exist_ok=True)
             c = self.cfg
-            self.run = wandb.init(project=c.wandb_project, entity=c.wandb_entity or None,
+            self.run = wandb.init(**init_settings(c, os.environ),
                                   name=c.wandb_name or self.run_dir.resolve().name, id=self.id, resume="allow",
-                                  mode=c.wandb_mode, dir=str(self.run_dir), config=self.run_config,
+                                  dir=str(self.run_dir), config=self.run_config,
                                   settings=wandb.Settings(silent=True, init_timeout=c.wandb_timeout_s))
             self.run.config.update(self.run_config, allow_val_change=True)  # a resume's --set, a pivot's policy
             self.failures = 0
@@ -291,6 +293,15 @@ class WandbLog:
             log.warning("W&B could not start the run (%s): training goes on, the rows wait; next try in %g s",
                         str(e).splitlines()[0] if str(e) else type(e).__name__, wait)
             return False
+
+
+def init_settings(cfg: LogConfig, environ: Mapping[str, str]) -> dict[str, str | None]:
+    """W&B's project, entity and mode: run.toml's `log.wandb_*` where it names one, else W&B's own environment
+    (WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE), else andrea's defaults (project "andrea", the API key's entity,
+    online). The precedence is W&B's own: a variable the user exported is not overridden by a key left empty."""
+    return {"project": cfg.wandb_project or environ.get("WANDB_PROJECT") or "andrea",
+            "entity": cfg.wandb_entity or environ.get("WANDB_ENTITY") or None,
+            "mode": cfg.wandb_mode or environ.get("WANDB_MODE") or "online"}
 
 
 def open_log(cfg: LogConfig, run_dir: Path, run_config: dict[str, Any], log_every: int) -> WandbLog | None:

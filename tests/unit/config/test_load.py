@@ -55,3 +55,27 @@ def test_resolved_config_round_trips_through_toml():
     cfg = configload.load(preset="andrea-12m", overrides=["policy.floors={stdlib-code=0.2}"])
     again = configload.from_dict(configload.parse_toml(cfg.to_toml(), "run.toml"))
     assert again == cfg
+
+
+def test_a_restart_with_the_same_command_is_told_nothing_a_preset_over_another_run_is(tmp_path, caplog):
+    """Issue 46: every supervisor restart of `train --preset andrea-tiny --steps 30 --checkpoint-every 10` warned
+    `run.toml keeps its own train.steps, checkpoint.every` although the command gives both again."""
+    import argparse
+    import logging
+
+    from andrea.commands.run_config import resolve_config
+    from andrea.rundir import names
+
+    def args(preset: str) -> argparse.Namespace:
+        return argparse.Namespace(preset=preset, config=None, steps=30, checkpoint_every=10, seed=7, device="cpu",
+                                  kernels=None, set=["train.lr=0.002"])
+
+    (tmp_path / names.CONFIG_NAME).write_text(resolve_config(args("andrea-tiny"), tmp_path).to_toml())
+    with caplog.at_level(logging.WARNING, logger="andrea"):
+        again = resolve_config(args("andrea-tiny"), tmp_path)
+    assert again.train.steps == 30 and again.checkpoint.every == 10
+    assert not [r for r in caplog.records if "keeps its own" in r.getMessage()]
+    resolve_config(args("andrea-12m"), tmp_path)  # another preset over this run: its differences are said
+    [said] = [r.getMessage() for r in caplog.records if "keeps its own" in r.getMessage()]
+    assert "model.n_layer" in said and "train.steps" not in said and "train.lr" not in said
+    assert configload.kept_by_run({"train": {"steps": 300}}, {"train": {"steps": 30}}, []) == ["train.steps"]
