@@ -30,7 +30,7 @@ from andrea.config.check import ConfigError
 from andrea.mixture import pivot
 from andrea.guard.decisions import ledger_summary
 from andrea.data.manifest import data_status
-from andrea.rundir import checkpoint as ckpt, inspect, sidecars
+from andrea.rundir import checkpoint as ckpt, incidents, inspect, sidecars
 from andrea.replica import store as replica
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.names import (CONFIG_NAME, DATA_DIR, LEDGER_NAME, NEXT_POLICY_NAME, STATE_NAME, TOKENIZER_NAME,
@@ -46,7 +46,8 @@ def loss_ema(entries: list[dict]) -> list[tuple[int, float]]:
 def run_status(run_dir: Path) -> dict:
     """The report of `andrea status` and `andrea ctl RUN_DIR status`, built here only: the live part
     (inspect.status: state, trainer pid, step, checkpoints), then the loss EMA, the bandit's phase and shares, and
-    the guard's summary. Before the first step (state starting, prepared or empty) the later fields are null."""
+    the guard's summary and the last incident of each kind. Before the first step (state starting, prepared or
+    empty) the later fields are null."""
     st = inspect.status(inspect.require_run_dir(run_dir))
     entries = read_ledger(run_dir / LEDGER_NAME).entries
     steps = history(entries)
@@ -56,6 +57,7 @@ def run_status(run_dir: Path) -> dict:
                "shares": state.get("shares"), "state_step": state.get("step"),
                "target": (state.get("policy") or {}).get("target"), "target_loss": state.get("target_loss"),
                "guard": ledger_summary(entries),  # incidents, rollbacks, the remedy in force (guard/decisions.py)
+               "incidents": incidents.last_of_each(entries),  # the newest marker of each kind (rundir/incidents.py)
                "data": data_status(run_dir),  # per arm: tokens, source bytes, epochs (andrea/data/manifest.py)
                "replica": replica_status(run_dir, st),  # checkpoint.replica's newest step and lag, or null
                "mfu": mfu_status(entries, steps),

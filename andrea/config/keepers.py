@@ -61,7 +61,7 @@ class GuardConfig:
 
 
 NOTIFY_EVENTS = ("incident", "rollback", "guard_stop", "write_error", "stall", "pivot", "finished", "stopped",
-                 "failed")
+                 "failed", "quarantine", "resume_below", "replica_down", "replica_back")
 """The events a notice is sent for (andrea/observe/notify.py documents each one's JSON); a new kind is added here
 and emitted where it happens."""
 STALL_EXIT_CODE = 75

@@ -18,6 +18,11 @@ The event, one JSON object (UTF-8), the same on a command's stdin and as the POS
                 pivot        a hot pivot took effect (detail: phase, caps, floors)
                 finished     the run reached its step target;  stopped  a signal stopped it cleanly;
                 failed       it stopped with an error (detail: "error")
+                quarantine   a start moved a checkpoint that failed validation to quarantine/ (detail: the ledger's
+                             quarantine marker: file, regions, reason; rundir/incidents.py documents each)
+                resume_below a start resumed below the newest checkpoint on disk (detail: newest, skipped, reason)
+                replica_down the replica's store started failing (detail: uri, problem, error)
+                replica_back it is back and the replica caught up (detail: uri, down_s, replica_step)
     step        the header step at the event;  time  Unix time;  rank  the torchrun rank (rank 0 sends all but
                 stall, which the hung rank sends)
     suppressed  (only when > 0) notices of this kind the rate limit dropped since the last one sent
@@ -76,6 +81,16 @@ def from_marker(line: dict[str, Any]) -> tuple[str, str] | None:
     if kind == "guard_stop":
         return kind, (f"guard: stopped at step {line['step']} after {line.get('attempts')} rollbacks; resume from "
                       f"{line.get('resume_from') or 'the initial state'}")
+    if kind == "quarantine":
+        return kind, f"checkpoint {line.get('file')} failed validation, moved to {line.get('to')}: {line.get('reason')}"
+    if kind == "resume_below":
+        return kind, (f"resumed from step {line['step']} below the newest checkpoint (step {line.get('newest')}): "
+                      f"{line.get('reason')}")
+    if kind == "replica_down":
+        return kind, f"replica {line.get('uri')}: {line.get('error')}; training goes on, the replica lags"
+    if kind == "replica_back":
+        return kind, (f"replica {line.get('uri')}: reachable again after {line.get('down_s')} s, caught up (holds "
+                      f"step {line.get('replica_step')})")
     return None
 
 

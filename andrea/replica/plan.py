@@ -56,9 +56,13 @@ class Health:
     next_try: float = 0.0
     said: str | None = None  # the kind of problem last said
     error: str | None = None
+    down_since: float | None = None  # the first failed pass of the outage in progress
 
     def failed(self, e: ReplicaError, now: float) -> str | None:
-        """Record a failed pass; the warning line to log, or None when this problem was already said."""
+        """Record a failed pass; the warning line to log (and the replica_down marker to write), or None when this
+        problem was already said."""
+        if self.failures == 0:
+            self.down_since = now
         self.failures += 1
         self.next_try = now + retry_delay(self.failures, self.base, self.cap)
         self.error = str(e)
@@ -68,9 +72,14 @@ class Health:
         return f"{e}; training goes on, the replica retries with backoff and catches up when it can"
 
     def succeeded(self) -> str | None:
+        """Record a pass that succeeded; the line to log (and the replica_back marker to write) after an outage."""
         back = self.failures > 0
-        self.failures, self.next_try, self.said, self.error = 0, 0.0, None, None
+        self.failures, self.next_try, self.said, self.error, self.down_since = 0, 0.0, None, None, None
         return "replica reachable again: caught up" if back else None
+
+    def outage_s(self, now: float) -> float:
+        """Seconds since the outage in progress began (0 when there is none)."""
+        return 0.0 if self.down_since is None else max(0.0, now - self.down_since)
 
     def due(self, now: float) -> bool:
         return now >= self.next_try

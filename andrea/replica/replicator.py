@@ -4,7 +4,9 @@ Off the hot path. One `andrea-replica` thread (niced: on a busy CPU the training
 files (never the staging buffers) and talks to the store (replica/store.py); the training loop only calls
 `notify()` when a commit lands, which sets a flag. A step never waits for the store: a slow store delays the
 replica, not training. A store that is down or refusing is said in ONE warning line when it starts failing (and
-again only when the problem changes), retried with exponential backoff, and told once more when it is back.
+again only when the problem changes), retried with exponential backoff, and told once more when it is back;
+each of the two is also a ledger marker and a notice (`replica_down`, `replica_back`: rundir/incidents.py), handed
+to the event loop through `on_incident`.
 Passes start at most every MIN_INTERVAL seconds (commits landing faster coalesce: a bounded request rate, whatever
 the cadence), and each sends the newest checkpoint and the keep_every milestones the replica lacks. What to send,
 drop and say is decided in replica/plan.py (plain functions over plain data and an injected clock).
@@ -20,9 +22,9 @@ local one (a few hundred bytes each) and unpublishes the copies that differ (`Re
 
 One pass (`sync`), in order: the owner check and claim of the replica (replica/store.py's `replica.json`, before
 anything else is written), the abandoned timeline's checkpoints unpublished, run.toml, tokenizer.json, the
-sidecars and data/ (a data file already there at its size is never sent again), the checkpoints of the plan (each:
-`.bin` verified on the way and read back, companions, the ledger, then its `.sum.json`), the ledger, the
-replica's retention (the run's keep_last / keep_every over its published checkpoints), and the objects of
+sidecars, archive/, quarantine/ and data/ (a file there already at its size is never sent again), the checkpoints
+of the plan (each: `.bin` verified on the way and read back, companions, the ledger, then its `.sum.json`), the
+ledger, the replica's retention (the run's keep_last / keep_every over its published checkpoints), and the objects of
 checkpoints never published (an upload a kill interrupted). Then `RUN_DIR/.replica.json` (`andrea status`) and
 TensorBoard's `replica/lag_steps` and `replica/lag_s`.
 
@@ -83,8 +85,9 @@ class Replicator:
     def __init__(self, uri: str, run_dir: Path, *, keep_last: int, keep_every: int,
                  clock: Callable[[], float] = time.monotonic, on_lag: Callable[[int, int, float], None] | None = None,
                  base_delay: float = 1.0, max_delay: float = 60.0, replica: rep.Replica | None = None,
-                 min_interval: float = MIN_INTERVAL):
+                 min_interval: float = MIN_INTERVAL, on_incident: Callable[[str, dict], None] | None = None):
         self.uri, self.run_dir = uri, run_dir
+        self.on_incident = on_incident  # (kind, detail): replica_down / replica_back, from this thread
         self.keep_last, self.keep_every = keep_last, keep_every
         self.clock, self.on_lag = clock, on_lag
         self.health = Health(base_delay, max_delay)
@@ -191,24 +194,28 @@ class Replicator:
         """One pass; store errors are recorded and said, never raised (the run goes on)."""
         try:
             self.sync()
-        except rep.ReplicaError as e:
-            self.uploading = None
-            line = self.health.failed(e, self.clock())
+        except Exception as e:  # noqa: BLE001  (the store, a bug or a local read error: said, retried, never the
+            self.uploading = None  # run's end)
+            error = e if isinstance(e, rep.ReplicaError) else \
+                rep.ReplicaError(f"replica {self.uri}: {type(e).__name__}: {e}")
+            line = self.health.failed(error, self.clock())
             if line:
                 log.warning("%s", line)
-            self._status()
+                self._incident("replica_down", problem=error.kind, error=str(error))
+            if isinstance(e, rep.ReplicaError):
+                self._status()
             return False  # asked again when due (Health.next_try)
-        except Exception as e:  # noqa: BLE001  (a bug or a local read error: said, retried, never the run's end)
-            self.uploading = None
-            line = self.health.failed(rep.ReplicaError(f"replica {self.uri}: {type(e).__name__}: {e}"), self.clock())
-            if line:
-                log.warning("%s", line)
-            return False
+        down_s = self.health.outage_s(self.clock())
         line = self.health.succeeded()
         if line:
             log.warning("replica %s: %s (step %s)", self.uri, line, self.newest)
+            self._incident("replica_back", down_s=round(down_s, 1), replica_step=self.newest)
         self._status()
         return True
+
+    def _incident(self, kind: str, **detail) -> None:
+        if self.on_incident is not None:
+            self.on_incident(kind, {"uri": self.uri, **detail})
 
     # --- one pass ------------------------------------------------------------------------------------------
     def sync(self) -> None:
@@ -355,10 +362,12 @@ class Replicator:
             self.on_lag(newest_local, lag_steps, lag_s)
 
 
-def start_for(cfg, run_dir: Path, writer, views=None, resumed_from: int = 0) -> Replicator | None:
+def start_for(cfg, run_dir: Path, writer, views=None, resumed_from: int = 0,
+              on_incident: Callable[[str, dict], None] | None = None) -> Replicator | None:
     """The run's replicator when `checkpoint.replica` is set (rank 0): started, told that the run goes on from step
     `resumed_from` (the replica's checkpoints above it belong to an abandoned timeline), and wired into the writer's
-    retention (the newest replicated checkpoint and the one uploading are spared)."""
+    retention (the newest replicated checkpoint and the one uploading are spared). `on_incident(kind, detail)`:
+    where an outage and its catch-up go (the ledger's markers, rundir/incidents.py)."""
     if not cfg.replica:
         return None
 
@@ -368,7 +377,7 @@ def start_for(cfg, run_dir: Path, writer, views=None, resumed_from: int = 0) -> 
         except RuntimeError:  # TensorBoard already closed at the end of the run
             pass
     r = Replicator(cfg.replica, run_dir, keep_last=cfg.keep_last, keep_every=cfg.keep_every,
-                   on_lag=on_lag if views is not None else None, base_delay=BACKOFF_BASE)
+                   on_lag=on_lag if views is not None else None, base_delay=BACKOFF_BASE, on_incident=on_incident)
     spared = writer.protected
     writer.protected = lambda: (*spared(), *r.protected())
     r.supersede(resumed_from)

@@ -56,7 +56,7 @@ from andrea import testhooks
 from andrea.errors import UserError
 from andrea.rundir import checksum
 from andrea.rundir.atomic import streamed
-from andrea.rundir.names import (ARCHIVE_DIR, CONFIG_NAME, DATA_DIR, LEDGER_NAME, MANIFEST_NAME, SAMPLES_NAME,
+from andrea.rundir.names import (ARCHIVE_DIR, QUARANTINE_DIR, CONFIG_NAME, DATA_DIR, LEDGER_NAME, MANIFEST_NAME, SAMPLES_NAME,
                                  REPLICA_STATUS_NAME, STATE_NAME, TOKENIZER_NAME, WANDB_STATE_NAME, checkpoint_name,
                                  tmp_path)
 
@@ -396,9 +396,10 @@ def upload_ledger(replica: Replica, run_dir: Path, remote_size: int | None) -> i
 
 def run_files(run_dir: Path) -> list[str]:
     """The run's files besides checkpoints and the ledger, in upload order (data/manifest.json after the token
-    files it describes): run.toml, tokenizer.json, the sidecars, archive/, data/."""
+    files it describes): run.toml, tokenizer.json, the sidecars, archive/, quarantine/ (the evidence of a
+    checkpoint that failed validation: it must outlive the machine), data/."""
     keys = [k for k in (CONFIG_NAME, TOKENIZER_NAME, *SIDECARS) if (run_dir / k).is_file()]
-    for top in (ARCHIVE_DIR, DATA_DIR):
+    for top in (ARCHIVE_DIR, QUARANTINE_DIR, DATA_DIR):
         files = sorted(p for p in (run_dir / top).rglob("*") if p.is_file() and not p.name.endswith(".tmp"))
         rel = [str(p.relative_to(run_dir)) for p in files]
         keys += sorted(rel, key=lambda k: k == f"{DATA_DIR}/{MANIFEST_NAME}")

@@ -27,11 +27,13 @@ from andrea.rundir.ledger import (LedgerError, ledger_problem, marker, unlisted_
 log = logging.getLogger("andrea.run")
 
 
-def resume_point(run_dir: Path, init_from: Path | None, n: int) -> tuple[ckpt.CheckpointInfo, np.ndarray] | None:
+def resume_point(run_dir: Path, init_from: Path | None, n: int,
+                 skipped_out: list[str] | None = None) -> tuple[ckpt.CheckpointInfo, np.ndarray] | None:
     """The checkpoint to start from and its payload, checked as read (`ckpt.load`: the file is read once):
     `--init-from`'s, else the newest valid one in `run_dir`, else None (a fresh start). Refuses what would
     silently bury a run: checkpoints newer than `--init-from`'s (two timelines in one directory), or checkpoints
-    none of which fits this model."""
+    none of which fits this model. `skipped_out` receives the newer checkpoints' failures ("PATH: reason"), for the
+    incident markers (rundir/incidents.py)."""
     if init_from is not None:
         info, payload = ckpt.load(init_from, n)
         newer = [p.name for s, p in ckpt.list_checkpoints(run_dir) if s > info.step]
@@ -45,17 +47,22 @@ def resume_point(run_dir: Path, init_from: Path | None, n: int) -> tuple[ckpt.Ch
                                    "refusing to start over in a run directory that holds checkpoints)")
     for line in skipped:
         log.warning("skipping invalid checkpoint, resuming from an older one: %s", line)
+    if skipped_out is not None:
+        skipped_out += skipped
     return (info, payload) if info is not None else None
 
 
-def set_aside_newer(run_dir: Path, info: ckpt.CheckpointInfo) -> None:
+def set_aside_newer(run_dir: Path, info: ckpt.CheckpointInfo) -> list[str]:
     """Checkpoints newer than the one resumed from failed validation (resume_point skipped them); the run will
     commit those steps again, so they move out of its way, kept as evidence. Called once the start's checks
-    have passed: a start that is refused moves nothing."""
+    have passed: a start that is refused moves nothing. Returns the names moved."""
+    moved = []
     for s, path in ckpt.list_checkpoints(run_dir):
         if s > info.step:
             log.warning("%s: moved to %s/ with its companions (kept as evidence, never deleted)", path.name,
                         quarantine(run_dir, path))
+            moved.append(path.name)
+    return moved
 
 
 def check_ledger(run_dir: Path, info: ckpt.CheckpointInfo | None, accept_gap: bool) -> list[dict]:

@@ -58,7 +58,7 @@ from andrea.run.signals import Requests, abort_now, install_handlers, remove_han
 from andrea.data.preparation import Interrupted
 from andrea.parallel.distributed import World
 from andrea.observe.progress import Progress
-from andrea.rundir import atomic, checkpoint as ckpt, names
+from andrea.rundir import atomic, checkpoint as ckpt, incidents, names
 from andrea.rundir.names import LEDGER_NAME
 from andrea.rundir.ledger import LossLedger, marker
 from andrea.rundir.runlock import RunLock
@@ -92,6 +92,7 @@ class TrainingRun:
         self.replicator: replicator.Replicator | None = None  # checkpoint.replica: copies off the machine
         self.early = early
         self.preparing = False  # rank 0 is preparing data (a stop then ends the preparation, not a step)
+        self.skipped: list[str] = []  # newer checkpoints the start skipped as invalid, and why (run/resume.py)
         self.step_delay = testhooks.step_delay()  # test hook ANDREA_TEST_STEP_DELAY (andrea/testhooks.py)
         self.poison_steps = testhooks.poison_steps()  # test hook ANDREA_TEST_POISON_STEPS (andrea/testhooks.py)
 
@@ -157,8 +158,7 @@ class TrainingRun:
         leaves the file as it found it), then opened (a crash's torn last line is cut) and fed. The check's
         markers (`cut_tail`, `gap`) are durable before any other reader (W&B's backfill) reads the file."""
         repairs = resume.check_ledger(self.run_dir, info, self.accept_ledger_gap) if self.world.leader else []
-        if self.world.leader and info is not None:
-            resume.set_aside_newer(self.run_dir, info)
+        moved = resume.set_aside_newer(self.run_dir, info) if self.world.leader and info is not None else []
         ledger = (LossLedger if self.world.leader else ranks.FollowerLedger)(self.run_dir / LEDGER_NAME)
         feed = LedgerFeed(ledger, self.io)
         if ledger.torn_bytes:
@@ -166,6 +166,8 @@ class TrainingRun:
         if repairs:
             ledger.append(repairs)
             ledger.sync()
+        if moved:  # checkpoints quarantined, a resume below the newest: incidents on the record (rundir/incidents.py)
+            feed.lines += incidents.resume_markers(info.step, self.skipped, moved, names.QUARANTINE_DIR)
         return ledger, feed
 
     async def start(self) -> Started:
@@ -179,7 +181,7 @@ class TrainingRun:
         imported = await loop.run_in_executor(self.train, export.load_init_weights, self.init_from, trainer,
                                               self.run_dir)
         # rank 0 picks the checkpoint (reading and checking it once) and tells the others which
-        found = resume.resume_point(self.run_dir, self.init_from, trainer.n) \
+        found = resume.resume_point(self.run_dir, self.init_from, trainer.n, self.skipped) \
             if self.world.leader and not imported else None
         info = None if imported else self.world.broadcast(found[0] if found is not None else None)
         ledger, feed = self.open_ledger(info)
@@ -275,7 +277,8 @@ class TrainingRun:
             run.feed.flush(force_sync=True)
             if self.world.leader:  # after the start marker is durable: the replica is claimed with it
                 self.replicator = replicator.start_for(self.cfg.checkpoint, self.run_dir, run.writer, self.views,
-                                                       resumed_from=self.step)
+                                                       resumed_from=self.step,
+                                                       on_incident=self.marker_from_thread(loop, run.feed))
             print(f"ready pid={os.getpid()} run_dir={self.run_dir} step={self.step} "
                   f"stop_at={stop_at} device={self.device} kernels={self.kernels}"
                   + (f" rank={self.world.rank}/{self.world.size}" if self.world.distributed else ""),
@@ -326,6 +329,16 @@ class TrainingRun:
         log.info("stopped at step %d (%s); newest checkpoint %s", self.step,
                  self.req.stop or "step target reached", names.checkpoint_name(run.writer.last_committed or 0))
         return 0
+
+    def marker_from_thread(self, loop: asyncio.AbstractEventLoop, feed: LedgerFeed):
+        """`put(kind, detail)` for another thread (the replicator's outage and catch-up): the marker joins the
+        ledger's lines on the event loop, at the step the run is at then, and goes out with the next flush."""
+        def put(kind: str, detail: dict) -> None:
+            try:
+                loop.call_soon_threadsafe(lambda: feed.lines.append(marker(kind, self.step, **detail)))
+            except RuntimeError:  # the loop has ended (the process's last pass): the log line is the record
+                log.info("%s after the run's end: not in the ledger (%s)", kind, detail)
+        return put
 
     def on_stall(self, stall: watchdog.Stall) -> None:
         """On the watchdog's thread: the run is hung; say so, leave a marker and a notice, exit 75."""

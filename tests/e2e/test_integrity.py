@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import logging
 import shutil
 import struct
@@ -25,6 +26,7 @@ from andrea.commit.writer import CheckpointWriter
 from andrea.rundir import checkpoint as ckpt, checksum, names, spare
 from andrea.rundir.checkpoint_write import commit_checkpoint
 from tests.disks import payload
+from tests.notices import Inbox
 from tests.runs import seed_data, train
 from tests.sharding import commit_with_threads
 
@@ -227,7 +229,8 @@ def test_a_resume_skips_a_corrupt_checkpoint_keeps_it_as_evidence_and_reaches_th
     flip_bit(corrupt / names.checkpoint_name(40), region_offset("m", n, n // 2), 3)
     assert verify(corrupt)[0] == 1
     a = train(untouched, "--steps", "60", "--checkpoint-every", "20")
-    b = train(corrupt, "--steps", "60", "--checkpoint-every", "20")
+    inbox = Inbox()  # the operator's webhook: the incident must reach them, not only the log
+    b = train(corrupt, "--steps", "60", "--checkpoint-every", "20", "--set", f'notify.url="{inbox.url}"')
     assert a.returncode == 0 and b.returncode == 0, b.stderr
     warned = [line for line in b.stderr.splitlines() if "step_000040.bin" in line and "checksum mismatch in m" in line]
     assert len(warned) == 1, b.stderr
@@ -235,3 +238,21 @@ def test_a_resume_skips_a_corrupt_checkpoint_keeps_it_as_evidence_and_reaches_th
     name = names.checkpoint_name(60)
     assert (corrupt / name).read_bytes() == (untouched / name).read_bytes()
     assert verify(corrupt)[0] == 0
+    # On the record (issue 46): a quarantine marker naming the file and the region, a resume below the newest and
+    # why — not only a `resume` from an older step, as a crash leaves — each a notice, and `status` shows them.
+    lines = [json.loads(line) for line in (corrupt / names.LEDGER_NAME).read_text().splitlines()]
+    (moved,) = [e for e in lines if e.get("event") == "quarantine"]
+    (below,) = [e for e in lines if e.get("event") == "resume_below"]
+    assert (moved["step"], moved["file"], moved["to"], moved["regions"]) == (20, "step_000040.bin", "quarantine/",
+                                                                              ["m"])
+    assert "checksum mismatch in m" in moved["reason"]
+    assert (below["step"], below["newest"], below["skipped"]) == (20, 40, ["step_000040.bin"])
+    notice = inbox.wait_for("quarantine")
+    assert notice["file"] == "step_000040.bin" and notice["regions"] == ["m"] and notice["step"] == 20
+    assert inbox.wait_for("resume_below")["newest"] == 40
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["status", str(corrupt)]) == 0
+    shown = json.loads(out.getvalue())["incidents"]
+    assert shown["quarantine"]["file"] == "step_000040.bin" and shown["resume_below"]["newest"] == 40
+    assert shown["replica_down"] is None

@@ -152,7 +152,9 @@ def test_an_outage_costs_one_line_backs_off_and_catches_up(tmp_path, caplog):
     run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
     now = [0.0]
     store = Flaky(str(remote))
-    r = replicator(run, remote, replica=store, clock=lambda: now[0])
+    markers = []  # what the runtime would write to the ledger (and notify): rundir/incidents.py
+    r = replicator(run, remote, replica=store, clock=lambda: now[0],
+                   on_incident=lambda kind, detail: markers.append((kind, detail)))
     assert r.pass_once() and r.newest == 10
     store.down = True
     make_run(run, [20, 30])
@@ -168,6 +170,23 @@ def test_an_outage_costs_one_line_backs_off_and_catches_up(tmp_path, caplog):
         assert r.pass_once() and r.newest == 30
         assert "caught up" in caplog.records[-1].message
     assert (remote / "step_000030.sum.json").exists()  # the newest; 20 was superseded while the store was down
+    # the outage and its catch-up on the record (issue 46): one marker each, however many passes failed
+    assert [kind for kind, _ in markers] == ["replica_down", "replica_back"]
+    down, back = markers[0][1], markers[1][1]
+    assert down["problem"] == "unreachable" and "cannot be reached" in down["error"] and down["uri"] == str(remote)
+    assert back == {"uri": str(remote), "down_s": 7.0, "replica_step": 30}  # first failure at 1.0, back at 8.0
+
+
+def test_quarantine_reaches_the_replica(tmp_path):
+    """A checkpoint quarantined for a checksum mismatch is the evidence of the incident: it must outlive the
+    machine (issue 46), so quarantine/ goes to the replica with the run's other files."""
+    run, remote = make_run(tmp_path / "run", [10, 20]), tmp_path / "replica"
+    from andrea.run.resume import quarantine
+    quarantine(run, run / checkpoint_name(20))
+    assert replicator(run, remote).pass_once()
+    for name in ("step_000020.bin", "step_000020.sum.json", "step_000020.ledger.json"):
+        assert (remote / "quarantine" / name).read_bytes() == (run / "quarantine" / name).read_bytes()
+    assert rep.published_steps(rep.Replica(str(remote)).listing()) == [10]  # evidence, never a checkpoint to restore
 
 
 def test_the_abandoned_timeline_is_unpublished_and_a_step_trained_again_is_sent_again(tmp_path):

@@ -16,6 +16,7 @@ import pytest
 from andrea.rundir import checkpoint as ckpt, checksum
 from andrea.replica import store as rep
 from andrea.rundir.names import LEDGER_NAME, checkpoint_name
+from tests.notices import Inbox
 from tests.runs import Trainer, andrea, seed_data, train
 from tests.s3server import BUCKET, S3Server
 
@@ -45,7 +46,9 @@ def test_replicate_survive_an_outage_and_a_kill_then_restore_to_the_same_bytes(s
     run = seed_data(prepared, tmp_path / "run")
     slow = {**s3.env(), "ANDREA_TEST_STEP_DELAY": "0.03", "ANDREA_TEST_REPLICA_DELAY": "0.5",
             "ANDREA_TEST_REPLICA_BACKOFF": "0.25"}
-    p1 = Trainer(run, "--steps", "100000", *EVERY, *replica_flag, extra_env=slow)
+    inbox = Inbox()  # the operator's webhook: the outage and the catch-up reach it as notices (issue 46)
+    p1 = Trainer(run, "--steps", "100000", *EVERY, *replica_flag, "--set", f'notify.url="{inbox.url}"',
+                 extra_env=slow)
     try:
         first = published(p1.wait_for(lambda l: published(l) is not None, 120))
         s3.kill()  # the store dies mid-run
@@ -63,6 +66,11 @@ def test_replicate_survive_an_outage_and_a_kill_then_restore_to_the_same_bytes(s
         p1.kill()
     out = p1.output()
     assert sum("cannot be reached" in l for l in out.splitlines()) == 1, "one warning line for the outage"
+    # on the record: one marker for the outage, one for the catch-up, in the ledger and among the notices
+    said = [json.loads(l) for l in (run / LEDGER_NAME).read_text().splitlines() if '"replica_' in l]
+    assert [e["event"] for e in said] == ["replica_down", "replica_back"], said
+    assert said[0]["problem"] == "unreachable" and said[0]["uri"] == uri and said[1]["down_s"] > 0
+    assert inbox.wait_for("replica_down")["uri"] == uri and inbox.wait_for("replica_back")["replica_step"] >= first
     killed_step = int(uploading.rsplit(" ", 1)[1])
 
     with pytest.MonkeyPatch.context() as mp:
