@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -93,6 +94,7 @@ class TrainingRun:
         self.early = early
         self.preparing = False  # rank 0 is preparing data (a stop then ends the preparation, not a step)
         self.skipped: list[str] = []  # newer checkpoints the start skipped as invalid, and why (run/resume.py)
+        self.peers: list[int] = []  # the pids of the job's other ranks on this host (torchrun)
         self.step_delay = testhooks.step_delay()  # test hook ANDREA_TEST_STEP_DELAY (andrea/testhooks.py)
         self.poison_steps = testhooks.poison_steps()  # test hook ANDREA_TEST_POISON_STEPS (andrea/testhooks.py)
 
@@ -261,6 +263,9 @@ class TrainingRun:
             self.on_signal(sig)
         try:
             sharing.probe(self.world, self.run_dir)  # before anything reads the run directory
+            # the ranks' pids: a hung rank's watchdog ends the others on its host (observe/watchdog.py)
+            self.peers = watchdog.local_peers(self.world.gather((socket.gethostname(), os.getpid())),
+                                              socket.gethostname(), os.getpid())
             self._cfg = sharing.from_leader(self.world, lambda: self._cfg)  # separate disks: rank 0's run.toml
             for stale in ckpt.remove_stale_tmp(self.run_dir) if self.world.view == self.world.rank else ():
                 log.warning("removed %s left by an interrupted write (never read as a checkpoint or sidecar)",
@@ -332,18 +337,25 @@ class TrainingRun:
 
     def marker_from_thread(self, loop: asyncio.AbstractEventLoop, feed: LedgerFeed):
         """`put(kind, detail)` for another thread (the replicator's outage and catch-up): the marker joins the
-        ledger's lines on the event loop, at the step the run is at then, and goes out with the next flush."""
+        ledger's lines on the event loop, at the step the run is at then, and goes out at once, fsynced (and so to
+        the notices)."""
+        def on_loop(kind: str, detail: dict) -> None:
+            feed.lines.append(marker(kind, self.step, **detail))
+            feed.flush(force_sync=True)
+
         def put(kind: str, detail: dict) -> None:
             try:
-                loop.call_soon_threadsafe(lambda: feed.lines.append(marker(kind, self.step, **detail)))
+                loop.call_soon_threadsafe(on_loop, kind, detail)
             except RuntimeError:  # the loop has ended (the process's last pass): the log line is the record
                 log.info("%s after the run's end: not in the ledger (%s)", kind, detail)
         return put
 
     def on_stall(self, stall: watchdog.Stall) -> None:
-        """On the watchdog's thread: the run is hung; say so, leave a marker and a notice, exit 75."""
+        """On the watchdog's thread: the run is hung; say so, leave a marker and a notice, end the job's other ranks
+        on this host, exit 75."""
         watchdog.end_hung_run(stall, self.step, append_marker=self._append_marker if self.world.leader else None,
-                              io=self.io, notify=self.notifier.send, close_notices=self.notifier.close)
+                              io=self.io, notify=self.notifier.send, close_notices=self.notifier.close,
+                              peers=self.peers)
 
     def _append_marker(self, line: dict) -> None:
         """On the I/O thread: one marker appended and fsynced (after everything queued before it)."""

@@ -17,7 +17,7 @@ from andrea.rundir import checkpoint as ckpt, checksum
 from andrea.replica import store as rep
 from andrea.rundir.names import LEDGER_NAME, checkpoint_name
 from tests.notices import Inbox
-from tests.runs import Trainer, andrea, seed_data, train
+from tests.runs import Trainer, andrea, seed_data, train, wait_until
 from tests.s3server import BUCKET, S3Server
 
 EVERY = ["--checkpoint-every", "5", "--set", "sample.every=1000", "--set", "train.eval_every=1000"]
@@ -57,6 +57,7 @@ def test_replicate_survive_an_outage_and_a_kill_then_restore_to_the_same_bytes(s
         p1.wait_for(lambda l: (committed(l) or 0) >= down_at + 15, 60)  # training goes on without the store
         s3.start()
         p1.wait_for(lambda l: "reachable again" in l, 120)  # it comes back, the replica catches up
+        wait_until(lambda: '"replica_back"' in (run / LEDGER_NAME).read_text(), 60, "the catch-up's marker")
         caught = published(p1.wait_for(lambda l: (published(l) or 0) > down_at + 15, 60))
         uploading = p1.wait_for(lambda l: re.search(rf"uploading step (\d+)", l) is not None
                                 and int(l.rsplit(" ", 1)[1]) > caught, 60)
@@ -67,7 +68,7 @@ def test_replicate_survive_an_outage_and_a_kill_then_restore_to_the_same_bytes(s
     out = p1.output()
     assert sum("cannot be reached" in l for l in out.splitlines()) == 1, "one warning line for the outage"
     # on the record: one marker for the outage, one for the catch-up, in the ledger and among the notices
-    said = [json.loads(l) for l in (run / LEDGER_NAME).read_text().splitlines() if '"replica_' in l]
+    said = [json.loads(l) for l in (run / LEDGER_NAME).read_text().splitlines() if '"replica_' in l]  # fsynced
     assert [e["event"] for e in said] == ["replica_down", "replica_back"], said
     assert said[0]["problem"] == "unreachable" and said[0]["uri"] == uri and said[1]["down_s"] > 0
     assert inbox.wait_for("replica_down")["uri"] == uri and inbox.wait_for("replica_back")["replica_step"] >= first
