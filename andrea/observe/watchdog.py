@@ -20,8 +20,11 @@ not runnable, and the jump counts as one tick. `Watchdog` is the thin thread tha
 
 Writes, when it acts: one error line and every thread's stack (faulthandler) to stderr, the CUDA and process
 group state when there is one, a `stall` marker in the ledger (rundir/ledger.py) through the I/O thread unless
-that thread is the one hung (waited for at most MARKER_WAIT_S), a `stall` notice (observe/notify.py); then the
-process exits with config.STALL_EXIT_CODE at once (os._exit: a hung thread cannot be joined).
+that thread is the one hung (waited for at most MARKER_WAIT_S), a `stall` notice (observe/notify.py); then, under
+torchrun, it ends the job's other ranks on this host (SIGKILL to the pids the ranks exchanged at start,
+`local_peers`: a rank that is frozen — SIGSTOP, a driver — answers no SIGTERM, and torchrun would wait 30 s for it
+before its own SIGKILL), and the process exits with config.STALL_EXIT_CODE at once (os._exit: a hung thread cannot
+be joined). Ranks on other hosts end by their own watchdog or their collectives' timeout.
 
 Test hook (andrea/testhooks.py): `ANDREA_TEST_HANG=<train|io>@<step>[@<rank>]` hangs the training thread after the update that reaches
 header step <step> (run/runtime.py), or the I/O thread at the start of the commit of step <step>
@@ -33,6 +36,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -210,9 +214,27 @@ class Watchdog:
                 return
 
 
+def local_peers(ranks: list[tuple[str, int]], host: str, pid: int) -> list[int]:
+    """The pids of the job's other ranks on this host, from every rank's (host, pid) in rank order."""
+    return [p for h, p in ranks if h == host and p != pid]
+
+
+def end_peers(peers: list[int]) -> None:
+    """SIGKILL the job's other ranks on this host (a frozen one answers nothing else); gone ones are skipped."""
+    if peers:
+        log.critical("watchdog: ending the job's other ranks on this host (pids %s) so that it ends now",
+                     ", ".join(map(str, peers)))
+    for pid in peers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def end_hung_run(stall: Stall, step: int, *, append_marker: Callable[[dict], None] | None, io,
-                 notify: Callable[..., None], close_notices: Callable[[float], None]) -> None:
-    """Say what hung, dump every stack, leave a `stall` marker and a notice, and exit STALL_EXIT_CODE."""
+                 notify: Callable[..., None], close_notices: Callable[[float], None], peers: list[int] = ()) -> None:
+    """Say what hung, dump every stack, leave a `stall` marker and a notice, end the job's ranks on this host
+    (`peers`), and exit STALL_EXIT_CODE."""
     from andrea.rundir.ledger import marker
     log.critical("watchdog: %s made no progress for %.1f s (limit %.1f s) after step %d: writing every thread's "
                  "stack and exiting %d, so that the supervisor restarts the run from its newest checkpoint",
@@ -236,6 +258,7 @@ def end_hung_run(stall: Stall, step: int, *, append_marker: Callable[[dict], Non
     notify("stall", step, message=f"{WHAT[stall.component]} hung after step {step}; exiting {STALL_EXIT_CODE}",
            **detail)
     close_notices(MARKER_WAIT_S)
+    end_peers(list(peers))
     logging.shutdown()
     os._exit(STALL_EXIT_CODE)
 

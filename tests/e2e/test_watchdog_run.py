@@ -9,6 +9,7 @@ that fails does not fail the run.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import sys
@@ -131,3 +132,31 @@ def test_one_hung_rank_brings_the_whole_torchrun_job_down_within_the_limit(prepa
     assert rc != 0 and took < FLOOR + 15, f"rc {rc} after {took:.1f}s:\n" + out[-4000:]
     assert "andrea.watchdog[1]: watchdog: the training thread made no progress" in out, out[-4000:]
     assert "in test_hang" in out
+
+
+def test_a_frozen_rank_ends_the_whole_job_well_before_torchruns_30_s(prepared, tmp_path):
+    """Issue 46: rank 1 frozen (SIGSTOP: its own watchdog is frozen with it, and it answers no SIGTERM). Rank 0's
+    watchdog exits 75, and torchrun used to wait its 30 s before SIGKILLing the stopped worker. The watchdog now
+    ends the ranks on its host it learned at start: the job ends before a 20 s deadline from the freeze."""
+    run = seed_data(prepared, tmp_path / "run")
+    t = Launched(launcher_argv(run, "--steps", "100000", "--checkpoint-every", "1000", *FAST_DOG),
+                 extra_env={"ANDREA_TEST_STEP_DELAY": "0.02"})
+    frozen = None
+    try:
+        ready = t.wait_for(lambda line: "ready pid=" in line and "rank=1/2" in line, timeout=240)
+        frozen = int(ready.split("ready pid=", 1)[1].split()[0])
+        t.wait_for(lambda line: "step 30/" in line, timeout=120)  # training, both ranks in lockstep
+        os.kill(frozen, signal.SIGSTOP)
+        rc = t.wait_exit(20)  # the bound: raises subprocess.TimeoutExpired past it
+    finally:
+        if frozen is not None:
+            for sig in (signal.SIGCONT, signal.SIGKILL):  # never leave a stopped process behind
+                try:
+                    os.kill(frozen, sig)
+                except ProcessLookupError:
+                    break
+        t.kill()
+    out = t.output()
+    assert rc != 0, out[-4000:]
+    assert "andrea.watchdog[0]: watchdog:" in out and f"ending the job's other ranks on this host (pids {frozen})" \
+        in out, out[-4000:]

@@ -120,3 +120,10 @@ def test_bad_watchdog_settings_are_one_line_naming_the_key(key, value):
 def test_the_defaults_wait_longer_than_a_slow_disks_checkpoint():
     cfg = WatchdogConfig()
     assert cfg.enabled and cfg.floor_s >= 600 and cfg.poll <= 5 and cfg.collective_timeout_s >= cfg.floor_s
+
+
+def test_the_peers_a_hung_rank_ends_are_the_other_ranks_on_its_host():
+    from andrea.observe.watchdog import local_peers
+    ranks = [("gpu7", 100), ("gpu7", 101), ("gpu8", 100), ("gpu7", 103)]
+    assert local_peers(ranks, "gpu7", 101) == [100, 103]  # never itself, never a pid of another host
+    assert local_peers([("gpu7", 100)], "gpu7", 100) == []  # one process: nobody to end
