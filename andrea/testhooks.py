@@ -39,6 +39,12 @@ so where it reads it (`testhooks.<name>()`), and reads it at the moment given be
     ANDREA_TEST_REPLICA_DELAY=s    replica/store.py (at import)            sleep s after each piece of a `.bin`
                                                                            read for its upload: a slow store
                                                                            (tests/e2e/test_replica_run.py)
+    ANDREA_TEST_FLIP_WEIGHT=s@r    run/runtime.py (each TrainingRun)       one mantissa bit of one weight flipped on
+                                                                           rank r after the update that reaches
+                                                                           header step s, once per process: a
+                                                                           silently corrupted GPU, which the ranks'
+                                                                           digests must catch (parallel/agreement.py;
+                                                                           tests/e2e/test_distributed.py)
 """
 
 from __future__ import annotations
@@ -111,3 +117,16 @@ def replica_backoff() -> float:
 def replica_delay() -> float:
     """ANDREA_TEST_REPLICA_DELAY: seconds slept after each piece of a `.bin` read for its upload (0: none)."""
     return _number("REPLICA_DELAY")
+
+
+def flip_weight() -> tuple[int, int] | None:
+    """ANDREA_TEST_FLIP_WEIGHT: (header step, rank) of the one weight bit to flip ("40@1"; no rank: 0); None: unset.
+    Anything else is one line (ConfigError)."""
+    text = os.environ.get(PREFIX + "FLIP_WEIGHT", "")
+    if not text:
+        return None
+    step, _, rank = text.partition("@")
+    try:
+        return int(step), int(rank or 0)
+    except ValueError:
+        raise ConfigError(f"{PREFIX}FLIP_WEIGHT={text!r}: expected <header step>@<rank>") from None

@@ -61,7 +61,7 @@ class GuardConfig:
 
 
 NOTIFY_EVENTS = ("incident", "rollback", "guard_stop", "write_error", "stall", "pivot", "finished", "stopped",
-                 "failed", "quarantine", "resume_below", "replica_down", "replica_back")
+                 "failed", "quarantine", "resume_below", "replica_down", "replica_back", "rank_mismatch")
 """The events a notice is sent for (andrea/observe/notify.py documents each one's JSON); a new kind is added here
 and emitted where it happens."""
 STALL_EXIT_CODE = 75
@@ -124,7 +124,7 @@ class NotifyConfig:
     """An http:// or https:// URL the event's JSON is POSTed to (Content-Type: application/json); empty: none."""
     events: list[str] = field(default_factory=lambda: list(NOTIFY_EVENTS))
     """The kinds sent: any of incident, rollback, guard_stop, write_error, stall, pivot, finished, stopped,
-    failed, quarantine, resume_below, replica_down, replica_back (a run.toml written before a kind existed lists the
+    failed, quarantine, resume_below, replica_down, replica_back, rank_mismatch (a run.toml written before a kind existed lists the
     kinds of its day: add the new ones with --set)."""
     timeout_s: float = 10.0
     """The longest a command or a POST may take, the whole exchange, before it is abandoned with a warning (a

@@ -223,11 +223,16 @@ class Guard:
     def hold_target(self, step: int) -> None:
         """The gate held back the checkpoint of the step target `step`: an incident, rolled back like any other
         (a stop short of the target would be replayed into the same gate by every restart)."""
+        self.declare(step, f"the checkpoint of the step target {step} is held back: {self.last_reason}")
+
+    def declare(self, step: int, reason: str) -> None:
+        """An incident found outside the records (a held-back target, ranks that disagree on the weights:
+        parallel/agreement.py): pending at `step`, rolled back as any other. No-op while one is pending or the
+        guard is off."""
         if not self.cfg.enabled or self.pending is not None:
             return
         _, loss, grad_norm = self.last_record or (step, math.nan, math.nan)
-        self.pending = {"step": step, "reason": f"the checkpoint of the step target {step} is held back: "
-                                                f"{self.last_reason}", "loss": loss, "grad_norm": grad_norm}
+        self.pending = {"step": step, "reason": reason, "loss": loss, "grad_norm": grad_norm}
 
     def where_good(self, newest: str | None) -> str:
         """Where the run stands, for the line that says a checkpoint was held back: the known-good point, and the

@@ -23,6 +23,8 @@ The event, one JSON object (UTF-8), the same on a command's stdin and as the POS
                 resume_below a start resumed below the newest checkpoint on disk (detail: newest, skipped, reason)
                 replica_down the replica's store started failing (detail: uri, problem, error)
                 replica_back it is back and the replica caught up (detail: uri, down_s, replica_step)
+                rank_mismatch  under torchrun the ranks' weights differed at a checkpoint (detail: ranks, digests);
+                             the incident and rollback notices follow
     step        the header step at the event;  time  Unix time;  rank  the torchrun rank (rank 0 sends all but
                 stall, which the hung rank sends)
     suppressed  (only when > 0) notices of this kind the rate limit dropped since the last one sent
@@ -91,6 +93,9 @@ def from_marker(line: dict[str, Any]) -> tuple[str, str] | None:
     if kind == "replica_back":
         return kind, (f"replica {line.get('uri')}: reachable again after {line.get('down_s')} s, caught up (holds "
                       f"step {line.get('replica_step')})")
+    if kind == "rank_mismatch":
+        return kind, (f"ranks {line.get('ranks')} disagree with the others on the weights at step {line['step']}: "
+                      "not checkpointed, rolling back to a checkpoint the ranks agreed on")
     return None
 
 

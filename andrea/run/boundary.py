@@ -37,7 +37,7 @@ import numpy as np
 from andrea.errors import UserError
 from andrea.evals import audit
 from andrea.mixture import pivot
-from andrea.parallel import ranks, sharing
+from andrea.parallel import agreement, ranks, sharing
 from andrea.run import resume
 from andrea.guard import rollback
 from andrea.guard.decisions import INCIDENT, SUSPECT
@@ -210,6 +210,8 @@ class Boundary:
             else:
                 log.warning("not checkpointing step %d: %s; %s", step, why, good)
             return False
+        if self.world.distributed and not await self.ranks_agree(step):
+            return False  # an incident: the rollback follows (cross), the checkpoint is never written
         state = self.proxy.state(step)
         guard_state = guard.on_checkpoint(step, names.checkpoint_name(step))
         slot = await writer.free_slot()
@@ -240,6 +242,30 @@ class Boundary:
             self.req.checkpoint_at, self.req.landing = None, step
             commit.add_done_callback(lambda _: setattr(self.req, "landing", None))
         return True
+
+    async def ranks_agree(self, step: int) -> bool:
+        """Under torchrun, before the checkpoint of S: every rank's digest of the weights it holds, compared
+        (parallel/agreement.py). A disagreement is an incident: a `rank_mismatch` marker (and notice) and the
+        guard's rollback to its known-good checkpoint, which the ranks agreed on; with the guard off, the run fails
+        naming the newest checkpoint (every committed one was agreed on)."""
+        w = self.trainer.state.w[:self.trainer.n]
+        digest = await asyncio.get_running_loop().run_in_executor(self.train, agreement.weights_digest, w)
+        digests = self.world.gather(digest)
+        odd = agreement.disagreement(digests)
+        if not odd:
+            return True
+        agreed = next(r for r in range(len(digests)) if r not in odd)
+        reason = (f"rank{'s' if len(odd) > 1 else ''} {', '.join(map(str, odd))} of {len(digests)} hold weights "
+                  f"that differ from the others' (xxh3 {digests[odd[0]][:16]}, the others {digests[agreed][:16]})")
+        self.feed.lines.append(marker("rank_mismatch", step, ranks=odd, digests=digests))
+        newest = self.writer.last_committed
+        log.error("step %d: %s; not checkpointing it", step, reason)
+        if not self.cfg.guard.enabled:
+            raise RunFailed(f"step {step}: the ranks disagree on the weights ({reason}); resume from "
+                            f"{names.checkpoint_name(newest) if newest is not None else 'the start'}, which they "
+                            "agreed on")
+        self.guard.declare(step, f"the ranks disagree on the weights: {reason}")
+        return False
 
     def _landed(self, fut: asyncio.Future, step: int) -> None:
         """A commit's outcome, on the loop thread: a failed one is never confirmed as the guard's good point."""

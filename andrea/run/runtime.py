@@ -16,7 +16,8 @@ The watchdog (observe/watchdog.py) watches the threads while the step loop runs;
 out for what an operator acts on. Test hook: `ANDREA_TEST_HANG` (observe/watchdog.py).
 Test hooks (andrea/testhooks.py): `ANDREA_TEST_STEP_DELAY` sleeps after each step (a window for signals);
 `ANDREA_TEST_POISON_STEPS` makes the step record of chosen header steps read loss = NaN once (a divergence the
-guard meets as a non-finite incident). Never in production.
+guard meets as a non-finite incident); `ANDREA_TEST_FLIP_WEIGHT` flips one weight bit on one rank
+(parallel/agreement.py). Never in production.
 Reads `run.toml`, checkpoints, `tokenizer.json` and `data/`; writes `train.pid`, `run.toml` and, through the
 boundary, everything listed in sidecars.py, `.loss.json` (run/ledger_feed.py) and `step_NNNNNN.bin` (checkpoint.py).
 """
@@ -45,7 +46,7 @@ from andrea.config.check import ConfigError
 from andrea.run import identity, resume
 from andrea.observe import notify, tensorboard, views, wandb_log, watchdog
 from andrea.mixture import pivot
-from andrea.parallel import ranks, sharing
+from andrea.parallel import agreement, ranks, sharing
 from andrea.replica import replicator
 from andrea.guard import rollback
 from andrea.commit import shards
@@ -97,6 +98,7 @@ class TrainingRun:
         self.peers: list[int] = []  # the pids of the job's other ranks on this host (torchrun)
         self.step_delay = testhooks.step_delay()  # test hook ANDREA_TEST_STEP_DELAY (andrea/testhooks.py)
         self.poison_steps = testhooks.poison_steps()  # test hook ANDREA_TEST_POISON_STEPS (andrea/testhooks.py)
+        self.flip = testhooks.flip_weight()  # test hook ANDREA_TEST_FLIP_WEIGHT: a rank's weight flipped
 
     @property
     def step(self) -> int:
@@ -368,6 +370,9 @@ class TrainingRun:
         if out.step in self.poison_steps:  # test hook: once per process (a rollback's replay of n stays healthy)
             self.poison_steps.discard(out.step)
             out = dataclasses.replace(out, loss=torch.full_like(out.loss, float("nan")))
+        if self.flip is not None and self.flip == (out.step, self.world.rank):  # test hook: once per process
+            self.flip = None
+            agreement.flip_one_bit(trainer.state.w)
         records.push(out)
         watchdog.test_hang("train", out.step, self.world.rank)
         if self.step_delay:

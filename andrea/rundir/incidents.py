@@ -16,6 +16,10 @@ Built here (plain functions over plain data), appended by their owners:
         the replica's store started failing (or failed another way): training goes on, the replica lags
     {"event": "replica_back", "step": S, "uri": "s3://b/run", "down_s": 9.2, "replica_step": R}
         the store is back and a pass caught up: the replica holds step R again
+    {"event": "rank_mismatch", "step": S, "ranks": [1], "digests": ["<xxh3-128 hex>", ...]}
+        under torchrun the ranks' weights differed at the checkpoint of S (parallel/agreement.py, written by
+        run/boundary.py): `ranks` outside the majority, every rank's digest in rank order; the guard's incident and
+        rollback follow, and the checkpoint of S is never written
 S is the run's header step when the marker is written. `last_of_each` is what `andrea status` shows as
 `incidents`: the newest marker of every kind in KINDS (null for a kind the run never met).
 """
@@ -29,7 +33,7 @@ from typing import Any
 from andrea.rundir.ledger import marker
 
 KINDS = ("incident", "rollback", "guard_stop", "gap", "stall", "quarantine", "resume_below", "replica_down",
-         "replica_back")
+         "replica_back", "rank_mismatch")
 
 
 def regions_named(reason: str) -> list[str]:

@@ -58,8 +58,9 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
                header step S; the process exits 75 right after (written only while the I/O thread is alive)
                {"event": "stall", "step": S, "component": "train" | "boundary" | "io", "seconds": 12.3,
                 "limit": 10.0}
-    quarantine, resume_below, replica_down, replica_back   the other incidents: a checkpoint moved to quarantine/,
-               a start below the newest checkpoint, the replica's store failing and back (fields: rundir/incidents.py)
+    quarantine, resume_below, replica_down, replica_back, rank_mismatch   the other incidents: a checkpoint moved
+               to quarantine/, a start below the newest checkpoint, the replica's store failing and back, ranks whose
+               weights differ at a checkpoint (fields: rundir/incidents.py)
 
 Lifetime: the file is only ever appended to — never rewritten, archived or reset — with two exceptions made at
 a start, both in what no checkpoint vouches for: a final line without its "\\n" (the trace of a crash in the

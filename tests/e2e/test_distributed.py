@@ -426,3 +426,26 @@ def test_a_global_batch_that_does_not_split_is_one_line(prepared, tmp_path):
         "andrea: error: train.batch_size=7 (the global batch) is not divisible by the world size 2 "
         "(torchrun --nnodes × --nproc_per_node)")
     assert sorted(p.name for p in run.rglob("*")) == before
+
+
+def test_ranks_that_disagree_on_the_weights_are_an_incident_rolled_back_to_an_agreed_checkpoint(prepared, tmp_path):
+    """Issue 46: a silently corrupted GPU. The test hook flips one mantissa bit of one weight on rank 1 after step 40
+    (parallel/agreement.py): at step 40's checkpoint the ranks' digests differ. That checkpoint is never written;
+    a rank_mismatch marker and notice, the guard's incident and its rollback to step 20 (known-good, committed while
+    the ranks agreed) follow, and the run reaches its target with every checkpoint valid."""
+    from tests.notices import Inbox
+    run = seed_data(prepared, tmp_path / "run")
+    inbox = Inbox()
+    quiet = [a for k in ("loss_sigmas", "loss_margin", "grad_sigmas", "grad_margin") for a in ("--set", f"guard.{k}=1e9")]
+    result = subprocess.run(launcher_argv(run, "--steps", str(TARGET), *EVERY, "--set", "guard.confirm_steps=10",
+                                          *quiet, "--set", f'notify.url="{inbox.url}"'),
+                            capture_output=True, text=True, timeout=300, cwd=ROOT,
+                            env={**env(), "ANDREA_TEST_FLIP_WEIGHT": "40@1"})
+    assert result.returncode == 0, result.stderr[-4000:]
+    events = [e for e in ledger(run) if e.get("event") in ("rank_mismatch", "incident", "rollback")]
+    assert [(e["event"], e["step"]) for e in events] == [("rank_mismatch", 40), ("incident", 40), ("rollback", 20)]
+    mismatch, incident, rollback = events
+    assert mismatch["ranks"] == [1] and len(set(mismatch["digests"])) == 2
+    assert "ranks disagree on the weights" in incident["reason"] and rollback["checkpoint"] == "step_000020.bin"
+    assert inbox.wait_for("rank_mismatch")["ranks"] == [1]
+    assert checkpoints(run) == [20, 40, 60] and all_valid(run)  # 40: the one trained again, agreed on
