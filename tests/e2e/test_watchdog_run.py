@@ -137,7 +137,8 @@ def test_one_hung_rank_brings_the_whole_torchrun_job_down_within_the_limit(prepa
 def test_a_frozen_rank_ends_the_whole_job_well_before_torchruns_30_s(prepared, tmp_path):
     """Issue 46: rank 1 frozen (SIGSTOP: its own watchdog is frozen with it, and it answers no SIGTERM). Rank 0's
     watchdog exits 75, and torchrun used to wait its 30 s before SIGKILLing the stopped worker. The watchdog now
-    ends the ranks on its host it learned at start: the job ends before a 20 s deadline from the freeze."""
+    ends the ranks on its host it learned at start: the job ends within 10 s of the detection (how long the
+    detection takes is the watchdog's limit, which a loaded machine raises; the other tests bound it)."""
     run = seed_data(prepared, tmp_path / "run")
     t = Launched(launcher_argv(run, "--steps", "100000", "--checkpoint-every", "1000", *FAST_DOG),
                  extra_env={"ANDREA_TEST_STEP_DELAY": "0.02"})
@@ -147,7 +148,8 @@ def test_a_frozen_rank_ends_the_whole_job_well_before_torchruns_30_s(prepared, t
         frozen = int(ready.split("ready pid=", 1)[1].split()[0])
         t.wait_for(lambda line: "step 30/" in line, timeout=120)  # training, both ranks in lockstep
         os.kill(frozen, signal.SIGSTOP)
-        rc = t.wait_exit(20)  # the bound: raises subprocess.TimeoutExpired past it
+        t.wait_for(lambda line: "andrea.watchdog[0]: watchdog:" in line and "made no progress" in line, timeout=120)
+        rc = t.wait_exit(10)  # the bound, well under torchrun's 30 s: raises subprocess.TimeoutExpired past it
     finally:
         if frozen is not None:
             for sig in (signal.SIGCONT, signal.SIGKILL):  # never leave a stopped process behind
