@@ -68,14 +68,18 @@ def replay(cfg: RunConfig, records, warmup_steps: int | None = None) -> dict:
 
 
 def seed_list(text: str) -> list[int]:
-    lo, _, hi = text.partition("-")
-    return list(range(int(lo), int(hi or lo) + 1))
+    """"7", "0-9" or "7,9"."""
+    seeds = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        seeds += range(int(lo), int(hi or lo) + 1)
+    return seeds
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="andrea-tiny")
-    ap.add_argument("--seeds", default="0-9", help="a seed or a range, e.g. 0-9")
+    ap.add_argument("--seeds", default="0-9", help="a seed, a range or a list: 7, 0-9, 7,9")
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--data", help="a run directory holding prepared data for the preset (made if missing)")
     ap.add_argument("--max-bytes", type=int, help="data.max_bytes_per_arm (a faster preparation)")

@@ -14,6 +14,7 @@ Two ways to make a run diverge, for two kinds of assertion:
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -167,20 +168,20 @@ def test_stop_and_resume_in_the_middle_of_an_incident_is_byte_identical(prepared
     assert (late / "step_000060.guard.json").read_bytes() == (whole / "step_000060.guard.json").read_bytes()
 
 
-def test_the_issues_healthy_seeds_raise_no_alarm_in_their_warm_up(prepared):
+def test_the_issues_healthy_seeds_raise_no_alarm_in_their_warm_up(prepared, tmp_path):
     """Issue 46 (seed 7: the gate shut at step 28, no final checkpoint at 30) and issue 47 case 5 (seed 9: an
-    incident at step 29 of a healthy run): their first 80 steps trained in process by run/trainer.py, as a run
-    trains them, fed to the guard's decisions: no incident, the commit gate never shut. The ten seeds' 500 steps
-    (and andrea-12m's) are checked on their recording: tests/unit/guard/test_healthy_series.py."""
-    from andrea.config.load import load
-    from andrea.data import store
-    from bench.guard_series import replay, series
-
-    for seed in (7, 9):
-        cfg = load(preset="andrea-tiny", overrides=[f"train.seed={seed}"])
-        _, arms = store.prepare(cfg.data, prepared, cfg.model.vocab_size, cfg.model.block_size)
-        verdicts = replay(cfg, series(cfg, arms, 80))
-        assert verdicts["incidents"] == 0 and verdicts["shut"] == [], (seed, verdicts)
+    incident at step 29 of a healthy run): bench/guard_series.py trains their first 80 steps in process with
+    run/trainer.py, as a run trains them, and feeds them to the guard's decisions: no incident, the commit gate
+    never shut. The ten seeds' 500 steps are checked on their recording: tests/unit/guard/test_healthy_series.py."""
+    out = tmp_path / "series.json"
+    r = subprocess.run([sys.executable, "bench/guard_series.py", "--preset", "andrea-tiny", "--seeds", "7,9",
+                        "--steps", "80", "--data", str(prepared), "--json", str(out)], cwd=ROOT, env=env(),
+                        capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "incidents across seeds: 0" in r.stdout, r.stdout + r.stderr[-2000:]
+    for seed in ("7", "9"):
+        assert f"| andrea-tiny | {seed} | 80 | 0 | - | - | - |" in r.stdout, r.stdout
+    recorded = json.loads(out.read_text())["seeds"]
+    assert sorted(recorded) == ["7", "9"] and [s for s, _, _ in recorded["9"]] == list(range(1, 81))
 
 
 @pytest.mark.slow
