@@ -248,8 +248,8 @@ class Boundary:
         (parallel/agreement.py). A disagreement is an incident: a `rank_mismatch` marker (and notice) and the
         guard's rollback to its known-good checkpoint, which the ranks agreed on; with the guard off, the run fails
         naming the newest checkpoint (every committed one was agreed on)."""
-        w = self.trainer.state.w[:self.trainer.n]
-        digest = await asyncio.get_running_loop().run_in_executor(self.train, agreement.weights_digest, w)
+        digest = await asyncio.get_running_loop().run_in_executor(
+            self.train, lambda: agreement.weights_digest(self.trainer.weights()))
         digests = self.world.gather(digest)
         odd = agreement.disagreement(digests)
         if not odd:

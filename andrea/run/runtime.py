@@ -372,7 +372,7 @@ class TrainingRun:
             out = dataclasses.replace(out, loss=torch.full_like(out.loss, float("nan")))
         if self.flip is not None and self.flip == (out.step, self.world.rank):  # test hook: once per process
             self.flip = None
-            agreement.flip_one_bit(trainer.state.w)
+            agreement.flip_one_bit(trainer.weights())
         records.push(out)
         watchdog.test_hang("train", out.step, self.world.rank)
         if self.step_delay:

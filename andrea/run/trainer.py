@@ -143,6 +143,10 @@ class Trainer:
         self._oom_rows = testhooks.oom_rows()  # test hook ANDREA_TEST_OOM_ROWS (andrea/testhooks.py)
 
     # --- state -------------------------------------------------------------------------------------------
+    def weights(self) -> torch.Tensor:
+        """The weights this process holds, (n,) fp32 (under ZeRO-1 every rank's full copy)."""
+        return self.state.w[:self.n]
+
     def load(self, payload: torch.Tensor) -> None:
         """Replace [w | m | v] from a host fp32 tensor of length 3·n (a checkpoint's payload)."""
         self._wait_snapshot()  # never overwrite the state under a snapshot still copying it

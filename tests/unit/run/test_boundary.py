@@ -79,6 +79,9 @@ class Trainer:
                                      torch.full((rows,), 2.0)))
         return batch.step + 1
 
+    def weights(self) -> torch.Tensor:
+        return self.state[:N]
+
     def snapshot(self, staging: torch.Tensor) -> None:
         staging.copy_(self.state)
         self.events.append(("snapshot", int(self.state[0])))
