@@ -3,15 +3,16 @@
 Trains seeds of a preset in process — run/trainer.py's Trainer fed by mixture/proxy.py's DataProxy, the same
 batches and updates a real run takes, without the runtime (no checkpoints, no ledger) — and records every step's
 loss and pre-clip gradient norm. Then replays the guard's pure decisions (guard/decisions.py) over each series
-and prints a table: per seed the incidents, the anomalous steps and the closest grad-norm and loss came to
-their band edges (1.0 = anomalous).
+and prints a table: per seed the incidents, the anomalous steps, the steps at which the commit gate was shut (a
+checkpoint due there would be held back) and the first incident's reason. Exit 1 when any seed has an incident.
 
     python bench/guard_series.py --preset andrea-tiny --seeds 0-9 --steps 500
     python bench/guard_series.py --preset andrea-12m --seeds 0-1 --steps 60 --json series.json
 
 Writes a temporary run directory for the prepared data (or --data DIR, reused) and, with --json, the series:
 {"preset", "steps", "batch_size", "seeds": {"7": [[step, loss, grad_norm], ...]}}.
-tests/unit/guard/healthy_series.json holds this script's andrea-12m recording (the suite cannot train it).
+tests/unit/guard/healthy_series.json holds its recording of ten andrea-tiny seeds (training them takes minutes);
+andrea-12m is a minute a step on two busy cores: record it with --device cuda.
 """
 
 from __future__ import annotations

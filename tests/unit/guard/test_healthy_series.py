@@ -3,17 +3,16 @@
 healthy_series.json holds what bench/guard_series.py recorded: ten seeds of andrea-tiny, header steps 1..500, each
 step's loss and pre-clip gradient norm as run/trainer.py produced them (training them takes minutes; replaying
 them through the guard's pure decisions takes milliseconds). tests/e2e/test_guard_run.py trains the issues' two
-seeds live and checks the same property on them. andrea-12m's series cannot be trained on the suite's CPUs (a
-minute a step on two busy cores; its grace, warmup_steps 2000 + window 50, covers its first 500 steps for the
-gradient norm, so only its loss is judged there): `python bench/guard_series.py --preset andrea-12m --device cuda`.
+seeds live and checks the same property on them. andrea-12m is not recorded: a minute a step on two busy cores
+(5000 steps: days), and no GPU here; its grace (warmup_steps 2000 + window 50) covers its first 500 steps for the
+gradient norm, so only its loss is judged there. On a GPU:
+`python bench/guard_series.py --preset andrea-12m --seeds 0-9 --steps 500 --device cuda`.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import pytest
 
 from andrea.config.load import load
 from bench.guard_series import replay
@@ -40,9 +39,3 @@ def test_the_recording_holds_the_warm_up_spikes_that_fooled_the_guard_without_it
     found = {seed: replay(cfg, records, warmup_steps=-cfg.guard.window) for seed, cfg, records in runs("andrea-tiny")}
     assert found[9]["incidents"] >= 1 and "step 29: grad norm 3.425 above its band 3.378" in found[9]["first"]
     assert sum(bool(r["shut"]) for r in found.values()) >= 7 and 28 in found[7]["shut"]
-
-
-@pytest.mark.parametrize("preset", [p for p in ("andrea-12m",) if p in RECORDED])
-def test_recorded_12m_seeds_have_no_incident(preset):
-    found = {seed: replay(cfg, records) for seed, cfg, records in runs(preset)}
-    assert found and all(r["incidents"] == 0 and r["shut"] == [] for r in found.values()), found
