@@ -21,10 +21,12 @@ not runnable, and the jump counts as one tick. `Watchdog` is the thin thread tha
 Writes, when it acts: one error line and every thread's stack (faulthandler) to stderr, the CUDA and process
 group state when there is one, a `stall` marker in the ledger (rundir/ledger.py) through the I/O thread unless
 that thread is the one hung (waited for at most MARKER_WAIT_S), a `stall` notice (observe/notify.py); then, under
-torchrun, it ends the job's other ranks on this host (SIGKILL to the pids the ranks exchanged at start,
-`local_peers`: a rank that is frozen — SIGSTOP, a driver — answers no SIGTERM, and torchrun would wait 30 s for it
-before its own SIGKILL), and the process exits with config.STALL_EXIT_CODE at once (os._exit: a hung thread cannot
-be joined). Ranks on other hosts end by their own watchdog or their collectives' timeout.
+torchrun, it ends the job's other ranks on this host (the pids the ranks exchanged at start, `local_peers`): first
+SIGUSR2, on which each rank's faulthandler writes its stacks (`arm_stack_dump`: the hung rank may be a peer, and
+its stacks are the diagnosis), then SIGKILL a second later (a rank that is frozen — SIGSTOP, a driver — answers no
+SIGTERM, and torchrun would wait 30 s for it before its own SIGKILL); and the process exits with
+config.STALL_EXIT_CODE at once (os._exit: a hung thread cannot be joined). Ranks on other hosts end by their own
+watchdog or their collectives' timeout.
 
 Test hook (andrea/testhooks.py): `ANDREA_TEST_HANG=<train|io>@<step>[@<rank>]` hangs the training thread after the update that reaches
 header step <step> (run/runtime.py), or the I/O thread at the start of the commit of step <step>
@@ -34,6 +36,7 @@ header step <step> (run/runtime.py), or the I/O thread at the start of the commi
 from __future__ import annotations
 
 import faulthandler
+import io
 import logging
 import os
 import signal
@@ -52,6 +55,8 @@ log = logging.getLogger("andrea.watchdog")
 COMPONENTS = ("train", "io", "boundary")  # the order a stall is named in: the most specific first
 WHAT = {"train": "the training thread", "io": "the I/O thread", "boundary": "the step boundary (event loop)"}
 MARKER_WAIT_S = 5.0  # how long the stall marker may wait for a live I/O thread (it may be mid-commit)
+STACKS_SIGNAL = signal.SIGUSR2  # a rank's stacks to its stderr (arm_stack_dump); SIGUSR1 and SIGHUP are the run's
+PEER_DUMP_S = 1.0  # how long a peer is given to write its stacks before it is ended
 
 
 # --- the decisions -----------------------------------------------------------------------------------------------
@@ -219,16 +224,31 @@ def local_peers(ranks: list[tuple[str, int]], host: str, pid: int) -> list[int]:
     return [p for h, p in ranks if h == host and p != pid]
 
 
+def arm_stack_dump() -> None:
+    """Every thread's stack to stderr on STACKS_SIGNAL (faulthandler, at the C level: it works while Python's
+    threads are stuck): what a peer whose watchdog fired first asks of this rank before it ends it."""
+    try:
+        faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):  # no signals or no stderr descriptor
+        pass
+
+
 def end_peers(peers: list[int]) -> None:
-    """SIGKILL the job's other ranks on this host (a frozen one answers nothing else); gone ones are skipped."""
-    if peers:
-        log.critical("watchdog: ending the job's other ranks on this host (pids %s) so that it ends now",
-                     ", ".join(map(str, peers)))
-    for pid in peers:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    """End the job's other ranks on this host: their stacks first (STACKS_SIGNAL, PEER_DUMP_S to write them: the
+    rank that hung may be one of them, and its stacks are the diagnosis), then SIGKILL (a frozen one answers
+    nothing else). Gone ones are skipped."""
+    if not peers:
+        return
+    log.critical("watchdog: ending the job's other ranks on this host (pids %s) so that it ends now",
+                 ", ".join(map(str, peers)))
+    for sig in (STACKS_SIGNAL, signal.SIGKILL):
+        for pid in peers:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if sig == STACKS_SIGNAL:
+            time.sleep(PEER_DUMP_S)
 
 
 def end_hung_run(stall: Stall, step: int, *, append_marker: Callable[[dict], None] | None, io,

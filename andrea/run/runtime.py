@@ -268,6 +268,8 @@ class TrainingRun:
             # the ranks' pids: a hung rank's watchdog ends the others on its host (observe/watchdog.py)
             self.peers = watchdog.local_peers(self.world.gather((socket.gethostname(), os.getpid())),
                                               socket.gethostname(), os.getpid())
+            if self.peers:
+                watchdog.arm_stack_dump()  # a peer's watchdog asks for this rank's stacks before it ends it
             self._cfg = sharing.from_leader(self.world, lambda: self._cfg)  # separate disks: rank 0's run.toml
             for stale in ckpt.remove_stale_tmp(self.run_dir) if self.world.view == self.world.rank else ():
                 log.warning("removed %s left by an interrupted write (never read as a checkpoint or sidecar)",

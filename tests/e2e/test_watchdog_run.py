@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -130,8 +131,10 @@ def test_one_hung_rank_brings_the_whole_torchrun_job_down_within_the_limit(prepa
     rc, took = until_exit_after_the_hang(t)
     out = t.output()
     assert rc != 0 and took < FLOOR + 15, f"rc {rc} after {took:.1f}s:\n" + out[-4000:]
-    assert "andrea.watchdog[1]: watchdog: the training thread made no progress" in out, out[-4000:]
-    assert "in test_hang" in out
+    # Whichever rank's watchdog fires first ends the other (rank 0's boundary waits on a collective just as long);
+    # the hung rank's stacks are in the log either way: its own dump, or the one its peer asked for (SIGUSR2).
+    assert re.search(r"andrea\.watchdog\[[01]\]: watchdog: .* made no progress", out), out[-4000:]
+    assert "in test_hang" in out, out[-4000:]
 
 
 def test_a_frozen_rank_ends_the_whole_job_well_before_torchruns_30_s(prepared, tmp_path):

@@ -127,3 +127,28 @@ def test_the_peers_a_hung_rank_ends_are_the_other_ranks_on_its_host():
     ranks = [("gpu7", 100), ("gpu7", 101), ("gpu8", 100), ("gpu7", 103)]
     assert local_peers(ranks, "gpu7", 101) == [100, 103]  # never itself, never a pid of another host
     assert local_peers([("gpu7", 100)], "gpu7", 100) == []  # one process: nobody to end
+
+
+def test_a_peer_is_asked_for_its_stacks_then_ended(tmp_path):
+    """end_peers on a real process: SIGUSR2 has its faulthandler write every thread's stack, then SIGKILL ends it
+    (a stopped process too: SIGKILL needs no cooperation)."""
+    import signal
+    import subprocess
+    import sys
+
+    from andrea.observe.watchdog import end_peers
+    from tests.runs import env
+    err = tmp_path / "stderr"
+    script = ("import sys, time\nfrom andrea.observe.watchdog import arm_stack_dump\narm_stack_dump()\n"
+              "def waiting_for_a_collective():\n    print('armed', flush=True)\n    time.sleep(600)\n"
+              "waiting_for_a_collective()\n")
+    with open(err, "wb") as stderr:
+        peer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                env=env())
+        try:
+            assert peer.stdout.readline().strip() == "armed"
+            end_peers([peer.pid])
+            assert peer.wait(30) == -signal.SIGKILL
+        finally:
+            peer.kill()
+    assert "in waiting_for_a_collective" in err.read_text()
