@@ -253,11 +253,13 @@ def test_the_workspace_estimate_bounds_what_an_update_allocates(model):
     n = n_params(layout)
     state = [torch.randn(n) for _ in range(3)] + [torch.rand(n)]
     update = MuonAdamW(layout, tc, adamw_reference, "torch", CPU)
-    with LiveBytes(state) as live:
-        update(*state, step=3, lr=1e-3, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay,
-               max_grad_norm=1.0)
+    kw = dict(lr=1e-3, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay, max_grad_norm=1.0)
+    update(*state, step=3, **kw)  # the first call also finds the decay mask's runs, once for the run's life
+    kept = [t for t in (update.packed, update.packed_mask, *update.masks) if t is not None]  # its own, for life
+    with LiveBytes(state + kept) as live:
+        update(*state, step=4, **kw)
     modelled = workspace_bytes(layout, "cpu")
-    assert live.peak <= modelled <= 1.5 * live.peak, (live.peak, modelled)
+    assert live.peak <= modelled + 64 <= 1.5 * live.peak, (live.peak, modelled)  # + the norms' 0-d scalars
 
 
 def test_a_range_that_cuts_a_matrix_is_refused():
