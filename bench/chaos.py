@@ -290,14 +290,27 @@ class Chaos:
             time.sleep(self.args.outage)  # the outage itself: the store stays down this long
             self.server.start()
             f.notes.append(f"store down {time.time() - f.at:.1f} s")
+            # recovered when the replica has caught up (replica/plan.py says so once): the next fault waits for it
+            self.settle(seg, lambda l: "replica reachable again" in l, f, "the replica caught up")
         elif f.kind == "disk":
             if self.disk is None:
                 f.notes.append("skipped: no private mount namespace (needs root and unshare)")
                 return
             filler = fill_to_the_last_byte(self.disk)
-            seg.wait_for(lambda l: "checkpoint write failed" in l, max(60.0, 10 * self.args.every))
+            self.settle(seg, lambda l: "checkpoint write failed" in l, f, "a checkpoint write failed")
             filler.unlink()
             f.notes.append(f"disk full {time.time() - f.at:.1f} s")
+            self.settle(seg, lambda l: "committed" in l, f, "a checkpoint committed again")
+
+
+    def settle(self, seg: Segment, done, f: plan.Injected, what: str) -> None:
+        """Wait (bounded) until the trainer logs, from now on, a line for which done(line) holds: a fault without an
+        exit has recovered then. A trainer that exits first, or a line that never comes, is noted, not fatal."""
+        since = time.time()
+        def hit() -> bool:
+            return any(t >= since and done(line) for t, line in seg.stamped)
+        self.wait(lambda: seg.proc.poll() is not None or hit(), max(60.0, 10 * self.args.every))
+        f.notes.append(f"{what} after {time.time() - f.at:.1f} s" if hit() else f"{what}: not seen")
 
 
 def train_flags(a, uri: str, inbox: Inbox) -> list[str]:

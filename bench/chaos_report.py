@@ -151,8 +151,8 @@ def report(args, chaos, ref: dict, final: list[dict], led: list[dict], newest: i
 
     phases = restart_phases(chaos.segments, led)
     w("\n### Each start's seconds\n")
-    w("| # | kind | exit | next | spawn -> first log line (python, the CLI, the config) | -> ready (torch's import, "
-      "data, the checkpoint read and checked) | "
+    w("| # | kind | exit | next | spawn -> first log line | -> ready (what the first line leaves of: torch's import, "
+      "the data, the checkpoint read and checked) | "
       "ready -> first step | alive |\n|---|---|---|---|---|---|---|---|")
     for i, p in enumerate(phases):
         if p["kind"] == "restore":
@@ -164,7 +164,8 @@ def report(args, chaos, ref: dict, final: list[dict], led: list[dict], newest: i
     med = {k: statistics.median([p[k] for p in trains if p[k] is not None] or [0.0])
            for k in ("imports", "to_ready", "ready_to_step")}
     if getattr(chaos, "torch_import_s", None):
-        w(f"\n`python -c 'import torch'` alone on this machine now: {chaos.torch_import_s:.2f} s (median of --import-probes)")
+        w(f"\n`python -c 'import torch'` alone on this machine now: {chaos.torch_import_s:.2f} s "
+          f"(median of --import-probes)")
     w(f"median one-process start: first line {med['imports']:.2f} s, to ready {med['to_ready']:.2f} s, ready to the "
       f"first step {med['ready_to_step']:.2f} s")
 
@@ -174,7 +175,8 @@ def report(args, chaos, ref: dict, final: list[dict], led: list[dict], newest: i
     # warm-up, slower steps beside the store's or a full disk's troubles, noise).
     first_t, last_t = (all_steps[0]["time"], all_steps[-1]["time"]) if all_steps else (t0, t0)
     bounds = [max(f.at, first_t) for f in injected] + [last_t]
-    before_gain, before_loss = plan.window_loss(led, first_t, bounds[0], rate) if injected else (kept, wall - kept / rate)
+    before_gain, before_loss = (plan.window_loss(led, first_t, bounds[0], rate) if injected
+                                else (kept, wall - kept / rate))
     windows = []
     for i, (f, r) in enumerate(zip(injected, rows)):
         gained, loss = plan.window_loss(led, bounds[i], bounds[i + 1], rate)

@@ -33,6 +33,8 @@ def test_the_chaos_run_reaches_its_target_with_the_fault_free_bytes_and_reports_
     for kind in ("bitflip", "loss"):  # SIGKILLed: an exit, a resume, a first new step after it
         assert rows[kind]["rc"] == -9 and "resume" in rows[kind]["markers"] and rows[kind]["seconds"] > 0, rows[kind]
     assert rows["bitflip"]["lost"] >= 10  # the flipped checkpoint was not resumed: one cadence at least trained again
+    assert {"quarantine", "resume_below"} <= set(rows["bitflip"]["markers"]) & set(rows["bitflip"]["notices"])
+    assert all(not rows[kind]["missing"] for kind in FAULTS), [(k, rows[k]["missing"]) for k in FAULTS]
     assert [n["event"] for n in figures["notices"]][-1] == "finished"
     for kind in FAULTS:
         assert f"| {kind} |" in r.stdout, r.stdout
