@@ -159,3 +159,21 @@ def test_verify_tokens_bench_prints_its_cost_per_gb(tmp_path):
     assert result.returncode == 0, result.stderr
     assert re.search(r"token_digest of 0\.01 GB \((cold|warm) page cache\): [\d.]+ s, [\d.]+ s per GB", result.stdout)
     assert not list(tmp_path.iterdir())  # its file is removed
+
+
+def test_recipe_bench_quick_prints_the_sweep_the_ratios_and_a_plot(tmp_path):
+    """bench/recipe.py --quick: the three subjects swept, trained on the same batches and timed; the step and time
+    ratios against gpt2+AdamW printed with their verdicts, the plot written."""
+    out, png = tmp_path / "recipe.json", tmp_path / "recipe.png"
+    result = run_bench("bench/recipe.py", "--quick", "--plot", str(png), "--json", str(out), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert [s["subject"] for s in res["summary"]] == ["gpt2+AdamW", "modern+AdamW", "modern+Muon"]
+    assert res["summary"][0]["step_ratio"] == res["summary"][0]["time_ratio"] == 1.0
+    assert all(len(runs) == 2 and runs[0]["curve"][0][0] == 0 for runs in res["sweeps"].values())
+    assert all(len(t) == 3 for t in res["times"].values())
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| modern+Muon | muon_lr " in result.stdout
+    assert re.search(r"^- modern\+Muon steps to gpt2\+AdamW's final loss: (-|\d+\.\d\d)x .* -> (PASS|MISS)$",
+                     result.stdout, re.M), result.stdout
+    assert re.search(r"^- modern\+Muon time per step: \d+\.\d\dx .* -> (PASS|MISS)$", result.stdout, re.M)

@@ -78,7 +78,7 @@ def test_the_mlp_matches_the_gpts_parameters_and_the_presets_their_twins():
     for twin in ("andrea-12m", "andrea-120m"):
         gpt = n_params(arch.layout_for(configload.load(preset=twin).model))
         modern = configload.load(preset=f"{twin}-modern").model
-        assert modern.arch == "modern"
+        assert modern.arch == "modern" and configload.load(preset=f"{twin}-modern").train.optimizer == "muon"
         assert abs(n_params(arch.layout_for(modern)) / gpt - 1) < 0.03, twin
 
 
