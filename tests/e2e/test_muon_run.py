@@ -6,7 +6,11 @@ within the documented tolerance and resume bit for bit; the guard rolls a Muon r
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,6 +40,17 @@ def two_ranks(run_dir, *args: str) -> None:
     assert result.returncode == 0, result.stderr[-4000:]
 
 
+@pytest.fixture
+def off_disk(tmp_path):
+    """A directory on another filesystem than the run's (a replica must be off the run's disk): /dev/shm's tmpfs."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no filesystem apart from the run's for the replica")
+    where = Path(tempfile.mkdtemp(prefix="andrea-muon-replica-", dir=shm))
+    yield where
+    shutil.rmtree(where, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def straight(prepared, tmp_path_factory):
     """The reference: one process, modern + Muon, never stopped, to TARGET."""
@@ -45,8 +60,9 @@ def straight(prepared, tmp_path_factory):
     return run
 
 
-def test_sigkill_resume_and_a_restore_from_the_replica_end_in_the_never_stopped_bytes(straight, prepared, tmp_path):
-    run, replica = seed_data(prepared, tmp_path / "run"), tmp_path / "replica"
+def test_sigkill_resume_and_a_restore_from_the_replica_end_in_the_never_stopped_bytes(straight, prepared, tmp_path,
+                                                                                     off_disk):
+    run, replica = seed_data(prepared, tmp_path / "run"), off_disk / "replica"
     flags = [*RECIPE, *QUIET, *MICRO, "--set", f'checkpoint.replica="{replica}"']
     t = Trainer(run, "--steps", str(TARGET), *flags)
     try:
