@@ -359,6 +359,8 @@ def main() -> int:
     try:
         return run_chaos(args, work)
     finally:
+        if in_own_namespace():  # the full disk's tmpfs: a mount point is not removed while mounted
+            subprocess.run(["umount", "-l", str(work / "disk")], capture_output=True)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
