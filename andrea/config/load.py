@@ -9,6 +9,7 @@ out-of-range value raises `ConfigError` with one line that names the file and th
 from __future__ import annotations
 
 import dataclasses
+import logging
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -16,8 +17,11 @@ from typing import Any
 
 from andrea.config.schema import SECTIONS, RunConfig, section_types
 from andrea.config.check import ConfigError, build, unknown_message
+from andrea.config.upgrade import upgrade_run_toml
 from andrea.rundir.inspect import require_run_dir
 from andrea.rundir.names import CONFIG_NAME
+
+log = logging.getLogger("andrea.config.load")
 
 
 def preset_names() -> list[str]:
@@ -121,6 +125,10 @@ def load(preset: str | None = None, config_file: str | Path | None = None, base:
     if preset is not None:
         layers.append((f"preset {preset}", parse_toml(preset_text(preset), f"preset {preset}")))
     if base:
+        # an older run.toml's recorded defaults that today's schema would refuse or that withhold new kinds
+        base, notes = upgrade_run_toml(base)
+        for note in notes:
+            log.info("%s: %s", base_source, note)
         layers.append((base_source, base))
     if config_file is not None:
         layers.append((str(config_file), read_toml(config_file)))

@@ -1,0 +1,53 @@
+"""An older run.toml's recorded defaults (andrea/config/upgrade.py): read as today's, and only those."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from andrea.config.check import ConfigError
+from andrea.config.keepers import NOTIFY_EVENTS
+from andrea.config.load import load
+from andrea.config.upgrade import OLD_NOTIFY_EVENTS, OLD_REPLICA_WAIT, upgrade_run_toml
+
+REPLICA = "s3://bucket/run"
+
+
+def older_run_toml() -> dict:
+    """What a run started before checkpoint.stop_grace_s and the incident notices recorded."""
+    return {"checkpoint": {"every": 100, "replica": REPLICA, "replica_wait": OLD_REPLICA_WAIT},
+            "notify": {"events": list(OLD_NOTIFY_EVENTS)}}
+
+
+def test_an_older_run_with_a_replica_starts_again_under_todays_grace_period():
+    with pytest.raises(ConfigError):  # what today's schema says of the value itself
+        load(preset="andrea-tiny", overrides=[f"checkpoint.replica={REPLICA}", "checkpoint.replica_wait=120"])
+    cfg = load(preset="andrea-tiny", base=older_run_toml())
+    assert cfg.checkpoint.replica == REPLICA
+    assert cfg.checkpoint.replica_wait <= cfg.checkpoint.stop_grace_s / 2
+
+
+def test_an_older_runs_default_events_become_every_kind_of_today():
+    cfg = load(preset="andrea-tiny", base=older_run_toml())
+    assert set(cfg.notify.events) == set(NOTIFY_EVENTS)
+    assert {"quarantine", "resume_below", "replica_down", "replica_back", "rank_mismatch"} <= set(cfg.notify.events)
+
+
+def test_an_operators_own_values_are_kept():
+    raw = older_run_toml()
+    raw["checkpoint"]["stop_grace_s"] = 300.0  # written by a version that knew the grace period: 120 was chosen
+    raw["notify"]["events"] = ["incident", "finished"]
+    cfg = load(preset="andrea-tiny", base=raw)
+    assert cfg.checkpoint.replica_wait == OLD_REPLICA_WAIT
+    assert cfg.notify.events == ["incident", "finished"]
+
+
+def test_the_upgrade_leaves_its_input_alone_and_says_what_it_read_anew():
+    raw = older_run_toml()
+    before = copy.deepcopy(raw)
+    upgraded, notes = upgrade_run_toml(raw)
+    assert raw == before
+    assert "replica_wait" not in upgraded["checkpoint"] and "events" not in upgraded["notify"]
+    assert len(notes) == 2 and any("replica_wait" in n for n in notes) and any("notify.events" in n for n in notes)
+    assert upgrade_run_toml(upgraded) == (upgraded, [])
