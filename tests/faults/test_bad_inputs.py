@@ -176,11 +176,15 @@ CASES = [
          fallback="skips each with a warning, resumes from step 10, redoes step 70 byte-identically"),
     *[_checkpoint_refused(k) for k in REFUSED_KINDS],
     Case("--init-from a truncated file", _init_from_bad, 1, [STEP20, "truncated"], steps=70),
-    Case("step_N.state.json garbage", _write(S70, b"\x00{garbage"), 1, [S70, "JSON"]),
+    # The bandit's state may be reset by contract (docs/formats.md): a bad one is passed over in one warning line
+    # naming the file and the field, never a refused start.
+    Case("step_N.state.json garbage", _write(S70, b"\x00{garbage"), 0, [S70, "JSON"], steps=75,
+         fallback="passed over in one line naming the file; the bandit restarts"),
     Case("step_N.state.json bandit.updates wrong type",
-         _edit_state(S70, lambda d: _set_key(d, ["bandit", "updates"], "many")), 1, [S70, "updates"]),
-    Case(".state.json wrong type (no step_N.state.json)", _write(".state.json", b"[1, 2, 3]", (S70,)), 1,
-         [".state.json", "object"]),
+         _edit_state(S70, lambda d: _set_key(d, ["bandit", "updates"], "many")), 0, [S70, "updates"], steps=75,
+         fallback="passed over in one line naming the file and field; the bandit restarts"),
+    Case(".state.json wrong type (no step_N.state.json)", _write(".state.json", b"[1, 2, 3]", (S70,)), 0,
+         [".state.json", "object"], steps=75, fallback="passed over in one line naming the file; a fresh bandit"),
     Case(".state.json garbage beside a good step_N.state.json", _write(".state.json", b"\xff\xfe garbage"), 0,
          [], steps=75, fallback="ignored: step_N.state.json is the state of the checkpoint; rewritten at step 75"),
     Case("zombie arm in step_N.state.json (docs/formats.md)", _edit_state(S70, _zombie_arm), 0,
@@ -287,9 +291,21 @@ def test_a_bad_init_from_file_is_refused_in_one_line_naming_it(outcomes):
     _assert_refused(outcomes["--init-from a truncated file"])
 
 
-@pytest.mark.parametrize("name", [c.name for c in CASES if "state.json" in c.name and c.rc])
-def test_garbage_or_wrong_type_bandit_state_is_refused_in_one_line_naming_file_and_field(outcomes, name):
-    _assert_refused(outcomes[name])
+BAD_STATES = ["step_N.state.json garbage", "step_N.state.json bandit.updates wrong type",
+              ".state.json wrong type (no step_N.state.json)"]
+
+
+@pytest.mark.parametrize("name", BAD_STATES)
+def test_garbage_or_wrong_type_bandit_state_is_passed_over_in_one_line_naming_file_and_field(outcomes, name):
+    case = outcomes[name]
+    r = case.result
+    assert r["rc"] == 0, r["stderr"][-2000:]
+    assert "Traceback" not in r["stderr"], r["stderr"][-3000:]
+    warning = first_line_with(r["stderr"], case.words[0])
+    for word in case.words:
+        assert word in warning, f"{name}: {word!r} not in the warning: {warning!r}\n{r['stderr'][-2000:]}"
+    state = json.loads((r["run"] / ".state.json").read_text())
+    assert state["step"] == 75  # trained on and wrote a valid state at its checkpoint
 
 
 def test_garbage_live_state_beside_a_good_checkpoint_state_is_ignored_and_rewritten(outcomes):
