@@ -36,7 +36,7 @@ so where it reads it (`testhooks.<name>()`), and reads it at the moment given be
     ANDREA_TEST_REPLICA_BACKOFF=s  replica/replicator.py (at import)       the first retry's delay after a failed
                                                                            pass (default 1 s)
                                                                            (tests/e2e/test_replica_run.py)
-    ANDREA_TEST_REPLICA_DELAY=s    replica/store.py (at import)            sleep s after each piece of a `.bin`
+    ANDREA_TEST_REPLICA_DELAY=s    replica/remote.py (at import)            sleep s after each piece of a `.bin`
                                                                            read for its upload: a slow store
                                                                            (tests/e2e/test_replica_run.py)
     ANDREA_TEST_FLIP_WEIGHT=s@r    run/runtime.py (each TrainingRun)       one mantissa bit of one weight flipped on

@@ -18,7 +18,7 @@
    The local server runs at niceness `--server-nice` (10), on `--server-cpus` if given: in production the store's
    CPU is another machine's, here it shares the trainer's two cores.
 2. Upload throughput. One synthetic checkpoint of `--params` parameters (ANDREA-12M's by default: 152 MB), with its
-   companions and `.sum.json`, uploaded (a) as andrea publishes it, `replica/store.py`'s `upload_checkpoint`:
+   companions and `.sum.json`, uploaded (a) as andrea publishes it, `replica/remote.py`'s `upload_checkpoint`:
    hashed on the way (xxh3 against `.sum.json`, MD5 per part), the store's multipart ETag checked, companions,
    `.sum.json` last; (a') the same where the ETag vouches for nothing (an encrypted object, another store): read
    back and hashed again; and (b) as a plain
@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from andrea.rundir.checkpoint_write import commit_checkpoint
-from andrea.replica import store as rep  # noqa: E402
+from andrea.replica import remote as rep  # noqa: E402
 from andrea.rundir.names import checkpoint_name, companion_path  # noqa: E402
 from tests.s3server import BUCKET, S3Server  # noqa: E402
 

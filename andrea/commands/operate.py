@@ -31,7 +31,7 @@ from andrea.mixture import pivot
 from andrea.guard.decisions import ledger_summary
 from andrea.data.manifest import data_status
 from andrea.rundir import checkpoint as ckpt, incidents, inspect, sidecars
-from andrea.replica import store as replica
+from andrea.replica import remote as replica
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.names import (CONFIG_NAME, DATA_DIR, LEDGER_NAME, NEXT_POLICY_NAME, STATE_NAME, TOKENIZER_NAME,
                                  WANDB_STATE_NAME, checkpoint_name, companions)

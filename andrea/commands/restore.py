@@ -1,6 +1,6 @@
 """`andrea restore REPLICA --run-dir DIR`: a run brought back from its replica onto an empty disk.
 
-Reads the replica (replica/store.py's layout): `replica.json` (it must be an andrea replica), the ledger, the
+Reads the replica (replica/remote.py's layout): `replica.json` (it must be an andrea replica), the ledger, the
 published checkpoints newest first, each downloaded and hashed against its `.sum.json`, with its companions, its
 ledger record (`step_N.ledger.json`) checked against the ledger and its checksum, until one restores whole: an
 older one is taken, in one warning line, when the newest is corrupt, has a damaged or wrong ledger record, or was
@@ -28,7 +28,7 @@ from pathlib import Path
 from andrea.guard import decisions as guard_decisions
 from andrea.replica.admit import run_record
 from andrea.rundir import checksum
-from andrea.replica import store as rep
+from andrea.replica import remote as rep
 from andrea.rundir.atomic import fsync_dir, write_atomic
 from andrea.rundir.ledger import ledger_problem
 from andrea.rundir.names import LEDGER_NAME, RESTORING_NAME, checkpoint_name, companion_path

@@ -7,7 +7,7 @@ from andrea.kernels.adamw import adamw_reference, adamw_step
 from andrea.kernels.attention import attention, attention_reference
 from andrea.kernels.cross_entropy import cross_entropy, cross_entropy_reference
 from andrea.kernels.layernorm import layer_norm, layer_norm_reference
-from andrea.kernels.muon import muon_apply, muon_apply_reference, muon_momentum, muon_momentum_reference
+from andrea.kernels.muon_update import muon_apply, muon_apply_reference, muon_momentum, muon_momentum_reference
 from andrea.kernels.rmsnorm import rms_norm, rms_norm_reference
 from andrea.kernels.rotary import rotary, rotary_reference, rotary_tables
 

@@ -57,7 +57,7 @@ from andrea.run.trainer import update_fn
 # The kernel modules by import path: the package re-exports functions named like two of them (attention,
 # cross_entropy), so attribute access on andrea.kernels would find those instead.
 MODULES = ("andrea.kernels.attention", "andrea.kernels.layernorm", "andrea.kernels.cross_entropy",
-           "andrea.kernels.adamw", "andrea.kernels.rmsnorm", "andrea.kernels.rotary", "andrea.kernels.muon")
+           "andrea.kernels.adamw", "andrea.kernels.rmsnorm", "andrea.kernels.rotary", "andrea.kernels.muon_update")
 ARCHS = {80: "A100", 89: "RTX 4090", 90: "H100/H200"}
 # Largest shared memory one block may use (bytes, after cudaFuncSetAttribute opt-in), from NVIDIA's tuning guides
 # and the CUDA C++ Programming Guide's per-compute-capability table: A100 (8.0) up to 163 KB per block of its

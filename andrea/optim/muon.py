@@ -13,7 +13,7 @@ train.lr, its schedule and train.weight_decay as in an AdamW run. A fused projec
 The checkpoint keeps its bytes-format (docs/formats.md): for a Muon parameter `m` holds Muon's momentum and `v`
 stays zero (Muon keeps nothing else per element); for every other parameter m and v are AdamW's.
 
-One step (the elementwise parts are andrea/kernels/muon.py's, fused on a GPU with the Triton kernels):
+One step (the elementwise parts are andrea/kernels/muon_update.py's, fused on a GPU with the Triton kernels):
     g       the gradient, clipped by the global norm over every parameter (train.grad_clip), as AdamW's
     u       momentum.lerp_(g, 1 - β) in place; with Nesterov u = g.lerp(momentum, β), else u = momentum   (fp32)
     O       polar_express(u) ≈ U·Vᵀ for u = U·Σ·Vᵀ: every singular value pushed to ~1 (below)
@@ -156,7 +156,7 @@ def polar_express(u: torch.Tensor, steps: int, dtype: torch.dtype | None = None)
 
 
 def elementwise(kernels: str):
-    """(momentum, apply): the fused Triton twins, or the plain-torch references (andrea/kernels/muon.py)."""
+    """(momentum, apply): the fused Triton twins, or the plain-torch references (andrea/kernels/muon_update.py)."""
     if kernels == "triton":
         from andrea.kernels import muon_apply, muon_momentum
         return muon_momentum, muon_apply

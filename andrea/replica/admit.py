@@ -1,5 +1,5 @@
 """Whether a run may use its replica, decided at its start before it writes anything in its run directory, and
-who the replica belongs to (replica/store.py's `replica.json`).
+who the replica belongs to (replica/remote.py's `replica.json`).
 
 Reads the run's ledger (its `start` marker: `run_record`), the replica's `replica.json` and listing, and the
 devices of the run directory and of a plain-path replica; writes, in the replica only, a test object (put, then
@@ -15,7 +15,7 @@ import os
 import socket
 from pathlib import Path
 
-from andrea.replica import store as rep
+from andrea.replica import remote as rep
 from andrea.replica.plan import claim_holder, placement_problem
 from andrea.rundir.ledger import readable_entries
 from andrea.rundir.names import LEDGER_NAME

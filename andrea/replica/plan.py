@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from andrea.rundir import checkpoint as ckpt
-from andrea.replica.store import ReplicaError
+from andrea.replica.remote import ReplicaError
 
 
 def retry_delay(failures: int, base: float = 1.0, cap: float = 60.0) -> float:

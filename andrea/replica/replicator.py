@@ -1,7 +1,7 @@
 """The replicator: each committed checkpoint and the ledger copied to the run's replica on its own thread.
 
 Off the hot path. One `andrea-replica` thread (niced: on a busy CPU the training threads go first) reads committed
-files (never the staging buffers) and talks to the store (replica/store.py); the training loop only calls
+files (never the staging buffers) and talks to the store (replica/remote.py); the training loop only calls
 `notify()` when a commit lands, which sets a flag. A step never waits for the store: a slow store delays the
 replica, not training. A store that is down or refusing is said in ONE warning line when it starts failing (and
 again only when the problem changes), retried with exponential backoff, and told once more when it is back;
@@ -20,7 +20,7 @@ A process that ended between its rollback and its next pass leaves such a copy b
 process therefore compares the `.sum.json` of each published checkpoint the run directory also holds with the
 local one (a few hundred bytes each) and unpublishes the copies that differ (`Replicator._stale`).
 
-One pass (`sync`), in order: the owner check and claim of the replica (replica/store.py's `replica.json`, before
+One pass (`sync`), in order: the owner check and claim of the replica (replica/remote.py's `replica.json`, before
 anything else is written), the abandoned timeline's checkpoints unpublished, run.toml, tokenizer.json, the
 sidecars, archive/, quarantine/ and data/ (a file there already at its size is never sent again), the checkpoints
 of the plan (each: `.bin` verified on the way and read back, companions, the ledger, then its `.sum.json`), the
@@ -54,7 +54,7 @@ from andrea.guard.decisions import named_checkpoints
 from andrea.replica.admit import claimant, run_record
 from andrea.replica.plan import Health, remote_victims, superseded, upload_plan
 from andrea.rundir import checkpoint as ckpt, checksum
-from andrea.replica import store as rep
+from andrea.replica import remote as rep
 from andrea.rundir.names import LEDGER_NAME, checkpoint_name, companion_path
 
 log = logging.getLogger("andrea.replica")

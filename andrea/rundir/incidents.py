@@ -2,7 +2,7 @@
 
 Every incident an operator of a long run must be able to reconstruct afterwards is a marker in `.loss.json`
 (rundir/ledger.py `marker`; docs/formats.md's ledger section) and, from it, a notice (observe/notify.py
-`from_marker`); the markers reach the replica with the ledger, and so does `quarantine/` (replica/store.py).
+`from_marker`); the markers reach the replica with the ledger, and so does `quarantine/` (replica/remote.py).
 Built here (plain functions over plain data), appended by their owners:
 
     {"event": "quarantine", "step": S, "file": "step_000030.bin", "to": "quarantine/", "regions": ["weights"],

@@ -25,7 +25,7 @@ integrity checks and a replica agree on them.
       .share-probe.<nonce>     for a moment at a torchrun start: does every rank see this directory
                                (parallel/sharing.py)
       .replica.json            the replica's newest step and lag, for `status` (replica/replicator.py through
-                               replica/store.py, when checkpoint.replica is set)
+                               replica/remote.py, when checkpoint.replica is set)
       .wandb.json              the W&B run's id and the newest step logged to it (observe/wandb_log.py)
       wandb/                   W&B's own files when log.wandb is on (offline runs, logs)
       restore.partial          an `andrea restore` in progress (commands/restore.py): train refuses, restore resumes

@@ -23,7 +23,7 @@ from andrea.replica import admit, plan, replicator as rp
 from andrea.guard import rollback
 from andrea.rundir import checkpoint as ckpt
 from andrea.rundir.checkpoint_write import commit_checkpoint
-from andrea.replica import store as rep
+from andrea.replica import remote as rep
 from andrea.rundir.ledger import LossLedger, marker
 from andrea.rundir.names import LEDGER_NAME, RESTORING_NAME, checkpoint_name, companion_path
 from tests.runs import wait_until

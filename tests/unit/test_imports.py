@@ -18,7 +18,7 @@ LAYERS = [
      "andrea.observe.mfu"},                                                  # pure: errors; caps, floors; types; MFU
     {"andrea.config", "andrea.config.schema", "andrea.config.keepers",
      "andrea.testhooks"},                                                    # the schema; the test hooks
-    {"andrea.rundir", "andrea.replica.store"},                              # the run directory's files, its replica
+    {"andrea.rundir", "andrea.replica.remote"},                              # the run directory's files, its replica
     {"andrea.config.load", "andrea.observe.progress"},                      # TOML layered; progress lines
     {"andrea.data", "andrea.kernels", "andrea.run.devices", "andrea.model.memory"},
     {"andrea.model", "andrea.optim", "andrea.parallel.distributed", "andrea.parallel.zero", "andrea.run.trainer",
@@ -130,3 +130,12 @@ def doc_layers() -> list[set[str]]:
 
 def test_the_architecture_docs_layers_table_is_layers():
     assert doc_layers() == LAYERS, "docs/architecture.md's layers table and LAYERS disagree: change both"
+
+
+def test_no_two_modules_share_a_name():
+    """A name finds one module (docs/architecture.md): `grep -r ledger.py` must not have to ask which."""
+    seen: dict[str, list[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {n: p for n, p in seen.items() if len(p) > 1}

@@ -21,7 +21,7 @@ from andrea.kernels import compile_check
 from andrea.kernels.attention import attention_config
 from andrea.kernels.cross_entropy import cross_entropy_block
 from andrea.kernels.layernorm import layer_norm_config
-from andrea.kernels.muon import muon_config
+from andrea.kernels.muon_update import muon_config
 from andrea.kernels.rmsnorm import rms_norm_config
 from andrea.kernels.rotary import rotary_config
 

@@ -1,4 +1,4 @@
-"""Muon's elementwise parts (andrea/kernels/muon.py): the fused kernels against the references, and the references
+"""Muon's elementwise parts (andrea/kernels/muon_update.py): the fused kernels against the references, and the references
 against their formulas in fp64 (torch.optim.Muon's momentum, Nesterov blend and decoupled decay). On the CPU under
 the Triton interpreter and on CUDA with compiled kernels (tests/unit/kernels/conftest.py decides which).
 
