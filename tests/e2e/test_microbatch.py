@@ -37,6 +37,7 @@ from andrea.rundir import checkpoint as ckpt, names
 from andrea.rundir.ledger import history
 from andrea.run.trainer import Trainer
 from tests.runs import ROOT, Trainer as Process, env, launcher_argv, ledger, seed_data, train
+from tests.activations import saved_bytes
 
 LOSS_RTOL, NORM_RTOL, WEIGHT_ATOL = 1e-5, 1e-5, 1e-5
 TINY_MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 300}
@@ -122,19 +123,6 @@ def test_eval_runs_in_micro_batches_too():
 
 
 # --- activation checkpointing ---------------------------------------------------------------------------------
-def saved_bytes(trainer: Trainer, x, y) -> int:
-    """Bytes autograd holds for the backward after a forward (distinct storages; parameters excluded)."""
-    storages = {}
-    params = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
-
-    def pack(t):
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        trainer.model(x, y)
-    return sum(b for p, b in storages.items() if p not in params)
-
-
 @pytest.mark.parametrize("kernels", ["torch", "triton"])
 def test_activation_checkpointing_recomputes_the_blocks_and_gives_the_same_bytes(kernels):
     # Triton runs in its interpreter on CPU (tests/conftest.py): the smallest shapes that take its code paths.

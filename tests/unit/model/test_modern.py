@@ -21,6 +21,7 @@ from andrea.config.schema import swiglu_hidden
 from andrea.model.modern import Modern
 from andrea.rundir.checkpoint_write import commit_checkpoint
 from andrea.run.trainer import Trainer
+from tests.activations import saved_bytes
 
 MODEL = {"arch": "modern", "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 300}
 LOSS_RTOL, NORM_RTOL, WEIGHT_ATOL = 1e-5, 1e-5, 1e-5  # tests/e2e/test_microbatch.py's
@@ -189,19 +190,6 @@ def test_activation_checkpointing_recomputes_the_blocks_and_gives_the_same_bytes
     assert run_steps(plain, data) == run_steps(ck, data)
     assert torch.equal(plain.state.buffer, ck.state.buffer)
     assert calls[0] == 2 * len(data)  # each step ran block 0 twice: forward, and again in the backward
-
-
-def saved_bytes(trainer: Trainer, x, y) -> int:
-    """Bytes autograd holds for the backward after a forward (distinct storages; parameters excluded)."""
-    storages = {}
-    params = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
-
-    def pack(t):
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        trainer.model(x, y)
-    return sum(b for p, b in storages.items() if p not in params)
 
 
 @pytest.mark.parametrize("ac", ["none", "blocks"])
