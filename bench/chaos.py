@@ -18,7 +18,8 @@ order (`--faults` picks and orders them; bench/chaos_plan.py `FAULTS` says what 
     loss      SIGKILL, then the run directory deleted: the supervisor restores it from the replica
 
 `poison` and `hang` strike at the start after the fault before them (they are set in the start's environment);
-the others at their time. A fault waits until the run has recovered from the one before it (a new step).
+the others at their time. A fault waits until the run has recovered from the one before it (a new step); the loss
+of the machine also waits until the replica holds a checkpoint past a poisoned step (chaos_plan.loss_may_strike).
 Then the same command trains a fresh directory on a perfect machine (the poisoned step included: it is part of
 the command), and bench/chaos_report.py prints the report: the final checkpoint's sha256 and the ledger's settled
 entries against that run's, every ledger marker and notice and the fault it belongs to, per fault the steps lost and
@@ -205,6 +206,13 @@ class Chaos:
         self.injected.append(f)
         self.injected.sort(key=lambda x: x.at)
 
+    def replica_step(self) -> int | None:
+        """The newest step the replica holds, as the replicator last recorded it (`.replica.json`)."""
+        try:
+            return json.loads((self.run / ".replica.json").read_bytes()).get("step")
+        except (OSError, ValueError, AttributeError):
+            return None
+
     def stepped(self) -> bool:
         """The current process has recorded a step of its own (a fault strikes a run that trains)."""
         seg = self.current
@@ -233,6 +241,9 @@ class Chaos:
                     break
                 continue
             if not self.wait(lambda: time.time() >= due and self.stepped(), 3600):
+                break
+            if kind == "loss" and not self.wait(lambda: plan.loss_may_strike(self.replica_step(), self.poison_step),
+                                                3600):
                 break
             self.strike(f, nxt)
             if plan.FAULTS[kind].exits:

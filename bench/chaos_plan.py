@@ -217,3 +217,13 @@ SETTLED_FIELDS = ("step", "loss", "lr", "grad_norm", "tokens", "phase")
 def settled(history: list[dict[str, Any]], upto: int) -> list[tuple]:
     """The settled step entries (the effective history up to the final checkpoint) without their times."""
     return [tuple(e.get(k) for k in SETTLED_FIELDS) for e in history if e["step"] <= upto]
+
+
+def loss_may_strike(replica_step: int | None, poison_step: int | None) -> bool:
+    """Whether the loss of the machine may strike now without erasing an earlier fault's record.
+
+    A guard rollback is written only in the run directory until the replica holds a checkpoint past the poisoned
+    step; a loss before that restores a run that never met the poison (the test hook poisons one process), which
+    then trains the original data where the command's run skipped it: a different run, not a lost one. So the loss
+    waits for the replica to hold a checkpoint past the poisoned step (faults do not overlap)."""
+    return poison_step is None or (replica_step or 0) > poison_step

@@ -16,11 +16,13 @@ FAULTS = ["poison", "bitflip", "loss"]  # a guard rollback, a checksum quarantin
 
 
 def test_the_chaos_run_reaches_its_target_with_the_fault_free_bytes_and_reports_every_fault(prepared, tmp_path):
+    # Steps held to >= 40 ms (andrea/testhooks.py): on a quiet machine andrea-tiny trains 150 steps in ~2 s, before
+    # the faults (2 s apart) could strike; the delay only sleeps, so the bytes are those of an undelayed run.
     out = tmp_path / "chaos.json"
     r = subprocess.run([sys.executable, "bench/chaos.py", "--preset", "andrea-tiny", "--steps", "150",
                         "--checkpoint-every", "10", "--every", "2", "--faults", ",".join(FAULTS),
                         "--template", str(prepared), "--import-probes", "0", "--json", str(out)],
-                       capture_output=True, text=True, timeout=300, env={**env(), "TMPDIR": str(tmp_path)}, cwd=ROOT)
+                       capture_output=True, text=True, timeout=300, env={**env(), "TMPDIR": str(tmp_path), "ANDREA_TEST_STEP_DELAY": "0.04"}, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert figures["verdict"]["target_reached"] and figures["outcome"] == "done"

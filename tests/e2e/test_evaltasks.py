@@ -24,6 +24,7 @@ from andrea.evals import tasks as ev
 from andrea.evals.audit import TaskAudit
 from andrea.cli import main as cli_main
 from andrea.commands.evaluate import evaluate_run
+from andrea.config.check import ConfigError
 from andrea.config.schema import RunConfig
 from andrea.rundir import names
 from andrea.run.trainer import Trainer
@@ -140,7 +141,9 @@ def test_a_context_the_tokenizer_encodes_to_nothing_is_named_by_its_line(tmp_pat
     # The audit during training says it when the run starts, not at its first audit (the same line).
     path = tmp_path / "t.jsonl"
     path.write_text('{"ctx": "a", "endings": ["b", "c"], "label": 0}\n{"ctx": "  ", "endings": ["b", "c"], "label": 0}\n')
-    with pytest.raises(ev.TaskFileError, match=rf"^{re.escape(str(path))}:2: 'ctx' \"  \" encodes to no tokens"):
+    # a configuration error (exit 2: a restart cannot mend the file), naming the key, the file and the line
+    named = rf"^eval\.tasks: {re.escape(str(path))}:2: 'ctx' \"  \" encodes to no tokens"
+    with pytest.raises(ConfigError, match=named):
         TaskAudit(path, DropsSpaces(), RunConfig())
 
 

@@ -120,3 +120,9 @@ def test_the_windows_between_faults_add_up_to_the_whole_loss_and_steps_trained_a
     assert before == (10, pytest.approx(1.5)) and after == (10, pytest.approx(7.5))  # 4 s restart + 3 steps again
     kept, wall = 20, 28.0 - (-1.0)
     assert before[1] + after[1] == pytest.approx(wall - kept / 1.0)  # the windows add up to the run's loss
+
+
+def test_the_loss_of_the_machine_waits_until_the_replica_holds_a_checkpoint_past_a_poisoned_step():
+    assert plan.loss_may_strike(None, None) and plan.loss_may_strike(10, None)
+    assert not plan.loss_may_strike(None, 15) and not plan.loss_may_strike(10, 15) and not plan.loss_may_strike(15, 15)
+    assert plan.loss_may_strike(20, 15)
