@@ -51,6 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from andrea.replica import remote  # noqa: E402
 from andrea.rundir.ledger import last_step  # noqa: E402
 from bench import chaos_plan as plan  # noqa: E402
 from bench import chaos_setup as setup  # noqa: E402
@@ -208,10 +209,8 @@ class Chaos:
 
     def replica_step(self) -> int | None:
         """The newest step the replica holds, as the replicator last recorded it (`.replica.json`)."""
-        try:
-            return json.loads((self.run / ".replica.json").read_bytes()).get("step")
-        except (OSError, ValueError, AttributeError):
-            return None
+        status = remote.read_status(self.run)
+        return status.get("step") if isinstance(status, dict) else None
 
     def stepped(self) -> bool:
         """The current process has recorded a step of its own (a fault strikes a run that trains)."""
