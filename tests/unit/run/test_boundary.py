@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -94,8 +95,10 @@ class Trainer:
 class Writer:
     """CheckpointWriter's surface: two staging slots, commits on the I/O thread after `before_commit`."""
 
-    def __init__(self, run_dir: Path, io, events: list, fail: set[int] = frozenset(), writes: bool = True):
+    def __init__(self, run_dir: Path, io, events: list, fail: set[int] = frozenset(), writes: bool = True,
+                 hold: dict[int, threading.Event] | None = None):
         self.run_dir, self.io, self.events, self.fail = run_dir, io, events, set(fail)
+        self.hold = hold or {}  # step -> an event its commit waits on (a slow disk), on the I/O thread
         self.writes = writes  # False: a rank > 0 on its own disk (commit/gathered.py), which writes nothing
         self.staging = [torch.zeros(3 * N) for _ in range(2)]
         self.last_committed, self.last_error = None, None
@@ -110,6 +113,8 @@ class Writer:
         payload = self.staging[slot].numpy().copy()
 
         def commit():
+            if step in self.hold:
+                assert self.hold[step].wait(30), f"step {step}'s commit held for 30 s"
             if not self.writes:
                 self.events.append(("commit", step, None))
                 return SimpleNamespace(step=step, path=None, error=None)
@@ -149,7 +154,7 @@ def make_cfg(**sections) -> config.RunConfig:
 
 
 def make_boundary(tmp_path: Path, cfg: config.RunConfig, *, step: int = 0, nan_at=(), fail=(), writes: bool = True,
-                  world: World | None = None, **kw) -> Boundary:
+                  world: World | None = None, hold=None, **kw) -> Boundary:
     events: list = []
     io = ThreadPoolExecutor(1)
     train = ThreadPoolExecutor(1)
@@ -161,7 +166,7 @@ def make_boundary(tmp_path: Path, cfg: config.RunConfig, *, step: int = 0, nan_a
     trainer.state += step
     ledger = Ledger(events, tmp_path / ".loss.json")
     run = Started(cfg=cfg, run_dir=tmp_path, world=world or World(), step=step, trainer=trainer,
-                  proxy=DataProxy(cfg, arms, phase_start=step), writer=Writer(tmp_path, io, events, set(fail), writes),
+                  proxy=DataProxy(cfg, arms, phase_start=step), writer=Writer(tmp_path, io, events, set(fail), writes, hold),
                   guard=Guard(cfg.guard, good_step=step), ledger=ledger, feed=LedgerFeed(ledger, io), codec=None,
                   tasks=None, meter=None, train=train, io=io)
     b = Boundary(run, req=Requests(), records=records, progress=Progress(step, 10_000, 1, 10_000), **kw)
@@ -200,6 +205,41 @@ def test_a_checkpoint_lands_after_its_ledger_lines_are_fsynced_and_its_companion
         assert weights_of(tmp_path, step) == step  # the snapshot of step S, not a later state
     assert b.step == 12 and b.writer.last_committed == 12
     assert sidecars.read_json(tmp_path / names.STATE_NAME)["step"] == 12
+
+
+class SettleViews:
+    """The views' surface (observe/views.py): each settle recorded beside the newest checkpoint on disk then."""
+
+    def __init__(self):
+        self.writer, self.settles = None, []
+
+    def settle(self, step):
+        self.settles.append((step, self.writer.last_committed))
+
+    def add_records(self, lines): ...
+    def add_checkpoint(self, step, state, stall_s): ...
+    def on_commit(self, fut): ...
+
+
+def test_the_views_never_settle_a_step_past_the_newest_checkpoint_on_disk(tmp_path):
+    # Step 5's checkpoint is known-good at step 10 (confirm_steps=5), but its commit lands only at step 14: until
+    # then a SIGKILL resumes from the start, and W&B must not yet have shown steps that run would supersede.
+    slow = threading.Event()
+    views = SettleViews()
+    b = make_boundary(tmp_path, make_cfg(checkpoint={"every": 5}), hold={5: slow}, views=views)
+    views.writer = b.writer
+    seen_good = []
+
+    def on_step(b):
+        seen_good.append(b.guard.good["step"])
+        if b.step == 14:
+            slow.set()
+            b.io.submit(lambda: None).result(30)  # the FIFO I/O thread: past this, the held commit has returned
+
+    asyncio.run(drive(b, 20, on_step))
+    assert 5 in seen_good[:13]  # the known-good point moved to 5 while its commit was held
+    assert all(step is None or (on_disk is not None and step <= on_disk) for step, on_disk in views.settles)
+    assert max(step for step, _ in views.settles if step is not None) >= 10  # and settling went on once it landed
 
 
 def test_a_stop_request_checkpoints_the_step_it_arrives_in_and_stops_there(tmp_path):
