@@ -154,6 +154,12 @@ class Launched(Trainer):
         threading.Thread(target=self._pump, daemon=True).start()
 
 
+def andrea_records(caplog) -> list:
+    """The log records andrea's own loggers wrote: caplog holds every logger's, and a library's thread left by an
+    earlier test of the same worker (W&B's, after a bounded close) may still write to it."""
+    return [r for r in caplog.records if r.name == "andrea" or r.name.startswith("andrea.")]
+
+
 def wait_until(condition, timeout: float, what: str, interval: float = 0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
