@@ -6,11 +6,14 @@ import re
 import signal
 import time
 
+import pytest
+
 from andrea.rundir import checkpoint as ckpt, names
-from tests.runs import Trainer, andrea, andrea_here, header, ledger, seed_data, steps_in_ledger, train, wait_until
+from tests.runs import Trainer, andrea_here, header, ledger, seed_data, steps_in_ledger, train, wait_until
 
 FAR = ["--checkpoint-every", "100000"]  # no cadence checkpoints: every file on disk was asked for
 LIVE = ["--set", "train.log_every=1"]  # a progress line per step: the tests follow the trainer's output
+TARGET = 60  # where both resume tests end: 30+ steps past their interruption, which a signal outruns
 
 
 def wait_step(t: Trainer, run_dir, at_least: int, timeout: float = 60) -> int:
@@ -47,32 +50,35 @@ def test_sigusr1_checkpoints_and_continues_then_sigterm_exits_clean(prepared, tm
     assert "SIGTERM received" in t.output()
 
 
-def test_sigterm_at_a_random_step_resumes_bit_identically(prepared, tmp_path):
-    target = 300
-    straight = seed_data(prepared, tmp_path / "straight")
-    assert train(straight, "--steps", str(target), *FAR).returncode == 0
+@pytest.fixture(scope="module")
+def straight(prepared, tmp_path_factory):
+    """One uninterrupted run to TARGET, its only checkpoint at the end: the bytes every interrupted run resumed to
+    TARGET must reproduce (the interrupted runs' own checkpoint cadences write files, never change the training)."""
+    run = seed_data(prepared, tmp_path_factory.mktemp("straight") / "run")
+    result = train(run, "--steps", str(TARGET), *FAR)
+    assert result.returncode == 0, result.stderr
+    return run / names.checkpoint_name(TARGET)
+
+
+def test_sigterm_at_a_random_step_resumes_bit_identically(prepared, tmp_path, straight):
     run = seed_data(prepared, tmp_path / "run")
-    t = Trainer(run, "--steps", str(target), *FAR, *LIVE)
+    t = Trainer(run, "--steps", str(TARGET), *FAR, *LIVE)
     try:
         t.wait_ready()
-        wait_step(t, run, random.Random(7).randint(3, 100))
+        wait_step(t, run, random.Random(7).randint(3, TARGET // 2))
         t.proc.send_signal(signal.SIGTERM)
         assert t.wait_exit(30) == 0
     finally:
         t.kill()
     stopped_at = checkpoints(run)[-1]
-    assert stopped_at < target
-    assert train(run, "--steps", str(target), *FAR).returncode == 0
-    name = names.checkpoint_name(target)
-    assert (run / name).read_bytes() == (straight / name).read_bytes()
+    assert stopped_at < TARGET
+    assert train(run, "--steps", str(TARGET), *FAR).returncode == 0
+    assert (run / straight.name).read_bytes() == straight.read_bytes()
 
 
-def test_sigkill_resumes_from_last_committed_checkpoint_bit_identically(prepared, tmp_path):
-    target = 50
-    straight = seed_data(prepared, tmp_path / "straight")
-    assert train(straight, "--steps", str(target), "--checkpoint-every", "10").returncode == 0
+def test_sigkill_resumes_from_last_committed_checkpoint_bit_identically(prepared, tmp_path, straight):
     run = seed_data(prepared, tmp_path / "run")
-    t = Trainer(run, "--steps", str(target), "--checkpoint-every", "10")
+    t = Trainer(run, "--steps", str(TARGET), "--checkpoint-every", "10")
     try:
         t.wait_ready()
         wait_until(lambda: checkpoints(run) and checkpoints(run)[-1] >= 20, 60, "a committed checkpoint")
@@ -80,11 +86,10 @@ def test_sigkill_resumes_from_last_committed_checkpoint_bit_identically(prepared
         t.wait_exit(30)
     finally:
         t.kill()
-    assert checkpoints(run)[-1] < target
+    assert checkpoints(run)[-1] < TARGET
     assert andrea_here("verify", str(run)).returncode == 0
-    assert train(run, "--steps", str(target), "--checkpoint-every", "10").returncode == 0
-    name = names.checkpoint_name(target)
-    assert (run / name).read_bytes() == (straight / name).read_bytes()
+    assert train(run, "--steps", str(TARGET), "--checkpoint-every", "10").returncode == 0
+    assert (run / straight.name).read_bytes() == straight.read_bytes()
 
 
 def test_sigkill_during_a_commit_leaves_only_valid_checkpoints(prepared, tmp_path):
@@ -140,15 +145,15 @@ def test_second_trainer_is_refused_and_ctl_reports(prepared, tmp_path):
         second = train(run, "--steps", "5")
         assert second.returncode == 1
         assert f"another trainer (pid {t.proc.pid})" in second.stderr.strip().splitlines()[-1]
-        status = andrea("ctl", str(run), "status")
+        status = andrea_here("ctl", str(run), "status")
         assert status.returncode == 0 and f'"pid": {t.proc.pid}' in status.stdout and '"running": true' in status.stdout
-        assert andrea("ctl", str(run), "checkpoint", "--timeout", "30").returncode == 0
+        assert andrea_here("ctl", str(run), "checkpoint", "--timeout", "30").returncode == 0
         assert checkpoints(run)
-        assert andrea("ctl", str(run), "stop", "--timeout", "30").returncode == 0
+        assert andrea_here("ctl", str(run), "stop", "--timeout", "30").returncode == 0
         assert t.wait_exit(10) == 0
     finally:
         t.kill()
-    status = andrea("ctl", str(run), "status")
+    status = andrea_here("ctl", str(run), "status")
     assert '"running": false' in status.stdout
     assert f'"newest_checkpoint": "{ckpt.list_checkpoints(run)[-1][1].name}"' in status.stdout
     assert [e["event"] for e in ledger(run) if "event" in e][:1] == ["start"]
