@@ -35,6 +35,9 @@ from tests.sharding import LOSS_RTOL, NORM_AT_START, NORM_RTOL, commit_with_thre
 TARGET, EVERY = 60, ["--checkpoint-every", "20"]
 FAR = ["--checkpoint-every", "100000"]  # no cadence checkpoints: every file on disk was asked for
 LIVE = ["--set", "train.log_every=1"]
+# A job left running while the test waits on commands (ctl, pivot) sleeps after each step instead of training flat
+# out: the steps it would take meanwhile are CPU no assertion needs (the test counts steps, not seconds).
+PACED = {"ANDREA_TEST_STEP_DELAY": "0.05"}
 POLICY = "[policy]\nfloors = { pydoc-topics = 0.6 }\ncaps = { stdlib-code = 0.1 }\n"
 
 
@@ -54,9 +57,9 @@ def torchrun(run_dir, *args, nproc: int = 2, timeout: float = 300) -> subprocess
 class Launcher(Trainer):
     """A live torchrun launcher; every worker's output comes through its stdout/stderr."""
 
-    def __init__(self, argv: list[str]):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(),
-                                     cwd=ROOT)
+    def __init__(self, argv: list[str], extra_env: dict | None = None):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**env(), **(extra_env or {})}, cwd=ROOT)
         self.lines, self._q = [], queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -248,7 +251,7 @@ def test_two_ranks_follow_one_process_and_write_one_truth(straight):
     assert_state_close(two / names.checkpoint_name(TARGET), one / names.checkpoint_name(TARGET))
 
 
-def test_sigterm_to_the_launcher_then_resume_on_two_then_one_rank(straight, prepared, tmp_path):
+def test_sigterm_to_the_launcher_then_resume_on_two_ranks_and_on_one_then_two(straight, prepared, tmp_path):
     one, two = straight
     run = seed_data(prepared, tmp_path / "run")
     t = Launcher(launcher_argv(run, "--steps", str(TARGET), *FAR, *LIVE))
@@ -267,12 +270,17 @@ def test_sigterm_to_the_launcher_then_resume_on_two_then_one_rank(straight, prep
         assert f"andrea.run[{rank}]: stopped at step {stopped} (SIGTERM)" in out, out[-3000:]
     assert "andrea: error" not in out
 
-    # 2 -> 1: the same stopped run, resumed by one process, follows the references to TARGET.
-    single = tmp_path / "single"
+    # 2 -> 1: the same stopped run, resumed by one process, follows the references to step 40 ...
+    single, half = tmp_path / "single", 40
     shutil.copytree(run, single)
-    result = train(single, "--steps", str(TARGET), *FAR)
+    result = train(single, "--steps", str(half), *FAR)
     assert result.returncode == 0, result.stderr
-    assert_follows(single, one, range(stopped + 1, TARGET + 1))
+    assert_follows(single, one, range(stopped + 1, half + 1))
+    assert_state_close(single / names.checkpoint_name(half), one / names.checkpoint_name(half))
+    # ... and 1 -> 2: that checkpoint, written by one process, resumed by two ranks to TARGET.
+    torchrun(single, "--steps", str(TARGET), *FAR)
+    assert [e["step"] for e in ledger(single) if e.get("event") == "resume"] == [stopped, half]
+    assert_follows(single, one, range(half + 1, TARGET + 1))
     assert_state_close(single / names.checkpoint_name(TARGET), one / names.checkpoint_name(TARGET))
 
     # 2 -> 2: bit-exact, the same bytes as the never-stopped two-rank run.
@@ -282,21 +290,9 @@ def test_sigterm_to_the_launcher_then_resume_on_two_then_one_rank(straight, prep
     assert [e["step"] for e in ledger(run) if e.get("event") == "resume"] == [stopped]
 
 
-def test_one_process_checkpoint_resumes_on_two_ranks(straight, prepared, tmp_path):
-    one, _ = straight
-    run = tmp_path / "run"
-    shutil.copytree(one, run)
-    for step in (40, 60):  # resume from step 20, written by one process
-        (run / names.checkpoint_name(step)).unlink()
-    torchrun(run, "--steps", str(TARGET), *EVERY)
-    assert [e["step"] for e in ledger(run) if e.get("event") == "resume"] == [20]
-    assert_follows(run, one, range(21, TARGET + 1))
-    assert_state_close(run / names.checkpoint_name(TARGET), one / names.checkpoint_name(TARGET))
-
-
 def test_ctl_and_pivot_reach_rank_0_and_a_sigkilled_worker_leaves_valid_checkpoints(prepared, tmp_path):
     run = seed_data(prepared, tmp_path / "run")
-    t = Launcher(launcher_argv(run, "--steps", "100000", *FAR, *LIVE))
+    t = Launcher(launcher_argv(run, "--steps", "100000", *FAR, *LIVE), extra_env=PACED)
     try:
         pids = t.worker_pids()
         t.wait_step(3)
