@@ -1,9 +1,10 @@
 """Smoke test of the benchmarks: they run end to end and report every method; timings never decide pass/fail.
 
 Runs `bench/checkpoint.py --synthetic-params 200000 --repeats 1 --json` as a subprocess (writes a few MB in a
-temporary directory under pytest's tmp_path, and the JSON there), `bench/train.py` on the tiny preset (and
-`--help`), and bench/kernels.py's functions on tiny CPU shapes under the Triton interpreter (its GPU-only entry
-point must refuse here). About 20 s on 2 CPU cores. Run: `pytest tests/e2e/test_bench_smoke.py`.
+temporary directory under pytest's tmp_path, and the JSON there), `bench/train.py` on the tiny preset (its
+`--help` through its main() in process), bench/kernels.py's functions on tiny CPU shapes under the Triton
+interpreter (its GPU-only entry point, main() in process, must refuse here), and the other benches at smoke sizes,
+each bench process on one torch thread. Run: `pytest tests/e2e/test_bench_smoke.py`.
 """
 
 import importlib.util
@@ -16,13 +17,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.runs import env
+
 REPO = Path(__file__).resolve().parents[2]
 MEASURED_HERE = ("andrea", "andrea buffered", "torch.save", "buffered write", "O_DIRECT write",
                  "memcpy")  # need nothing beyond torch and a disk (that takes O_DIRECT, as tmp_path's does)
 
 
 def run_bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    """The bench as a subprocess on one torch thread (tests/runs.py's env: OMP_NUM_THREADS=1): nothing here reads
+    a timing, and torch's idle threads spinning at every barrier of these tiny shapes cost more CPU than the
+    work (bench/mixture.py: 24 s of CPU on its default threads, 7 s on one; the same losses either way)."""
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=env())
 
 
 def test_checkpoint_bench_reports_every_method(tmp_path):
@@ -50,10 +57,13 @@ def test_checkpoint_bench_reports_every_method(tmp_path):
     assert list((tmp_path / "disk").iterdir()) == []  # the bench removes what it wrote
 
 
-def test_train_bench_help():
-    result = run_bench("bench/train.py", "--help", timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert "--include-120m-cpu" in result.stdout and "--json" in result.stdout
+def test_train_bench_help(capsys):
+    """Its parser, through its main() in this process: `--help` prints and exits 0 before anything runs."""
+    with pytest.raises(SystemExit) as done:
+        _load_bench("train").main(["--help"])
+    assert done.value.code == 0
+    stdout = capsys.readouterr().out
+    assert "--include-120m-cpu" in stdout and "--json" in stdout
 
 
 def test_train_bench_runs_both_loops_in_parity(tmp_path):
@@ -75,8 +85,9 @@ def test_train_bench_runs_both_loops_in_parity(tmp_path):
     assert re.search(r"^- andrea-tiny: \d+\.\d\dx -> (PASS|MISS)$", result.stdout, re.M)  # the verdict is printed
 
 
-def _load_kernel_bench():
-    spec = importlib.util.spec_from_file_location("bench_kernels", REPO / "bench" / "kernels.py")
+def _load_bench(name: str):
+    """bench/<name>.py as a module, for its functions (and main(argv)) in this process."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -85,7 +96,7 @@ def _load_kernel_bench():
 def test_kernel_bench_runs_every_kernel_on_tiny_shapes():
     """bench/kernels.py's functions on a CPU under the interpreter: the rows the GPU run will print, computed by the
     same code, with each kernel's result checked against its baseline (max_err) on the way."""
-    kb = _load_kernel_bench()
+    kb = _load_bench("kernels")
     cpu = torch.device("cpu")
     attention = kb.bench_attention([17], [16], cpu, kb.wall_timer, dtype=torch.float32, tokens=34, model_dim=32)
     assert {(r["impl"], r["pass"]) for r in attention} == {(i, p) for i in ("andrea", "sdpa-flash")
@@ -114,9 +125,11 @@ def test_kernel_bench_runs_every_kernel_on_tiny_shapes():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU this would run the whole benchmark")
-def test_kernel_bench_refuses_without_a_gpu():
-    result = run_bench("bench/kernels.py", timeout=60)
-    assert result.returncode == 2 and "no CUDA GPU" in result.stderr and result.stdout == ""
+def test_kernel_bench_refuses_without_a_gpu(capsys):
+    """Its main() with no arguments (`python bench/kernels.py`), in this process: the refusal is its first act."""
+    rc = _load_bench("kernels").main([])
+    captured = capsys.readouterr()
+    assert rc == 2 and "no CUDA GPU" in captured.err and captured.out == ""
 
 
 def test_audit_bench_times_both_variants_and_the_in_process_audit(prepared, tmp_path):
