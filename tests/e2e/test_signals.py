@@ -143,8 +143,10 @@ def test_second_trainer_is_refused_and_ctl_reports(prepared, tmp_path):
         t.wait_ready()
         wait_step(t, run, 2)
         second = train(run, "--steps", "5")
-        assert second.returncode == 1
-        assert f"another trainer (pid {t.proc.pid})" in second.stderr.strip().splitlines()[-1]
+        message = second.stderr.strip().splitlines()[-1]
+        assert second.returncode == 1 and message.startswith("andrea: error: "), second.stderr[-2000:]
+        assert f"another trainer (pid {t.proc.pid})" in message
+        assert t.proc.poll() is None, "the second trainer disturbed the first"
         status = andrea_here("ctl", str(run), "status")
         assert status.returncode == 0 and f'"pid": {t.proc.pid}' in status.stdout and '"running": true' in status.stdout
         assert andrea_here("ctl", str(run), "checkpoint", "--timeout", "30").returncode == 0
@@ -157,3 +159,4 @@ def test_second_trainer_is_refused_and_ctl_reports(prepared, tmp_path):
     assert '"running": false' in status.stdout
     assert f'"newest_checkpoint": "{ckpt.list_checkpoints(run)[-1][1].name}"' in status.stdout
     assert [e["event"] for e in ledger(run) if "event" in e][:1] == ["start"]
+    assert andrea_here("verify", str(run)).returncode == 0

@@ -1,5 +1,6 @@
 """Signal storms and races against a live trainer: SIGUSR1 bursts, SIGTERM in every awkward moment, SIGHUP during
-a checkpoint, a double SIGINT, and two trainers on one run directory.
+a checkpoint, a double SIGINT, and two trainers started together on one run directory (a second trainer on a running
+one: tests/e2e/test_signals.py).
 
 Every test ends with the same audit: every `step_*.bin` deep-valid, the ledger whole with nothing lost up to the
 newest checkpoint. Waits are on conditions (output lines, files), each with a timeout.
@@ -15,9 +16,9 @@ import time
 from pathlib import Path
 
 from andrea.rundir import checkpoint as ckpt, names
-from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, has_name, last_error_line,
+from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, has_name,
                                   newest_committed, pause, stale_tmp)
-from tests.runs import andrea, seed_data, train, wait_until
+from tests.runs import andrea_here, seed_data, train, wait_until
 
 BIG = "10000000"
 
@@ -89,7 +90,7 @@ def test_sigterm_during_a_sigusr1_commit_lands_both_checkpoints_and_exits_0(prep
     assert committed_steps(t.lines)[-1] == final
     assert not stale_tmp(run), stale_tmp(run)
     audit(run, n_params)
-    verify = andrea("verify", str(run))
+    verify = andrea_here("verify", str(run))
     assert verify.returncode == 0, verify.stderr
 
 
@@ -180,20 +181,6 @@ def test_a_second_sigint_aborts_with_130_and_keeps_every_checkpoint_valid(traine
     REPORT.note("signals", f"second SIGINT during a commit: exit {rc}, newest checkpoint {newest_committed(trained_copy)}")
     assert rc == 130, t.output()
     assert newest_committed(trained_copy) == 20  # the interrupted commit never became a checkpoint
-    audit(trained_copy, n_params)
-
-
-def test_a_second_trainer_on_a_running_run_dir_is_refused_naming_the_first_pid(trained_copy, launch, n_params):
-    first = launch(trained_copy, "--steps", BIG)
-    first.wait_ready()
-    second = train(trained_copy, "--steps", BIG)
-    message = last_error_line(second.stderr)
-    REPORT.bad_input("second trainer on a running run dir", "refused", second.returncode, message)
-    assert second.returncode == 1, second.stderr[-2000:]
-    assert message.startswith("andrea: error: ") and f"pid {first.proc.pid}" in message, message
-    assert first.proc.poll() is None, "the second trainer disturbed the first"
-    first.proc.send_signal(signal.SIGTERM)
-    assert first.wait_exit(60) == 0, first.output()
     audit(trained_copy, n_params)
 
 
