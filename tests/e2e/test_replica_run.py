@@ -17,7 +17,7 @@ from andrea.rundir import checkpoint as ckpt, checksum
 from andrea.replica import remote as rep
 from andrea.rundir.names import LEDGER_NAME, checkpoint_name
 from tests.notices import Inbox
-from tests.runs import Trainer, andrea, seed_data, train, wait_until
+from tests.runs import Trainer, andrea, andrea_here, seed_data, train, wait_until
 from tests.s3server import BUCKET, S3Server
 
 EVERY = ["--checkpoint-every", "5", "--set", "sample.every=1000", "--set", "train.eval_every=1000"]
@@ -44,7 +44,10 @@ def test_replicate_survive_an_outage_and_a_kill_then_restore_to_the_same_bytes(s
     uri = f"s3://{BUCKET}/e2e"
     replica_flag = ["--set", f'checkpoint.replica="{uri}"']
     run = seed_data(prepared, tmp_path / "run")
-    slow = {**s3.env(), "ANDREA_TEST_STEP_DELAY": "0.03", "ANDREA_TEST_REPLICA_DELAY": "0.5",
+    # 0.1 s a step: the test waits on the store's uploads, outage and restart, and every step trained meanwhile
+    # is trained again by the reference run (the kill came at step ~155 at 0.03 s a step, ~65 at 0.1 s: the
+    # test's runs train ~170 steps in all instead of ~350)
+    slow = {**s3.env(), "ANDREA_TEST_STEP_DELAY": "0.1", "ANDREA_TEST_REPLICA_DELAY": "0.5",
             "ANDREA_TEST_REPLICA_BACKOFF": "0.25"}
     inbox = Inbox()  # the operator's webhook: the outage and the catch-up reach it as notices (issue 46)
     p1 = Trainer(run, "--steps", "100000", *EVERY, *replica_flag, "--set", f'notify.url="{inbox.url}"',
@@ -99,7 +102,7 @@ def test_replicate_survive_an_outage_and_a_kill_then_restore_to_the_same_bytes(s
     stop_at = (killed_step // 5 + 2) * 5
     second = train(run, "--steps", str(stop_at), *EVERY, *replica_flag, extra_env=s3.env())
     assert second.returncode == 0, second.stderr
-    status = json.loads(andrea("status", str(run)).stdout)["replica"]
+    status = json.loads(andrea_here("status", str(run)).stdout)["replica"]  # reads the run: in process
     assert (status["step"], status["lag_steps"], status["error"]) == (stop_at, 0, None)
 
     shutil.rmtree(run)  # the machine is lost
