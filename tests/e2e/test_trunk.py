@@ -25,6 +25,17 @@ def run_with_checkpoints(trained_to_40, tmp_path):
     return run
 
 
+@pytest.fixture(scope="module")
+def straight(prepared, tmp_path_factory):
+    """One uninterrupted run to step 150, evaluated every 25 steps, checkpointed every 30 (all five kept): the
+    learning curve, and the bytes of step 60 that every resume must reproduce (evaluations and checkpoints, which the
+    resumed runs do at other steps, never change the training)."""
+    run = seed_data(prepared, tmp_path_factory.mktemp("straight") / "run")
+    result = train(run, "--steps", "150", "--checkpoint-every", "30", "--set", "train.eval_every=25")
+    assert result.returncode == 0, result.stderr
+    return run
+
+
 def test_checkpoint_on_disk_matches_info_layout(trained_to_40):
     info = json.loads(andrea_here("info", "--preset", "andrea-tiny").stdout)
     path = trained_to_40 / "step_000020.bin"
@@ -41,9 +52,7 @@ def test_checkpoint_on_disk_matches_info_layout(trained_to_40):
     assert np.allclose(gain, 1.0, atol=0.05)  # a LayerNorm gain where the layout says it is
 
 
-def test_resume_is_bit_identical(prepared, run_with_checkpoints, tmp_path):
-    straight = seed_data(prepared, tmp_path / "straight")
-    assert train(straight, "--steps", "60", "--checkpoint-every", "20").returncode == 0
+def test_resume_is_bit_identical(straight, run_with_checkpoints):
     stopped = run_with_checkpoints  # stopped at 40, as `--steps 40 --checkpoint-every 20` stops
     assert train(stopped, "--steps", "60", "--checkpoint-every", "20").returncode == 0
     reference = (straight / "step_000060.bin").read_bytes()
@@ -58,11 +67,8 @@ def test_resume_is_bit_identical(prepared, run_with_checkpoints, tmp_path):
     assert [m["step"] for m in markers] == [40, 20]
 
 
-def test_tiny_model_learns(prepared, tmp_path):
-    run = seed_data(prepared, tmp_path / "run")
-    result = train(run, "--steps", "150", "--set", "train.eval_every=25")
-    assert result.returncode == 0, result.stderr
-    evals = {e["step"]: e["val_loss"] for e in ledger(run) if e.get("event") == "eval"}
+def test_tiny_model_learns(straight):
+    evals = {e["step"]: e["val_loss"] for e in ledger(straight) if e.get("event") == "eval"}
     assert sorted(evals) == [25, 50, 75, 100, 125, 150]
     uniform = math.log(512)  # an untrained model predicts ~uniformly (6.24); 4.1 at step 150, 3.8 at 300
     assert evals[150] < uniform - 1.5, evals
