@@ -28,7 +28,10 @@ def checkpoints(run_dir) -> list[int]:
     return [s for s, _ in ckpt.list_checkpoints(run_dir)]
 
 
-def test_sigusr1_checkpoints_and_continues_then_sigterm_exits_clean(prepared, tmp_path):
+def test_sigusr1_checkpoints_and_continues_a_second_trainer_is_refused_and_sigterm_exits_clean(prepared, tmp_path):
+    """One trainer met as an operator meets it: SIGUSR1 checkpoints the step in flight and training goes on, a
+    second trainer on its run is refused naming it, `ctl` reports it and signals it (checkpoint: SIGUSR1, stop:
+    SIGTERM), and SIGTERM checkpoints the last step and exits 0."""
     run = seed_data(prepared, tmp_path / "run")
     t = Trainer(run, "--steps", "100000", *FAR, *LIVE)
     try:
@@ -38,16 +41,27 @@ def test_sigusr1_checkpoints_and_continues_then_sigterm_exits_clean(prepared, tm
         wait_until(lambda: checkpoints(run), 30, "the SIGUSR1 checkpoint")
         (first,) = checkpoints(run)
         assert first > sent_at
-        wait_step(t, run, first + 5)  # still training
+        second = train(run, "--steps", "5")
+        message = second.stderr.strip().splitlines()[-1]
+        assert second.returncode == 1 and message.startswith("andrea: error: "), second.stderr[-2000:]
+        assert f"another trainer (pid {t.proc.pid})" in message
+        wait_step(t, run, first + 5)  # still training, undisturbed by the second trainer
         assert t.proc.poll() is None
-        t.proc.send_signal(signal.SIGTERM)
-        assert t.wait_exit(30) == 0
+        status = andrea_here("ctl", str(run), "status")
+        assert status.returncode == 0 and f'"pid": {t.proc.pid}' in status.stdout and '"running": true' in status.stdout
+        assert andrea_here("ctl", str(run), "checkpoint", "--timeout", "30").returncode == 0
+        assert checkpoints(run)[-1] > first
+        assert andrea_here("ctl", str(run), "stop", "--timeout", "30").returncode == 0
+        assert t.wait_exit(10) == 0
     finally:
         t.kill()
     newest = ckpt.list_checkpoints(run)[-1][1]
     assert header(newest)[0] == steps_in_ledger(run)[-1]
     assert andrea_here("verify", str(run)).returncode == 0
     assert "SIGTERM received" in t.output()
+    status = andrea_here("ctl", str(run), "status")
+    assert '"running": false' in status.stdout and f'"newest_checkpoint": "{newest.name}"' in status.stdout
+    assert [e["event"] for e in ledger(run) if "event" in e][:1] == ["start"]
 
 
 @pytest.fixture(scope="module")
@@ -134,29 +148,3 @@ def test_a_storm_of_sigusr1_coalesces(prepared, tmp_path):
     assert 1 <= len(checkpoints(run)) <= 6
     assert andrea_here("verify", str(run)).returncode == 0
     assert "coalesced" in t.output()
-
-
-def test_second_trainer_is_refused_and_ctl_reports(prepared, tmp_path):
-    run = seed_data(prepared, tmp_path / "run")
-    t = Trainer(run, "--steps", "100000", *FAR, *LIVE)
-    try:
-        t.wait_ready()
-        wait_step(t, run, 2)
-        second = train(run, "--steps", "5")
-        message = second.stderr.strip().splitlines()[-1]
-        assert second.returncode == 1 and message.startswith("andrea: error: "), second.stderr[-2000:]
-        assert f"another trainer (pid {t.proc.pid})" in message
-        assert t.proc.poll() is None, "the second trainer disturbed the first"
-        status = andrea_here("ctl", str(run), "status")
-        assert status.returncode == 0 and f'"pid": {t.proc.pid}' in status.stdout and '"running": true' in status.stdout
-        assert andrea_here("ctl", str(run), "checkpoint", "--timeout", "30").returncode == 0
-        assert checkpoints(run)
-        assert andrea_here("ctl", str(run), "stop", "--timeout", "30").returncode == 0
-        assert t.wait_exit(10) == 0
-    finally:
-        t.kill()
-    status = andrea_here("ctl", str(run), "status")
-    assert '"running": false' in status.stdout
-    assert f'"newest_checkpoint": "{ckpt.list_checkpoints(run)[-1][1].name}"' in status.stdout
-    assert [e["event"] for e in ledger(run) if "event" in e][:1] == ["start"]
-    assert andrea_here("verify", str(run)).returncode == 0

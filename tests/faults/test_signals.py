@@ -1,6 +1,6 @@
 """Signal storms and races against a live trainer: SIGUSR1 bursts, SIGTERM in every awkward moment, SIGHUP during
-a checkpoint, a double SIGINT, and two trainers started together on one run directory (a second trainer on a running
-one: tests/e2e/test_signals.py).
+a checkpoint, a double SIGINT, and two trainers started together on one run directory (a second trainer started on a
+running one: tests/e2e/test_signals.py).
 
 Every test ends with the same audit: every `step_*.bin` deep-valid, the ledger whole with nothing lost up to the
 newest checkpoint. Waits are on conditions (output lines, files), each with a timeout.
