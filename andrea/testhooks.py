@@ -13,7 +13,9 @@ so where it reads it (`testhooks.<name>()`), and reads it at the moment given be
     ANDREA_TEST_STEP_DELAY=s       run/runtime.py (each TrainingRun)       sleep s after each step: a window for
                                                                            signals (tests/e2e/test_guard_run.py,
                                                                            test_watchdog_run.py, test_replica_run.py,
-                                                                           test_microbatch.py)
+                                                                           test_microbatch.py, test_chaos.py), or
+                                                                           a job paced while a test talks to it
+                                                                           (test_distributed.py)
     ANDREA_TEST_POISON_STEPS=n,..  run/runtime.py (each TrainingRun)       the step record of header step n reads
                                                                            loss = NaN the first time this process
                                                                            reaches n (weights untouched): a
