@@ -203,10 +203,19 @@ def test_sigkill_in_the_commit_window_keeps_the_old_checkpoint_and_the_next_star
     old = (trained_copy / "step_000020.bin").read_bytes()
     t = launch(trained_copy, "--steps", "30", extra_env={"ANDREA_TEST_COMMIT_DELAY": "5"})
     tmp = trained_copy / "step_000030.bin.tmp"
-    wait_until(lambda: tmp.exists() or t.proc.poll() is not None, 90, "step_000030.bin.tmp")
+    size = ckpt.checkpoint_bytes(n_params)
+
+    def written() -> bool:  # the .tmp appears before its bytes; the O_DIRECT image is cut to size at its end
+        try:
+            return tmp.stat().st_size == size
+        except FileNotFoundError:
+            return False
+
+    # inside ANDREA_TEST_COMMIT_DELAY's 5 s: the .tmp complete, the rename not yet done
+    wait_until(lambda: written() or t.proc.poll() is not None, 90, "step_000030.bin.tmp written")
     assert sigkill(t.proc), t.output()
     t.wait_exit(30)
-    assert tmp.stat().st_size == ckpt.checkpoint_bytes(n_params)  # complete and fsynced, never renamed
+    assert tmp.stat().st_size == size  # complete, never renamed
     assert not (trained_copy / "step_000030.bin").exists()
     assert newest_committed(trained_copy) == 20 and (trained_copy / "step_000020.bin").read_bytes() == old
     assert not checkpoint_problems(trained_copy, n_params)
