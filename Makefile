@@ -22,7 +22,7 @@ train: venv
 
 # Two workers, one test file each at a time (pytest-xdist, --dist loadfile: a module's fixtures are built once):
 # most tests wait on single-threaded trainer processes, so one worker leaves a core idle (2 cores: 18.6 min
-# against 26.8 serially, 2026-12-02; the whole suite takes 9 min 46 s on two workers, 2026-12-03). More cores take up to 4
+# against 26.8 serially, 2026-12-02; the whole suite takes 9-10 min on two workers, 2026-12-03). More cores take up to 4
 # workers. --no-loadscope-reorder hands the files out in collection order, the longest first by the durations
 # record (tests/durations.json; tests/conftest.py), so no worker is left alone on a long file at the end.
 # --durations=12 prints the slowest tests of every run: what to look at when the suite grows (<= 10 min).
