@@ -73,30 +73,28 @@ def event(kind: str, step: int, *, run_dir: Path, rank: int, now: float, message
     return out
 
 
+# The ledger markers an operator acts on, each with its notice's message (the marker's fields: docs/formats.md).
+MARKER_MESSAGES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "incident": lambda e: f"guard: incident at step {e['step']}: {e.get('reason')}",
+    "rollback": lambda e: f"guard: rolled back from step {e.get('from')} to {e.get('checkpoint')}",
+    "guard_stop": lambda e: (f"guard: stopped at step {e['step']} after {e.get('attempts')} rollbacks; resume from "
+                             f"{e.get('resume_from') or 'the initial state'}"),
+    "quarantine": lambda e: f"checkpoint {e.get('file')} failed validation, moved to {e.get('to')}: {e.get('reason')}",
+    "resume_below": lambda e: (f"resumed from step {e['step']} below the newest checkpoint (step {e.get('newest')}): "
+                               f"{e.get('reason')}"),
+    "replica_down": lambda e: f"replica {e.get('uri')}: {e.get('error')}; training goes on, the replica lags",
+    "replica_back": lambda e: (f"replica {e.get('uri')}: reachable again after {e.get('down_s')} s, caught up (holds "
+                               f"step {e.get('replica_step')})"),
+    "rank_mismatch": lambda e: (f"ranks {e.get('ranks')} disagree with the others on the weights at step {e['step']}: "
+                                "not checkpointed, rolling back to a checkpoint the ranks agreed on"),
+}
+
+
 def from_marker(line: dict[str, Any]) -> tuple[str, str] | None:
     """A ledger marker the operator acts on, as (kind, message); None for every other line."""
     kind = line.get("event")
-    if kind == "incident":
-        return kind, f"guard: incident at step {line['step']}: {line.get('reason')}"
-    if kind == "rollback":
-        return kind, f"guard: rolled back from step {line.get('from')} to {line.get('checkpoint')}"
-    if kind == "guard_stop":
-        return kind, (f"guard: stopped at step {line['step']} after {line.get('attempts')} rollbacks; resume from "
-                      f"{line.get('resume_from') or 'the initial state'}")
-    if kind == "quarantine":
-        return kind, f"checkpoint {line.get('file')} failed validation, moved to {line.get('to')}: {line.get('reason')}"
-    if kind == "resume_below":
-        return kind, (f"resumed from step {line['step']} below the newest checkpoint (step {line.get('newest')}): "
-                      f"{line.get('reason')}")
-    if kind == "replica_down":
-        return kind, f"replica {line.get('uri')}: {line.get('error')}; training goes on, the replica lags"
-    if kind == "replica_back":
-        return kind, (f"replica {line.get('uri')}: reachable again after {line.get('down_s')} s, caught up (holds "
-                      f"step {line.get('replica_step')})")
-    if kind == "rank_mismatch":
-        return kind, (f"ranks {line.get('ranks')} disagree with the others on the weights at step {line['step']}: "
-                      "not checkpointed, rolling back to a checkpoint the ranks agreed on")
-    return None
+    message = MARKER_MESSAGES.get(kind) if isinstance(kind, str) else None  # a junk line's event may be unhashable
+    return None if message is None else (kind, message(line))
 
 
 def check(cfg: NotifyConfig) -> None:
