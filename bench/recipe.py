@@ -17,6 +17,9 @@ held-out loss (the first eval at or below it, interpolated linearly between the 
 times come from a separate interleaved phase (`--time-steps` steps of each subject's best configuration, one
 subject after the other within each step, the order reversed every step, as bench/train.py): a shared machine
 slows all three alike; the median step time and its interquartile range are printed with the load average.
+The same phase runs again at `--time-batch-scale` times the batch (default 4): Muon's orthogonalisation costs the
+same per step whatever the batch, the forward and backward grow with it, so the second ratio shows how much of
+the first is a fixed per-step cost that a real run's batch (hundreds of thousands of tokens) makes negligible.
 Targets (issue 45): modern+Muon reaches gpt2+AdamW's final loss in <= 0.65x the steps, at <= 1.15x the step time.
 
     python bench/recipe.py                   # ~15 min on 2 idle CPU cores; the plot in bench/out/recipe.png
@@ -38,7 +41,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +159,13 @@ def time_steps(cfgs: dict, train_batches, n: int) -> dict[str, list[float]]:
     return times
 
 
+def scaled_batch(cfgs: dict, train_batches, scale: int) -> tuple[dict, list]:
+    """The configurations at `scale` times the batch, and batches of `scale` consecutive training batches each."""
+    big = {n: replace(c, train=replace(c.train, batch_size=c.train.batch_size * scale)) for n, c in cfgs.items()}
+    groups = [train_batches[i:i + scale] for i in range(0, len(train_batches) - scale + 1, scale)]
+    return big, [(torch.cat([x for x, _ in g]), torch.cat([y for _, y in g])) for g in groups]
+
+
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
     q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
     return q[0], statistics.median(xs), q[2]
@@ -186,6 +196,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smoke: a tiny shape, 12 steps, two-point sweeps")
     ap.add_argument("--steps", type=int, help="override the size's steps")
     ap.add_argument("--time-steps", type=int, help="interleaved timed steps per subject (default 20; quick 3)")
+    ap.add_argument("--time-batch-scale", type=int, default=4, help="time the best configurations again at this "
+                    "times the batch (0: not)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run (1: steadier on a shared machine)")
     ap.add_argument("--jobs", type=int, default=1, help="sweep runs trained at once, each in its own process (the "
                     "losses are the same as one at a time: each run is single-process and seeded)")
@@ -223,7 +235,10 @@ def main() -> int:
                 results[name]["best"] = best(results[name]["runs"])
         if pool is not None:
             pool.shutdown()
-        times = time_steps({n: r["best"]["cfg"] for n, r in results.items()}, train_batches, time_n)
+        best_cfgs = {n: r["best"]["cfg"] for n, r in results.items()}
+        times = time_steps(best_cfgs, train_batches, time_n)
+        big_times = (time_steps(*scaled_batch(best_cfgs, train_batches, args.time_batch_scale), time_n)
+                     if args.time_batch_scale > 1 else None)
     load_after = os.getloadavg()
     target = results[BASELINE]["best"]["curve"][-1][1]
     base_steps = steps_to_reach(results[BASELINE]["best"]["curve"], target)
@@ -235,7 +250,9 @@ def main() -> int:
         summary.append({"subject": name, "key": r["key"], "value": r["best"]["value"],
                         "final": r["best"]["curve"][-1][1], "steps_to_target": reach,
                         "step_ratio": reach / base_steps if reach is not None else None,
-                        "step_ms": 1000 * med, "step_iqr_ms": (1000 * q1, 1000 * q3), "time_ratio": med / base_time})
+                        "step_ms": 1000 * med, "step_iqr_ms": (1000 * q1, 1000 * q3), "time_ratio": med / base_time,
+                        "big_time_ratio": (statistics.median(big_times[name]) / statistics.median(big_times[BASELINE])
+                                           if big_times else None)})
     plot(results, target, Path(args.plot))
 
     print(f"# bench/recipe.py{' --quick' if args.quick else ''}\n")
@@ -251,13 +268,17 @@ def main() -> int:
             mark = " (best)" if run is r["best"] else ""
             print(f"| {name} | {r['key']} | {run['value']:g}{mark} | {run['curve'][-1][1]:.4f} |")
     print(f"\n## Result (target: {BASELINE}'s final held-out loss {target:.4f})\n")
-    print("| subject | best | final held-out loss | steps to target | step ratio | ms per step (IQR) | time ratio |")
-    print("|---|---|---|---|---|---|---|")
+    big = f"time ratio at {args.time_batch_scale}x the batch"
+    print(f"| subject | best | final held-out loss | steps to target | step ratio | ms per step (IQR) | time ratio | "
+          f"{big} |")
+    print("|---|---|---|---|---|---|---|---|")
     for s in summary:
         reach = f"{s['steps_to_target']:.0f}" if s["steps_to_target"] is not None else "-"
         ratio = f"{s['step_ratio']:.2f}" if s["step_ratio"] is not None else "-"
+        big_ratio = f"{s['big_time_ratio']:.2f}" if s["big_time_ratio"] is not None else "-"
         print(f"| {s['subject']} | {s['key']} {s['value']:g} | {s['final']:.4f} | {reach} | {ratio} | "
-              f"{s['step_ms']:.0f} ({s['step_iqr_ms'][0]:.0f}-{s['step_iqr_ms'][1]:.0f}) | {s['time_ratio']:.2f} |")
+              f"{s['step_ms']:.0f} ({s['step_iqr_ms'][0]:.0f}-{s['step_iqr_ms'][1]:.0f}) | {s['time_ratio']:.2f} | "
+              f"{big_ratio} |")
     muon = summary[-1]
     step_ok = muon["step_ratio"] is not None and muon["step_ratio"] <= STEP_TARGET
     print(f"\n- modern+Muon steps to {BASELINE}'s final loss: "
@@ -269,7 +290,7 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({
             "size": vars(size), "threads": args.threads, "load": [load_before[0], load_after[0]],
-            "target": target, "summary": summary, "times": times,
+            "target": target, "summary": summary, "times": times, "big_batch_times": big_times,
             "sweeps": {n: [{"value": run["value"], "curve": run["curve"]} for run in r["runs"]]
                        for n, r in results.items()}}, indent=1))
     return 0

@@ -2,14 +2,15 @@
 
 Muon (train.optimizer = "muon") keeps one fp32 momentum buffer per hidden matrix. Per step:
 - muon_momentum_reference(grad, momentum, beta, nesterov): momentum ← lerp(momentum, grad, 1 − beta) in place;
-  returns the matrix to orthogonalise: grad.lerp(momentum, beta) with Nesterov, else momentum itself.
+  returns the matrix to orthogonalise: with Nesterov grad.lerp(momentum, beta), written over grad (the step's
+  gradient is spent by then: its norm is taken first, and nothing reads it after the update), else momentum itself.
 - (Newton–Schulz / Polar Express on that matrix runs through torch matmuls, not here.)
 - muon_apply_reference(w, update, lr, weight_decay): w ← w · (1 − lr · wd) − lr · update, in place.
 Tensors are fp32 of any shape (one matrix, or a flat view of several); `update` may also be bf16/fp16 (the
 orthogonalised matrix as the matmuls leave it on a GPU), read as its exact fp32 value, as torch's add_ promotes it.
 
 The kernels make one pass over memory each: muon_momentum reads grad and momentum and writes momentum and (with
-Nesterov) the update, 16 bytes per element where the two torch lerps take 24; muon_apply reads w and update and writes
+Nesterov) the update over grad, 16 bytes per element where the two torch lerps take 24; muon_apply reads w and update and writes
 w, 12 bytes per fp32 element (10 with a bf16 update) where mul_ then add_ take 20. Their lerps use torch's two-sided
 formula (exact at both ends of the weight range), so they match the references within an fp32 ulp or two (the GPU
 contracts a*b+c into FMAs, launch.FP_FUSION). The two cannot share a kernel: the orthogonalisation sits between
@@ -28,7 +29,7 @@ from andrea.kernels.launch import FP_FUSION
 @torch.no_grad()
 def muon_momentum_reference(grad: torch.Tensor, momentum: torch.Tensor, beta: float, nesterov: bool) -> torch.Tensor:
     momentum.lerp_(grad, 1 - beta)
-    return grad.lerp(momentum, beta) if nesterov else momentum
+    return grad.lerp_(momentum, beta) if nesterov else momentum
 
 
 @torch.no_grad()
@@ -88,9 +89,10 @@ FP32 = (torch.float32,)
 
 @torch.no_grad()
 def muon_momentum(grad: torch.Tensor, momentum: torch.Tensor, beta: float, nesterov: bool) -> torch.Tensor:
-    """muon_momentum_reference in one kernel: same signature and semantics; momentum updated in place."""
+    """muon_momentum_reference in one kernel: same signature and semantics; momentum (and, with Nesterov, grad)
+    updated in place."""
     _check({"grad": grad, "momentum": momentum}, {"grad": FP32, "momentum": FP32})
-    update = torch.empty_like(grad) if nesterov else momentum
+    update = grad if nesterov else momentum
     n = grad.numel()
     if n:
         block, num_warps = muon_config(grad.device.type)

@@ -61,8 +61,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from andrea.model.gpt import GPT
-from andrea.model.torch_math import rotary
-from andrea.model.modern import Modern
+from andrea.model.torch_math import qkv_heads
+from andrea.model.modern import NORM_EPS, Modern
 
 Pick = Callable[[torch.Tensor], list[int]]  # fp32 logits of each row's last token (B, V) → each row's next token
 
@@ -126,19 +126,18 @@ def _gpt_blocks(model: GPT, pos: torch.Tensor, idx: torch.Tensor, attend) -> tor
 
 def _modern_blocks(model: Modern, pos: torch.Tensor, idx: torch.Tensor, attend) -> torch.Tensor:
     """Modern.forward's math over idx (B, t) at positions pos (B, t) → fp32 logits of the last slot (B, V). Rotary
-    takes each row's own positions (left padding shifts them), so it is the torch one here
-    (andrea/model/torch_math.py), with the tables gathered per row; the norms are the model's (the Triton RMSNorm
-    under --kernels triton)."""
+    takes each row's own positions (left padding shifts them), so QK-norm and rotary are torch's here
+    (andrea/model/torch_math.py), with the tables gathered per row; the block norms are the model's (the Triton
+    RMSNorm under --kernels triton)."""
     B, t = idx.shape
     C, nh = model.cfg.n_embd, model.cfg.n_head
-    cos, sin = (tab[pos][:, None] for tab in model.rotary_tables(idx.device))  # (B, 1, t, hs/2): every head
+    cos, sin = (tab[pos] for tab in model.rotary_tables(idx.device))  # (B, t, hs/2): each row's positions
     x = model.wte(idx)  # (B, t, C)
     for i, block in enumerate(model.h):
         attn, h = block.attn, block.norm_1(x)
-        q, k, v = (_linear(p, h).view(B, t, nh, C // nh) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        q = rotary(attn.q_norm(q).transpose(1, 2), cos, sin)  # (B, nh, t, hs)
-        k = rotary(attn.k_norm(k).transpose(1, 2), cos, sin)
-        x = x + _linear(attn.o_proj, attend(i, q, k, v.transpose(1, 2)))
+        qkv = torch.stack([_linear(p, h) for p in (attn.q_proj, attn.k_proj, attn.v_proj)], dim=2)  # (B, t, 3, C)
+        q, k, v = qkv_heads(qkv.view(B, t, 3, nh, C // nh), cos, sin, NORM_EPS)  # (B, nh, t, hs) each
+        x = x + _linear(attn.o_proj, attend(i, q, k, v))
         mlp, h = block.mlp, block.norm_2(x)
         x = x + _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, h)) * _linear(mlp.up_proj, h))
     return _linear(model.lm_head, model.norm_f(x[:, -1])).float()  # (B, V)

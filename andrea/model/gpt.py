@@ -28,13 +28,15 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from andrea.config.schema import ModelConfig
-from andrea.model.torch_math import rms_norm, rotary
+from andrea.model.torch_math import qkv_heads, rms_norm
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 LayerNormFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor]
 TokenLossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # logits (N, V), targets (N,) → fp32 (N,)
 RmsNormFn = Callable[[torch.Tensor, float], torch.Tensor]  # x (..., C), eps → (..., C), no weight
 RotaryFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # x (B, H, T, D), cos, sin (T, D/2)
+# qkv (B, T, 3, nh, hs), cos, sin (T, hs/2), eps → q, k (QK-normed, rotated), v, each (B, nh, T, hs)
+QkvHeadsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -73,14 +75,15 @@ def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
 
 class ModelMath(NamedTuple):
     """Where the model's math comes from: torch (the defaults) or the Triton kernels (--kernels triton).
-    The choice never changes the parameters, their order or the checkpoint. `rms_norm` and `rotary` serve the
-    modern model (andrea/model/modern.py; torch's: andrea/model/torch_math.py); the GPT has neither."""
+    The choice never changes the parameters, their order or the checkpoint. `rms_norm` and `qkv_heads` (QK-norm
+    and rotary) serve the modern model (andrea/model/modern.py; torch's: andrea/model/torch_math.py); the GPT has
+    neither."""
 
     attention: AttentionFn = sdpa_attention
     layer_norm: LayerNormFn | None = None  # None: torch's LayerNorm
     token_loss: TokenLossFn = token_cross_entropy
     rms_norm: RmsNormFn = rms_norm
-    rotary: RotaryFn = rotary
+    qkv_heads: QkvHeadsFn = qkv_heads
 
 
 class LayerNorm(nn.LayerNorm):

@@ -22,9 +22,9 @@ to (B, T, C) for c_proj, and the loss works on an fp32 copy of the bf16 logits (
 measurement yet). With activation checkpointing ("blocks") a block keeps only its input (fp32, 4·C) and one
 block at a time holds its full activations again while its backward runs.
 The modern model (andrea/model/modern.py, H = its SwiGLU width) per block on CPU, fp32: the two RMSNorm inputs and
-outputs (4·C), the q|k|v projection (3·C: QK-norm saves q and k, attention v), the rotated q and k (2·C), the
-attention output and its (B, T, C) copy for o_proj (2·C), the gate|up projection (2·H), SiLU's output and the
-product (2·H); per-token statistics: the block norms' and QK-norm's rsqrt, the attention's log-sum-exp (3·n_head + 2
+outputs (4·C), q and k as QK-norm reads them (2·C) and v (C), the rotated q and k (2·C), the attention output
+(C: SDPA writes it token-major, as its q, so o_proj reads it without a copy), the gate|up projection (2·H), SiLU's
+output and the product (2·H); per-token statistics: the block norms' and QK-norm's rsqrt, the attention's log-sum-exp (3·n_head + 2
 fp32); and, once per block rather than per token, the concatenated q|k|v and gate|up weights its two fused matmuls
 save ((3·C + 2·H)·C, fp32 on CPU, their bf16 cast on CUDA). On CUDA (modelled, the Triton kernels under bf16
 autocast): fp32 RMSNorm inputs (2·C), bf16 everything else, the QK-normed q and k not kept (rotary saves only its
@@ -109,7 +109,7 @@ def _modern_block_bytes_per_token(cfg: ModelConfig, device: str) -> int:
         # fp32: both RMSNorm inputs; bf16: both norm outputs (cast), q|k|v, rotated q and k, the attention output
         # and its copy, gate|up, SiLU's output and the product
         return 4 * 2 * C + 2 * (2 * C + 3 * C + 2 * C + 2 * C + 4 * H) + stats
-    return 4 * (11 * C + 4 * H) + stats
+    return 4 * (10 * C + 4 * H) + stats
 
 
 def block_weight_bytes(cfg: ModelConfig, device: str) -> int:

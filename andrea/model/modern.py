@@ -15,8 +15,9 @@ part of the checkpoint format (docs/formats.md), listed by `param_layout` and pr
 H = `swiglu_hidden(C)` (andrea/config/schema.py). The norms have no parameters and no place in the buffer. Linear
 weights are (out, in).
 
-The math (`ModelMath`): attention, RMSNorm, rotary and the loss come from torch's references or, with
-`--kernels triton`, the Triton kernels; neither changes a parameter or its order.
+The math (`ModelMath`): attention, RMSNorm, QK-norm with rotary, and the loss come from torch (andrea/model/
+torch_math.py, SDPA) or, with `--kernels triton`, the Triton kernels (`split_heads` composes QK-norm and rotary from
+the RMSNorm and rotary kernels); neither changes a parameter or its order.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from andrea.config.schema import ModelConfig, swiglu_hidden
-from andrea.model.gpt import ModelMath, ParamSpec, RmsNormFn, _embedding, n_params
+from andrea.model.gpt import ModelMath, ParamSpec, RmsNormFn, RotaryFn, _embedding, n_params
 
 NORM_EPS = 1e-6  # every RMSNorm's eps (Qwen3's rms_norm_eps)
 
@@ -45,6 +46,15 @@ class RMSNorm(nn.Module):
         return self.fn(x, NORM_EPS)
 
 
+def split_heads(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, *, rms_norm: RmsNormFn,
+                rotary: RotaryFn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """QK-norm then rotary from separate RMSNorm and rotary functions (the Triton kernels'): qkv (B, T, 3, nh, hs),
+    cos/sin (T, hs/2) → q, k, v (B, nh, T, hs). torch's math does the same in one Function (torch_math.qkv_heads)."""
+    q, k, v = qkv.unbind(2)  # (B, T, nh, hs) each
+    return (rotary(rms_norm(q, eps).transpose(1, 2), cos, sin), rotary(rms_norm(k, eps).transpose(1, 2), cos, sin),
+            v.transpose(1, 2))
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: ModelMath):
         super().__init__()
@@ -55,24 +65,22 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(C, C, bias=False)
         self.v_proj = nn.Linear(C, C, bias=False)
         self.o_proj = nn.Linear(C, C, bias=False)
-        self.q_norm, self.k_norm = RMSNorm(ops.rms_norm), RMSNorm(ops.rms_norm)
         self.resid_dropout = nn.Dropout(cfg.dropout)
-        self.attention, self.rotary = ops.attention, ops.rotary
+        self.attention, self.qkv_heads = ops.attention, ops.qkv_heads
 
-    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, C) → q, k (QK-normed, not yet rotated) and v, each (B, nh, T, hs).
+    def qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, C) → the q|k|v projection split into heads (B, T, 3, nh, hs).
 
         One matmul against the three weights concatenated (3C, C), as the GPT's c_attn: under bf16 autocast x is
         cast once and saved once for the backward, where three Linear calls would cast and save it three times."""
         B, T, C = x.shape
         w = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))  # (3C, C)
-        q, k, v = F.linear(x, w).view(B, T, 3, self.n_head, C // self.n_head).unbind(2)  # (B, T, nh, hs) each
-        return self.q_norm(q).transpose(1, 2), self.k_norm(k).transpose(1, 2), v.transpose(1, 2)
+        return F.linear(x, w).view(B, T, 3, self.n_head, C // self.n_head)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.heads(x)
-        y = self.attention(self.rotary(q, cos, sin), self.rotary(k, cos, sin), v)  # (B, nh, T, hs)
+        q, k, v = self.qkv_heads(self.qkv(x), cos, sin, NORM_EPS)  # QK-normed and rotated; (B, nh, T, hs) each
+        y = self.attention(q, k, v)  # (B, nh, T, hs)
         return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(B, T, C)))
 
 

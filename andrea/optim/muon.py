@@ -18,6 +18,9 @@ One step (the elementwise parts are andrea/kernels/muon_update.py's, fused on a 
     u       momentum.lerp_(g, 1 - β) in place; with Nesterov u = g.lerp(momentum, β), else u = momentum   (fp32)
     O       polar_express(u) ≈ U·Vᵀ for u = U·Σ·Vᵀ: every singular value pushed to ~1 (below)
     w       w · (1 − lr_μ · wd_μ) − lr_μ · max(1, rows/cols)^½ · O
+The gradient is spent once its norm is taken, so u (Nesterov's) and then the scaled O are written over it: the
+update allocates nothing the size of the matrices beyond one batch's orthogonalisation. The momentum and the
+final w pass each run once per run of adjacent matrices (a whole model's blocks are one run), not per matrix.
 lr_μ = train.muon_lr · lr / train.lr, lr being AdamW's of the step (lr_at(step) times the guard's lr scale): Muon
 follows the same warmup, cosine decay and guard remedy, at its own peak.
 
@@ -28,7 +31,7 @@ orthogonal factor: 5 steps on a Gaussian (64, 256) matrix leave its singular val
 fixed quintic's [0.68, 1.13], and lift a nearly low-rank gradient's small singular values about twice as far
 (tests/unit/optim/test_muon.py); nanochat and modded-nanogpt train with these coefficients. The input is scaled by
 1/(1.02·‖u‖_F) first (every singular value below 1, with a margin for bf16 rounding), and a tall matrix is iterated
-as its transpose (the smaller X·Xᵀ).
+as its transpose (the smaller X·Xᵀ): a (rows, cols) matrix and a (cols, rows) one share a batch (`batch_key`).
 Matmuls in bf16 on a GPU (the fp32 input normalised first), in fp32 elsewhere: deterministic on a CPU, no randomness.
 
 Shape-aware scale: max(1, rows/cols)^½ (rows = out, cols = in: Keller Jordan's Muon, nanochat). O has unit spectral
@@ -116,23 +119,52 @@ def matrix_spans(layout: list[ParamSpec]) -> list[tuple[int, int]]:
     return [(m.offset, m.numel) for m in muon_matrices(layout)]
 
 
+def batch_key(m: Matrix) -> tuple[int, int]:
+    """The shape Polar Express iterates a matrix in, (short side, long side): same-keyed matrices form one batch."""
+    return min(m.rows, m.cols), max(m.rows, m.cols)
+
+
+def batches(matrices: list[Matrix]) -> dict[tuple[int, int], list[Matrix]]:
+    """The matrices grouped by `batch_key`, each group in layout order: one orthogonalisation per group. Within a
+    group, adjacent same-shaped matrices (a layer's q, k, v and o; its gate and up) are merged into one entry of
+    their summed parts, so each is stacked and written back by one call."""
+    out: dict[tuple[int, int], list[Matrix]] = {}
+    for m in matrices:
+        group = out.setdefault(batch_key(m), [])
+        last = group[-1] if group else None
+        if last and last.offset + last.numel == m.offset and (last.rows, last.cols) == (m.rows, m.cols):
+            group[-1] = replace(last, name=f"{last.name}+{m.name}", numel=last.numel + m.numel,
+                                parts=last.parts + m.parts)
+        else:
+            group.append(m)
+    return out
+
+
+def matrix_runs(matrices: list[Matrix]) -> list[tuple[int, int]]:
+    """The maximal runs [a, b) of adjacent matrices (layout order): where the elementwise passes run."""
+    runs: list[list[int]] = []
+    for m in matrices:
+        if runs and runs[-1][1] == m.offset:
+            runs[-1][1] = m.offset + m.numel
+        else:
+            runs.append([m.offset, m.offset + m.numel])
+    return [(a, b) for a, b in runs]
+
+
 def workspace_bytes(layout: list[ParamSpec], device: str) -> int:
     """Device memory the update holds beyond the state at its peak (model/memory.py's `optimizer_workspace`), the
     larger of its two phases. Modelled from the tensors `MuonAdamW.__call__` keeps alive together; an upper bound
     that tests/unit/optim/test_muon.py holds against the live bytes a CPU update allocates.
-    Muon: for the largest batch of same-shaped matrices (E elements as k matrices (r', c'), r' <= c'), the stacked
-    input u (fp32), the iterate and its next value and, for a tall batch, the transposed result (12 bytes per
-    element in all), and up to three k·(r', r') squares in the matmul dtype (X·Xᵀ and the polynomial of a step
-    while the next X·Xᵀ is made).
+    Muon: for the largest batch (E elements as k matrices (r', c'), r' <= c': `batches`), the stacked input u
+    (fp32), the iterate and its next value (12 bytes per element in all), and up to three k·(r', r') squares in
+    the matmul dtype (X·Xᵀ and the polynomial of a step while the next X·Xᵀ is made). u and the result are
+    written over the gradient, in place.
     AdamW: the gathered copies of the packed short runs (w, g, m, v: 16 bytes per element) and, on a CPU, the
     reference's two scratch slices (andrea/kernels/adamw.py)."""
     from andrea.kernels.adamw import REFERENCE_CHUNK
-    batches: dict[tuple[int, int], list[Matrix]] = {}
-    for m in muon_matrices(layout):
-        batches.setdefault((m.rows, m.cols), []).append(m)
     width = 2 if device == "cuda" else 4
-    muon = max((12 * sum(m.numel for m in ms) + 3 * width * sum(m.parts for m in ms) * min(r, c) ** 2
-                for (r, c), ms in batches.items()), default=0)
+    muon = max((12 * sum(m.numel for m in ms) + 3 * width * sum(m.parts for m in ms) * short ** 2
+                for (short, _), ms in batches(muon_matrices(layout)).items()), default=0)
     runs = [b - a for a, b in adamw_runs(layout, 0, layout[-1].offset + layout[-1].numel)]
     packed = sum(k for k in runs if k < PACK_BELOW)
     scratch = 0 if device == "cuda" else 8 * min(REFERENCE_CHUNK, max(runs + [packed]))
@@ -141,7 +173,7 @@ def workspace_bytes(layout: list[ParamSpec], device: str) -> int:
 
 def polar_express(u: torch.Tensor, steps: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """(k, r, c) fp32 -> (k, r, c) fp32: each matrix's orthogonal factor, approximately (module docstring). The
-    matmuls run in `dtype`: by default bf16 on a GPU, fp32 elsewhere."""
+    matmuls run in `dtype`: by default bf16 on a GPU, fp32 elsewhere. The update hands it wide matrices only."""
     dtype = dtype or (torch.bfloat16 if u.device.type == "cuda" else torch.float32)
     tall = u.shape[-2] > u.shape[-1]
     x = u.mT if tall else u  # (k, r', c'), r' <= c': A = X Xᵀ is the smaller square
@@ -153,6 +185,16 @@ def polar_express(u: torch.Tensor, steps: int, dtype: torch.dtype | None = None)
         x = torch.baddbmm(x, poly, x, beta=a, alpha=1.0)  # a X + (b A + c A²) X
     x = x.float()
     return x.mT.contiguous() if tall else x
+
+
+def _view(flat: torch.Tensor, x: Matrix) -> torch.Tensor:
+    """Matrix entry x of a flat range: (parts, rows, cols), a view."""
+    return flat[x.offset:x.offset + x.numel].view(x.parts, x.rows, x.cols)
+
+
+def _wide(u: torch.Tensor) -> torch.Tensor:
+    """(k, r, c) → (k, min, max): a tall matrix as its transpose (a view), as Polar Express iterates it."""
+    return u.mT if u.shape[-2] > u.shape[-1] else u
 
 
 def elementwise(kernels: str):
@@ -180,6 +222,8 @@ class MuonAdamW:
         if cut:
             raise ValueError(f"the range [{lo}, {hi}) cuts Muon matrices {cut}: Muon needs whole matrices")
         self.matrices = [replace(x, offset=x.offset - lo) for x in inside]  # relative, like the tensors it gets
+        self.matrix_runs = matrix_runs(self.matrices)
+        self.batches = batches(self.matrices)
         runs = adamw_runs(layout, lo, hi)
         mask = decay_mask(layout, device)[lo:hi]
         self.runs = [(a, b) for a, b in runs if b - a >= PACK_BELOW]
@@ -187,10 +231,6 @@ class MuonAdamW:
         short = [torch.arange(a, b) for a, b in runs if b - a < PACK_BELOW]
         self.packed = torch.cat(short).to(device) if short else None  # (k,) indices of the short runs' elements
         self.packed_mask = mask[self.packed] if short else None
-        # Same-shaped matrices are orthogonalised as one batch, in layout order.
-        self.batches: dict[tuple[int, int], list[Matrix]] = {}
-        for m in self.matrices:
-            self.batches.setdefault((m.rows, m.cols), []).append(m)
 
     @torch.no_grad()
     def __call__(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, step: int, lr: float,
@@ -206,22 +246,31 @@ class MuonAdamW:
         for (a, b), mask in zip(self.runs, self.masks):
             self.adamw(w[a:b], g[a:b], m[a:b], v[a:b], decay_mask=mask, **adamw)
         if self.packed is not None:
-            idx = self.packed
-            w_, m_, v_ = w[idx], m[idx], v[idx]  # (k,) gathered copies
-            self.adamw(w_, g[idx], m_, v_, decay_mask=self.packed_mask, **adamw)
-            for dst, src in ((w, w_), (m, m_), (v, v_)):
-                dst.index_copy_(0, idx, src)
-        tc = self.tc
-        lr_muon = lr * tc.muon_lr / tc.lr
-        for (rows, cols), batch in self.batches.items():
-            flat = [slice(x.offset, x.offset + x.numel) for x in batch]
-            u = torch.cat([self.momentum(g[s], m[s], tc.muon_momentum, tc.muon_nesterov) for s in flat])
-            o = polar_express(u.view(-1, rows, cols), tc.muon_ns_steps).view(-1)  # (Σ numel,)
-            at = 0
-            for x, s in zip(batch, flat):
-                update = o[at:at + x.numel]
-                at += x.numel
-                if x.scale != 1.0:
-                    update.mul_(x.scale)
-                self.apply(w[s], update, lr_muon, tc.muon_weight_decay)
+            self._adamw_packed(w, g, m, v, adamw)
+        self._muon(w, g, m, lr * self.tc.muon_lr / self.tc.lr)
         return norm
+
+    def _adamw_packed(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, adamw: dict) -> None:
+        """AdamW over the short runs gathered into one call; the gathered copies die with this frame."""
+        idx = self.packed
+        w_, m_, v_ = w[idx], m[idx], v[idx]  # (k,) gathered copies
+        self.adamw(w_, g[idx], m_, v_, decay_mask=self.packed_mask, **adamw)
+        for dst, src in ((w, w_), (m, m_), (v, v_)):
+            dst.index_copy_(0, idx, src)
+
+    def _muon(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, lr_muon: float) -> None:
+        """Muon over every matrix, g (clipped) spent as scratch: Nesterov's u, then the scaled factor."""
+        tc = self.tc
+        for a, b in self.matrix_runs:  # u: written over g with Nesterov, else the momentum buffer itself
+            self.momentum(g[a:b], m[a:b], tc.muon_momentum, tc.muon_nesterov)
+        u = g if tc.muon_nesterov else m
+        for batch in self.batches.values():
+            stacked = torch.cat([_wide(_view(u, x)) for x in batch])  # (Σ parts, r', c'): one copy
+            o = polar_express(stacked, tc.muon_ns_steps)  # (Σ parts, r', c') fp32
+            at = 0
+            for x in batch:  # the scaled factor written over g, in the matrices' own orientation
+                o_x = o[at:at + x.parts]
+                at += x.parts
+                torch.mul(o_x.mT if x.rows > x.cols else o_x, x.scale, out=_view(g, x))
+        for a, b in self.matrix_runs:
+            self.apply(w[a:b], g[a:b], lr_muon, tc.muon_weight_decay)

@@ -45,6 +45,7 @@ from andrea.config.check import ConfigError
 from andrea.data.store import DROPOUT_STREAM, rng_for
 from andrea.model import arch
 from andrea.model.gpt import ModelMath, ParamSpec, bind_flat, decay_mask, n_params, param_layout
+from andrea.model.modern import split_heads
 from andrea.optim.muon import MuonAdamW
 
 log = logging.getLogger("andrea.run.trainer")
@@ -282,10 +283,11 @@ class Trainer:
 
 def _model_math(kernels: str) -> ModelMath:
     """The Triton kernels for attention, LayerNorm, RMSNorm, rotary and the loss, or torch's math (ModelMath's
-    defaults: SDPA, torch's LayerNorm, andrea/model/torch_math.py's RMSNorm and rotary)."""
+    defaults: SDPA, torch's LayerNorm, andrea/model/torch_math.py's RMSNorm and QK-norm with rotary)."""
     if kernels == "triton":
         from andrea.kernels import attention, cross_entropy, layer_norm, rms_norm, rotary
-        return ModelMath(attention, layer_norm, partial(cross_entropy, reduction="none"), rms_norm, rotary)
+        return ModelMath(attention, layer_norm, partial(cross_entropy, reduction="none"), rms_norm,
+                         partial(split_heads, rms_norm=rms_norm, rotary=rotary))
     return ModelMath()
 
 

@@ -175,8 +175,8 @@ def test_verify_tokens_bench_prints_its_cost_per_gb(tmp_path):
 
 
 def test_recipe_bench_quick_prints_the_sweep_the_ratios_and_a_plot(tmp_path):
-    """bench/recipe.py --quick: the three subjects swept, trained on the same batches and timed; the step and time
-    ratios against gpt2+AdamW printed with their verdicts, the plot written."""
+    """bench/recipe.py --quick: the three subjects swept, trained on the same batches and timed (at the batch and at
+    4x it); the step and time ratios against gpt2+AdamW printed with their verdicts, the plot written."""
     out, png = tmp_path / "recipe.json", tmp_path / "recipe.png"
     result = run_bench("bench/recipe.py", "--quick", "--plot", str(png), "--json", str(out), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -185,6 +185,8 @@ def test_recipe_bench_quick_prints_the_sweep_the_ratios_and_a_plot(tmp_path):
     assert res["summary"][0]["step_ratio"] == res["summary"][0]["time_ratio"] == 1.0
     assert all(len(runs) == 2 and runs[0]["curve"][0][0] == 0 for runs in res["sweeps"].values())
     assert all(len(t) == 3 for t in res["times"].values())
+    assert all(len(t) == 3 for t in res["big_batch_times"].values())  # timed again at 4x the batch
+    assert res["summary"][0]["big_time_ratio"] == 1.0 and res["summary"][2]["big_time_ratio"] > 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| modern+Muon | muon_lr " in result.stdout
     assert re.search(r"^- modern\+Muon steps to gpt2\+AdamW's final loss: (-|\d+\.\d\d)x .* -> (PASS|MISS)$",

@@ -9,6 +9,7 @@ same math in different summation orders, both held against an fp64 forward.
 """
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from andrea.config import load as configload
 from andrea.model import arch, generate as generation, memory
 from andrea.model.gpt import ModelMath, n_params
 from andrea.config.schema import swiglu_hidden
-from andrea.model.modern import Modern
+from andrea.model.modern import Modern, split_heads
 from andrea.rundir.checkpoint_write import commit_checkpoint
 from andrea.run.trainer import Trainer
 from tests.activations import saved_bytes
@@ -96,23 +97,37 @@ def test_initialisation_is_seeded_and_starts_every_block_as_the_identity():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_torch_math_is_the_kernels_references_forward_and_backward(dtype):
-    """andrea/model/torch_math.py's one-pass RMSNorm and rotary against andrea/kernels/'s references (autograd through
-    them), on odd shapes: outputs and input gradients within fp32 rounding (bf16: one bf16 rounding of the output)."""
+    """andrea/model/torch_math.py's one-pass RMSNorm, and its QK-norm-then-rotary over the fused projection, against
+    andrea/kernels/'s references (autograd through them), on odd shapes and with per-row tables as the KV-cached
+    decode gathers them: outputs and input gradients within fp32 rounding (bf16: one bf16 rounding of the output)."""
     from andrea.kernels.rmsnorm import rms_norm_reference
     from andrea.kernels.rotary import rotary_reference, rotary_tables
-    from andrea.model.torch_math import rms_norm, rotary
+    from andrea.model.torch_math import qkv_heads, rms_norm
     gen = torch.Generator().manual_seed(3)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
-    cos, sin = rotary_tables(7, 10, 10000.0)
-    for ours, ref, shape in ((lambda x: rms_norm(x, 1e-6), lambda x: rms_norm_reference(x, 1e-6), (3, 7, 37)),
-                             (lambda x: rotary(x, cos, sin), lambda x: rotary_reference(x, cos, sin), (2, 3, 7, 10))):
+    cos, sin = rotary_tables(9, 10, 10000.0)  # (9, 5)
+    rows = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [2, 3, 4, 5, 6, 7, 8], [1, 1, 2, 3, 5, 8, 8]])  # (3, 7) positions
+
+    def reference_heads(x, c, s):  # (B, T, 3, nh, hs): the parts one at a time; per-row tables as (B, 1, T, hs/2)
+        c, s = (t[:, None] if t.dim() == 3 else t for t in (c, s))
+        q, k, v = x.unbind(2)
+        return (rotary_reference(rms_norm_reference(q, 1e-6).transpose(1, 2), c, s),
+                rotary_reference(rms_norm_reference(k, 1e-6).transpose(1, 2), c, s), v.transpose(1, 2))
+    cases = ((lambda x: rms_norm(x, 1e-6), lambda x: rms_norm_reference(x, 1e-6), (3, 7, 37)),
+             (lambda x: qkv_heads(x, cos[:7], sin[:7], 1e-6), lambda x: reference_heads(x, cos[:7], sin[:7]),
+              (3, 7, 3, 2, 10)),
+             (lambda x: qkv_heads(x, cos[rows], sin[rows], 1e-6), lambda x: reference_heads(x, cos[rows], sin[rows]),
+              (3, 7, 3, 2, 10)))
+    for ours, ref, shape in cases:
         x = (3 * torch.randn(shape, generator=gen)).to(dtype)
-        dy = torch.randn(shape, generator=gen).to(dtype)
         a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
         ya, yb = ours(a), ref(b)
-        ya.backward(dy), yb.backward(dy)
-        assert ya.dtype == a.grad.dtype == dtype
-        torch.testing.assert_close(ya, yb, **tol)
+        ya, yb = (ya,) if torch.is_tensor(ya) else ya, (yb,) if torch.is_tensor(yb) else yb
+        dys = [torch.randn(y.shape, generator=gen).to(dtype) for y in ya]
+        torch.autograd.backward(ya, dys), torch.autograd.backward(yb, dys)
+        assert a.grad.dtype == dtype and all(y.dtype == dtype for y in ya)
+        for got, want in zip(ya, yb):
+            torch.testing.assert_close(got, want, **tol)
         torch.testing.assert_close(a.grad, b.grad, **tol)
 
 
@@ -153,8 +168,9 @@ def test_triton_kernels_replace_the_math_not_the_parameters():
     cfg = modern_cfg(model={"n_layer": 1, "block_size": 8}, batch_size=2)
     plain, fused = Trainer(cfg, torch.device("cpu")), Trainer(cfg, torch.device("cpu"), kernels="triton")
     block = fused.model.h[0]
-    assert block.attn.attention is attention and block.attn.rotary is rotary
-    assert block.norm_1.fn is block.attn.q_norm.fn is fused.model.norm_f.fn is rms_norm
+    assert block.attn.attention is attention
+    assert block.attn.qkv_heads.keywords == {"rms_norm": rms_norm, "rotary": rotary}  # QK-norm and rotary
+    assert block.norm_1.fn is fused.model.norm_f.fn is rms_norm
     assert [n for n, _ in fused.model.named_parameters()] == [n for n, _ in plain.model.named_parameters()]
     sharp(plain), sharp(fused)
     x = batches(1, rows=2, T=8)[0][0]
@@ -221,7 +237,8 @@ def rotary64(x, cos, sin):
 
 
 def fp64_copy(trainer: Trainer) -> Modern:
-    model = Modern(trainer.cfg.model, ModelMath(rms_norm=rms64, rotary=rotary64)).double().eval()
+    ops = ModelMath(rms_norm=rms64, qkv_heads=partial(split_heads, rms_norm=rms64, rotary=rotary64))
+    model = Modern(trainer.cfg.model, ops).double().eval()
     model.load_state_dict({k: v.double() for k, v in trainer.model.state_dict().items()})
     return model
 

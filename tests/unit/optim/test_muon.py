@@ -153,7 +153,8 @@ def test_one_update_is_muon_on_the_matrices_and_adamw_on_the_rest(nesterov):
 
 def test_the_fused_elementwise_kernels_give_the_references_update():
     """kernels = "triton" (muon_momentum, muon_apply and adamw_step; here under the Triton interpreter) against the
-    plain-torch references, on the same state: equal within a few fp32 ulps of the weights."""
+    plain-torch references, on the same state: w, m and v equal within a few fp32 ulps of the weights (g is spent
+    as the update's scratch)."""
     from andrea.kernels import adamw_step
     cfg = tiny("train.muon_weight_decay=0.1")
     tc, layout = cfg.train, layout_for(cfg.model)
@@ -165,8 +166,8 @@ def test_the_fused_elementwise_kernels_give_the_references_update():
     plain, fused = [t.clone() for t in state], [t.clone() for t in state]
     MuonAdamW(layout, tc, adamw_reference, "torch", CPU)(*plain, **kw)
     MuonAdamW(layout, tc, adamw_step, "triton", CPU)(*fused, **kw)
-    for a, b in zip(fused, plain):
-        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+    for i in (0, 2, 3):  # w, m, v
+        assert torch.allclose(fused[i], plain[i], rtol=1e-6, atol=1e-7)
     assert not torch.equal(fused[0], state[0])
 
 
