@@ -195,7 +195,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke: a tiny shape, 12 steps, two-point sweeps")
     ap.add_argument("--steps", type=int, help="override the size's steps")
-    ap.add_argument("--time-steps", type=int, help="interleaved timed steps per subject (default 20; quick 3)")
+    ap.add_argument("--time-steps", type=int, help="interleaved timed steps per subject (default 40; quick 3)")
     ap.add_argument("--time-batch-scale", type=int, default=4, help="time the best configurations again at this "
                     "times the batch (0: not)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run (1: steadier on a shared machine)")
@@ -208,7 +208,7 @@ def main() -> int:
     size = QUICK if args.quick else FULL
     if args.steps:
         size = Size(**{**vars(size), "steps": args.steps})
-    time_n = args.time_steps or (3 if args.quick else 20)
+    time_n = args.time_steps or (3 if args.quick else 40)
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     started = time.perf_counter()

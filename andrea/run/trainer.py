@@ -38,6 +38,7 @@ from functools import partial
 import torch
 
 from andrea import testhooks
+from andrea.run import allocator
 from andrea.model import generate as generation
 from andrea.model import memory
 from andrea.config.schema import RunConfig, TrainConfig
@@ -120,6 +121,8 @@ class Trainer:
         self.cfg = cfg
         self.device = device
         self.kernels = kernels
+        if device.type == "cpu":
+            allocator.keep_freed_memory()  # each step reuses the last one's memory (andrea/run/allocator.py)
         with torch.device("meta"):
             self.model = arch.build(cfg.model, _model_math(kernels))  # GPT or Modern (model.arch)
         self.layout: list[ParamSpec] = param_layout(self.model)

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2] / "andrea"
 # Lower layers never import higher ones. A module's layer is its package's, or its own where it has one.
 LAYERS = [
     {"andrea.errors", "andrea.mixture.policy", "andrea.config.check",
-     "andrea.observe.mfu"},                                                  # pure: errors; caps, floors; types; MFU
+     "andrea.observe.mfu", "andrea.run.allocator"},                          # pure: errors; caps, floors; types; MFU;
+                                                                             # the C allocator's settings
     {"andrea.config", "andrea.config.schema", "andrea.config.keepers",
      "andrea.testhooks"},                                                    # the schema; the test hooks
     {"andrea.rundir", "andrea.replica.remote"},                              # the run directory's files, its replica
