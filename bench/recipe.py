@@ -22,7 +22,7 @@ same per step whatever the batch, the forward and backward grow with it, so the 
 the first is a fixed per-step cost that a real run's batch (hundreds of thousands of tokens) makes negligible.
 Targets (issue 45): modern+Muon reaches gpt2+AdamW's final loss in <= 0.65x the steps, at <= 1.15x the step time.
 
-    python bench/recipe.py                   # ~15 min on 2 idle CPU cores; the plot in bench/out/recipe.png
+    python bench/recipe.py --jobs 3          # ~2 min on 2 idle CPU cores; the plot in bench/out/recipe.png
     python bench/recipe.py --quick           # smoke: a tiny shape, 12 steps, two-point sweeps (seconds)
     python bench/recipe.py --json out.json   # also every curve and step time
 

@@ -6,7 +6,7 @@ are freed) with a fresh mmap and unmaps it when freed, and it trims the heap's f
 step then pays the kernel's page faults and zeroing again for memory it just gave back. `keep_freed_memory` asks
 glibc (mallopt) for no mmap and no trim, so the heap grows to the step's peak once and is reused from then on.
 Measured on one CPU thread, forward and backward at bench/recipe.py's shape with 32 x 128 tokens: the GPT's step
-10-15 % shorter, the modern model's 20 % (it frees more temporaries per step), for a resident size that stays at
+~10 % shorter, the modern model's 15-20 % (it frees more temporaries per step), for a resident size that stays at
 the step's peak instead of returning to it every step (docs/benchmarks.md, "The 2026 recipe").
 
 The settings are process-wide and only change where the C allocator finds memory: no value a computation sees
