@@ -18,6 +18,7 @@ the micro-batches' tokens/s at >= 0.9x the plain run's. Reads and writes no file
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -56,11 +57,14 @@ def peak(preset: str, micro: int, ac: str, device_name: str) -> dict:
 
     from andrea.config import load as configload
     from andrea.model import memory
+    from andrea.run import allocator
     from andrea.run.trainer import Trainer, resolve_device, resolve_kernels
     device = resolve_device(device_name)
     warm = configload.load(preset="andrea-tiny")  # touch torch's kernels and libraries once: their pages are baseline
     Trainer(warm, device, resolve_kernels("auto", device)).train_step(0, *random_batch(warm, 0))
     batches = [random_batch(configload.load(preset=preset), s) for s in range(2)]
+    gc.collect()
+    allocator.release_freed_memory()  # a CPU trainer keeps freed memory (run/allocator.py): not the baseline's
     base = rss_bytes()
     cfg, trainer = build(preset, micro, ac, device)
     for s, (x, y) in enumerate(batches):  # the first also allocates what later steps reuse

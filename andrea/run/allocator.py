@@ -27,15 +27,30 @@ KEEP_FREED = ((M_MMAP_MAX, 0),                 # no block is served by mmap: eve
               (M_TRIM_THRESHOLD, 2**31 - 1))   # the heap's free top is kept (mallopt takes a C int)
 
 
+def _libc(function: str):
+    """glibc's `function`, or None (another libc, or none found)."""
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), function) if name else None
+    except (OSError, AttributeError):
+        return None
+
+
 @functools.cache
 def keep_freed_memory() -> bool:
     """Apply KEEP_FREED once per process; whether glibc took every setting (False without glibc)."""
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt if name else None
-    except (OSError, AttributeError):
-        mallopt = None
+    mallopt = _libc("mallopt")
     if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return all(mallopt(param, value) == 1 for param, value in KEEP_FREED)
+
+
+def release_freed_memory() -> bool:
+    """Hand the heap's free memory back to the kernel now (malloc_trim): for a measurement of resident memory that
+    must not count what an earlier computation left for reuse (bench/memory.py's baseline). Whether any was."""
+    trim = _libc("malloc_trim")
+    if trim is None:
+        return False
+    trim.argtypes, trim.restype = (ctypes.c_size_t,), ctypes.c_int
+    return trim(0) == 1

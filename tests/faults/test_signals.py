@@ -185,7 +185,10 @@ def test_a_second_sigint_aborts_with_130_and_keeps_every_checkpoint_valid(traine
 
 
 def test_two_trainers_started_together_on_one_run_dir_exactly_one_runs(trained_copy, launch, n_params):
-    a, b = launch(trained_copy, "--steps", "30"), launch(trained_copy, "--steps", "30")
+    # Each step held 1 s: the winner still holds the run when the other, started together but slowed by a busy
+    # machine's imports, reaches the lock (ten 10-ms steps once ended before it did: both exited 0).
+    slow = {"ANDREA_TEST_STEP_DELAY": "1"}
+    a, b = (launch(trained_copy, "--steps", "30", extra_env=slow) for _ in range(2))
     rcs = sorted([a.wait_exit(120), b.wait_exit(120)])
     loser = a if a.proc.returncode == 1 else b
     winner = b if loser is a else a
