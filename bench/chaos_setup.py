@@ -24,12 +24,16 @@ import sys
 import time
 from pathlib import Path
 
+from andrea.config.keepers import GuardConfig
+from andrea.config.schema import CheckpointConfig
 from bench import chaos_plan as plan
 from tests.notices import Inbox
 from tests.runs import andrea, seed_data
 from tests.s3server import BUCKET, S3Server
 
-KEEP_LAST = 5  # checkpoint.keep_last's default (config/schema.py): the chaos runs with the defaults
+# The chaos run keeps the defaults: checkpoint.keep_last's, and guard.confirm_steps's (its tentative checkpoints
+# stay on disk beside keep_last's)
+KEEP_LAST, CONFIRM_STEPS = CheckpointConfig().keep_last, GuardConfig().confirm_steps
 
 
 def ledger_lines(run: Path) -> list[str]:
@@ -84,7 +88,10 @@ def calibrate(args, work: Path, template: Path) -> int:
 def mount_disk(where: Path, template: Path, args) -> Path:
     info = json.loads(andrea("info", "--preset", args.preset).stdout)
     seeded = sum(p.stat().st_size for p in template.rglob("*") if p.is_file())
-    size = seeded + (KEEP_LAST + 5) * int(info["checkpoint_bytes"]) + (16 << 20)
+    # keep_last's, the guard's known-good and tentative ones (one per checkpoint of the last confirm_steps steps:
+    # 50 at --checkpoint-every 1, beyond keep_last), the one being written, and a margin
+    kept = KEEP_LAST + 1 + math.ceil(CONFIRM_STEPS / args.checkpoint_every) + 1 + 3
+    size = seeded + kept * int(info["checkpoint_bytes"]) + (16 << 20)
     where.mkdir(parents=True)
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size // 1024}k", "tmpfs", str(where)],
                        capture_output=True, text=True)

@@ -190,7 +190,9 @@ class CheckpointConfig:
     every: int = 100
     """Cadence in steps (docs/formats.md: ~17 minutes of work at risk on ANDREA-120M); equal to sample.every by default."""
     keep_last: int = 5
-    """Newest checkpoints kept; older ones are deleted unless they are multiples of keep_every."""
+    """Newest checkpoints kept; older ones are deleted unless they are multiples of keep_every, or the guard's
+    known-good checkpoint or a tentative one (guard.confirm_steps records not yet seen): with every below
+    guard.confirm_steps, up to confirm_steps / every more stay on disk (50 at every = 1)."""
     keep_every: int = 10_000
     """Checkpoints at multiples of this are "major" and never deleted; 0 disables."""
     usr1: str = "step"
