@@ -19,14 +19,15 @@ adding at most `max_tick`: after a `kill -STOP` and SIGCONT the monotonic clock 
 not runnable, and the jump counts as one tick. `Watchdog` is the thin thread that polls; `end_hung_run` acts.
 
 Writes, when it acts: one error line and every thread's stack (faulthandler) to stderr, the CUDA and process
-group state when there is one, a `stall` marker in the ledger (rundir/ledger.py) through the I/O thread unless
-that thread is the one hung (waited for at most MARKER_WAIT_S), a `stall` notice (observe/notify.py); then, under
-torchrun, it ends the job's other ranks on this host (the pids the ranks exchanged at start, `local_peers`): first
-SIGUSR2, on which each rank's faulthandler writes its stacks (`arm_stack_dump`: the hung rank may be a peer, and
-its stacks are the diagnosis), then SIGKILL a second later (a rank that is frozen — SIGSTOP, a driver — answers no
-SIGTERM, and torchrun would wait 30 s for it before its own SIGKILL); and the process exits with
-config.STALL_EXIT_CODE at once (os._exit: a hung thread cannot be joined). Ranks on other hosts end by their own
-watchdog or their collectives' timeout.
+group state when there is one; under torchrun a stall note to every other rank (parallel/stall_notes.py), so that
+rank 0 writes the marker whichever rank hung and every rank ends now (`end_for_peer`: its own stacks, exit 75); a
+`stall` marker in the ledger (rundir/ledger.py) through the I/O thread unless that thread is the one hung (waited
+for at most MARKER_WAIT_S), a `stall` notice (observe/notify.py); then it ends the job's other ranks on this host
+that are still there after the note's grace (the pids the ranks exchanged at start, `local_peers`): first SIGUSR2,
+on which each rank's faulthandler writes its stacks (`arm_stack_dump`), then SIGKILL a second later (a rank that is
+frozen — SIGSTOP, a driver — answers nothing else, and torchrun would wait 30 s for it before its own SIGKILL); and
+the process exits with config.STALL_EXIT_CODE at once (os._exit: a hung thread cannot be joined). Ranks on other
+hosts end on the note, by their own watchdog, or by their collectives' timeout.
 
 Test hook (andrea/testhooks.py): `ANDREA_TEST_HANG=<train|io>@<step>[@<rank>]` hangs the training thread after the update that reaches
 header step <step> (run/runtime.py), or the I/O thread at the start of the commit of step <step>
@@ -35,6 +36,7 @@ header step <step> (run/runtime.py), or the I/O thread at the start of the commi
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import io
 import logging
@@ -233,16 +235,33 @@ def arm_stack_dump() -> None:
         pass
 
 
-def end_peers(peers: list[int]) -> None:
-    """End the job's other ranks on this host: their stacks first (STACKS_SIGNAL, PEER_DUMP_S to write them: the
-    rank that hung may be one of them, and its stacks are the diagnosis), then SIGKILL (a frozen one answers
-    nothing else). Gone ones are skipped."""
-    if not peers:
+GONE, STOPPED = (None, "Z", "X"), ("T", "t")  # process states (/proc/<pid>/stat): ended; frozen (SIGSTOP)
+
+
+def proc_state(pid: int) -> str | None:
+    """`pid`'s state letter from Linux /proc (None: no such process, or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def end_peers(peers: list[int], grace: float = 0.0) -> None:
+    """End the job's other ranks on this host. Those that can still end on their own (they do on the stall note,
+    parallel/stall_notes.py) are given `grace` seconds; the rest are asked for their stacks (STACKS_SIGNAL,
+    PEER_DUMP_S to write them: the rank that hung may be one of them, and its stacks are the diagnosis), then
+    SIGKILLed (a frozen one answers nothing else). Gone ones are skipped."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(proc_state(p) not in GONE + STOPPED for p in peers):
+        time.sleep(0.05)
+    left = [p for p in peers if proc_state(p) not in GONE]
+    if not left:
         return
     log.critical("watchdog: ending the job's other ranks on this host (pids %s) so that it ends now",
-                 ", ".join(map(str, peers)))
+                 ", ".join(map(str, left)))
     for sig in (STACKS_SIGNAL, signal.SIGKILL):
-        for pid in peers:
+        for pid in left:
             try:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
@@ -251,14 +270,9 @@ def end_peers(peers: list[int]) -> None:
             time.sleep(PEER_DUMP_S)
 
 
-def end_hung_run(stall: Stall, step: int, *, append_marker: Callable[[dict], None] | None, io,
-                 notify: Callable[..., None], close_notices: Callable[[float], None], peers: list[int] = ()) -> None:
-    """Say what hung, dump every stack, leave a `stall` marker and a notice, end the job's ranks on this host
-    (`peers`), and exit STALL_EXIT_CODE."""
-    from andrea.rundir.ledger import marker
-    log.critical("watchdog: %s made no progress for %.1f s (limit %.1f s) after step %d: writing every thread's "
-                 "stack and exiting %d, so that the supervisor restarts the run from its newest checkpoint",
-                 WHAT[stall.component], stall.seconds, stall.limit, step, STALL_EXIT_CODE)
+def _say_and_dump(message: str) -> None:
+    """One critical line, then every thread's stack, to stderr (flushed: the process ends with os._exit)."""
+    log.critical(message)
     for h in logging.getLogger().handlers:
         h.flush()
     err = sys.stderr if hasattr(sys.stderr, "fileno") else sys.__stderr__
@@ -267,20 +281,67 @@ def end_hung_run(stall: Stall, step: int, *, append_marker: Callable[[dict], Non
         faulthandler.dump_traceback(file=err, all_threads=True)
     except (OSError, ValueError, AttributeError):  # stderr without a file descriptor
         faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
-    for line in device_state():
-        log.critical("watchdog: %s", line)
-    detail = {"component": stall.component, "seconds": round(stall.seconds, 1), "limit": round(stall.limit, 1)}
-    if append_marker is not None and stall.component != "io":  # a hung I/O thread would never run the append
+
+
+def _append(append_marker, io, line: dict) -> None:
+    """The marker through the live I/O thread, waited for at most MARKER_WAIT_S."""
+    try:
+        io.submit(append_marker, line).result(timeout=MARKER_WAIT_S)
+    except Exception as e:  # noqa: BLE001  (exiting anyway: the stacks are the record)
+        log.error("watchdog: the stall marker was not written: %s", e or type(e).__name__)
+
+
+def end_hung_run(stall: Stall, step: int, *, rank: int = 0, append_marker: Callable[[dict], None] | None, io,
+                 notify: Callable[..., None], close_notices: Callable[[float], None], peers: list[int] = (),
+                 post_note: Callable[[], bool] | None = None, grace: float = 0.0) -> None:
+    """Say what hung, dump every stack, tell the other ranks (`post_note`), leave a `stall` marker and a notice,
+    end the job's ranks on this host that the note has not ended within `grace` (`peers`), and exit
+    STALL_EXIT_CODE."""
+    from andrea.rundir.ledger import marker
+    with _then_exit():
+        _say_and_dump(f"watchdog: {WHAT[stall.component]} made no progress for {stall.seconds:.1f} s (limit "
+                      f"{stall.limit:.1f} s) after step {step}: writing every thread's stack and exiting "
+                      f"{STALL_EXIT_CODE}, so that the supervisor restarts the run from its newest checkpoint")
+        for line in device_state():
+            log.critical("watchdog: %s", line)
+        posted = post_note is not None and post_note()
+        detail = {"component": stall.component, "seconds": round(stall.seconds, 1), "limit": round(stall.limit, 1)}
+        if append_marker is not None and stall.component != "io":  # a hung I/O thread would never run the append
+            _append(append_marker, io, marker("stall", step, **detail, rank=rank))
+        notify("stall", step, message=f"{WHAT[stall.component]} hung after step {step}; exiting {STALL_EXIT_CODE}",
+               **detail)
+        close_notices(MARKER_WAIT_S)
+        end_peers(list(peers), grace if posted else 0.0)
+
+
+def end_for_peer(note, step: int, *, append_marker: Callable[[dict], None] | None, io,
+                 close_notices: Callable[[float], None]) -> None:
+    """Another rank's watchdog is ending the job (its stall note, parallel/stall_notes.py): this rank's stacks
+    (it may be the one that hung), the `stall` marker in the note's words on rank 0, and exit STALL_EXIT_CODE. The
+    notice is the posting rank's to send."""
+    from andrea.rundir.ledger import marker
+    with _then_exit():
+        _say_and_dump(f"watchdog: rank {note.rank} ({note.host}, pid {note.pid}) found {WHAT[note.component]} "
+                      f"hung after step {note.step} ({note.seconds:.1f} s, limit {note.limit:.1f} s) and is ending "
+                      f"the job: writing every thread's stack and exiting {STALL_EXIT_CODE}")
+        if append_marker is not None:
+            _append(append_marker, io, marker("stall", step, **note.marker_detail()))
+        close_notices(MARKER_WAIT_S)
+
+
+@contextlib.contextmanager
+def _then_exit():
+    """Whatever goes wrong on the way out, the process ends with STALL_EXIT_CODE: a hung run that its watchdog
+    failed to end would wait for good."""
+    try:
+        yield
+    except BaseException:
+        log.exception("watchdog: ending the hung run met an error; exiting %d all the same", STALL_EXIT_CODE)
+    finally:
         try:
-            io.submit(append_marker, marker("stall", step, **detail)).result(timeout=MARKER_WAIT_S)
-        except Exception as e:  # noqa: BLE001  (exiting anyway: the stacks above are the record)
-            log.error("watchdog: the stall marker was not written: %s", e or type(e).__name__)
-    notify("stall", step, message=f"{WHAT[stall.component]} hung after step {step}; exiting {STALL_EXIT_CODE}",
-           **detail)
-    close_notices(MARKER_WAIT_S)
-    end_peers(list(peers))
-    logging.shutdown()
-    os._exit(STALL_EXIT_CODE)
+            logging.shutdown()
+        finally:
+            os._exit(STALL_EXIT_CODE)
 
 
 def device_state() -> list[str]:

@@ -31,6 +31,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from andrea.config.check import ConfigError
 from andrea.run import identity, resume
 from andrea.observe import notify, tensorboard, views, wandb_log, watchdog
 from andrea.mixture import pivot
-from andrea.parallel import agreement, ranks, sharing
+from andrea.parallel import agreement, ranks, sharing, stall_notes
 from andrea.replica import replicator
 from andrea.guard import rollback
 from andrea.commit import shards
@@ -96,6 +97,8 @@ class TrainingRun:
         self.preparing = False  # rank 0 is preparing data (a stop then ends the preparation, not a step)
         self.skipped: list[str] = []  # newer checkpoints the start skipped as invalid, and why (run/resume.py)
         self.peers: list[int] = []  # the pids of the job's other ranks on this host (torchrun)
+        self.notes: stall_notes.Notes | None = None  # torchrun: the stall notes of a hung rank's watchdog
+        self._ending = threading.Lock()  # held by the one thread that ends a hung run (own stall or a peer's)
         self.step_delay = testhooks.step_delay()  # test hook ANDREA_TEST_STEP_DELAY (andrea/testhooks.py)
         self.poison_steps = testhooks.poison_steps()  # test hook ANDREA_TEST_POISON_STEPS (andrea/testhooks.py)
         self.flip = testhooks.flip_weight()  # test hook ANDREA_TEST_FLIP_WEIGHT: a rank's weight flipped
@@ -270,6 +273,8 @@ class TrainingRun:
                                               socket.gethostname(), os.getpid())
             if self.peers:
                 watchdog.arm_stack_dump()  # a peer's watchdog asks for this rank's stacks before it ends it
+            if self.world.distributed:
+                self.notes = stall_notes.listen(self.world.rank, self.on_peer_stall)
             self._cfg = sharing.from_leader(self.world, lambda: self._cfg)  # separate disks: rank 0's run.toml
             for stale in ckpt.remove_stale_tmp(self.run_dir) if self.world.view == self.world.rank else ():
                 log.warning("removed %s left by an interrupted write (never read as a checkpoint or sidecar)",
@@ -298,6 +303,8 @@ class TrainingRun:
             return 0
         finally:
             remove_handlers(loop)
+            if self.notes is not None:
+                self.notes.stop()
             self.world.quiet()
             self.train.shutdown(wait=True)
             self.io.shutdown(wait=True)
@@ -355,11 +362,23 @@ class TrainingRun:
         return put
 
     def on_stall(self, stall: watchdog.Stall) -> None:
-        """On the watchdog's thread: the run is hung; say so, leave a marker and a notice, end the job's other ranks
-        on this host, exit 75."""
-        watchdog.end_hung_run(stall, self.step, append_marker=self._append_marker if self.world.leader else None,
-                              io=self.io, notify=self.notifier.send, close_notices=self.notifier.close,
-                              peers=self.peers)
+        """On the watchdog's thread: the run is hung; say so, tell the other ranks, leave a marker and a notice,
+        end the job's other ranks on this host, exit 75."""
+        if not self._ending.acquire(blocking=False):  # a peer's note is ending this rank already
+            return
+        note = stall_notes.Note(self.world.rank, os.getpid(), socket.gethostname(), self.step, stall.component,
+                                stall.seconds, stall.limit)
+        watchdog.end_hung_run(stall, self.step, rank=self.world.rank, io=self.io,
+                              append_marker=self._append_marker if self.world.leader else None,
+                              notify=self.notifier.send, close_notices=self.notifier.close, peers=self.peers,
+                              post_note=(lambda: self.notes.post(note)) if self.notes else None,
+                              grace=stall_notes.PEER_GRACE_S)
+
+    def on_peer_stall(self, note: stall_notes.Note) -> None:
+        """On the notes' thread: another rank's watchdog is ending the job; rank 0 records it, every rank ends."""
+        if self._ending.acquire(blocking=False):
+            watchdog.end_for_peer(note, self.step, io=self.io, close_notices=self.notifier.close,
+                                  append_marker=self._append_marker if self.world.leader else None)
 
     def _append_marker(self, line: dict) -> None:
         """On the I/O thread: one marker appended and fsynced (after everything queued before it)."""

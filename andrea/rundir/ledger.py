@@ -54,10 +54,12 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
                attempt 1                          {"event": "recovered", "step": C}
     guard_stop the divergence persisted after guard.max_attempts rollbacks: the run stopped non-zero
                {"event": "guard_stop", "step": T, "attempts": k, "resume_from": "step_000040.bin" | null}
-    stall      the watchdog (observe/watchdog.py) found a component busy without progress past its limit after
-               header step S; the process exits 75 right after (written only while the I/O thread is alive)
+    stall      the watchdog (observe/watchdog.py) of rank R (0 in one process) found a component busy without
+               progress past its limit; the job exits 75 right after. S is the writer's header step; under
+               torchrun rank 0 writes it for whichever rank hung (its stall note, parallel/stall_notes.py), and
+               only while its I/O thread is alive
                {"event": "stall", "step": S, "component": "train" | "boundary" | "io", "seconds": 12.3,
-                "limit": 10.0}
+                "limit": 10.0, "rank": R}
     quarantine, resume_below, replica_down, replica_back, rank_mismatch   the other incidents: a checkpoint moved
                to quarantine/, a start below the newest checkpoint, the replica's store failing and back, ranks whose
                weights differ at a checkpoint (fields: rundir/incidents.py)

@@ -123,18 +123,24 @@ def test_notices_of_a_rollback_and_a_stop_reach_the_url_and_a_failing_command_is
     assert "notify.command: the stopped notice exited 3" in t.output()
 
 
-def test_one_hung_rank_brings_the_whole_torchrun_job_down_within_the_limit(prepared, tmp_path):
-    """Rank 1's training thread hangs at step 15; rank 0 waits for it in a collective. Neither may wait forever:
-    the launcher (which ends only when both workers have ended) exits non-zero within the limit."""
+def test_one_hung_rank_brings_the_whole_torchrun_job_down_within_the_limit_and_on_the_record(prepared, tmp_path):
+    """Rank 1's training thread hangs after step 8; rank 0 waits for it in a collective. Neither may wait forever:
+    the launcher (which ends only when both workers have ended) exits non-zero within the limit. Each step is
+    held 1.5 s, as a step of a larger model takes: rank 0 starts waiting a step after rank 1 hung, so rank 1's
+    watchdog fires first, and rank 0, which holds the ledger, learns of it from rank 1's stall note
+    (parallel/stall_notes.py): the ledger's `stall` marker names rank 1 (issue 46: it used to be missing)."""
     run = seed_data(prepared, tmp_path / "run")
-    t = Launched(launcher_argv(run, *STEPS, *FAST_DOG), extra_env={"ANDREA_TEST_HANG": "train@15@1"})
+    t = Launched(launcher_argv(run, *STEPS, *FAST_DOG),
+                 extra_env={"ANDREA_TEST_HANG": "train@8@1", "ANDREA_TEST_STEP_DELAY": "1.5"})
     rc, took = until_exit_after_the_hang(t)
     out = t.output()
     assert rc != 0 and took < FLOOR + 15, f"rc {rc} after {took:.1f}s:\n" + out[-4000:]
-    # Whichever rank's watchdog fires first ends the other (rank 0's boundary waits on a collective just as long);
-    # the hung rank's stacks are in the log either way: its own dump, or the one its peer asked for (SIGUSR2).
-    assert re.search(r"andrea\.watchdog\[[01]\]: watchdog: .* made no progress", out), out[-4000:]
-    assert "in test_hang" in out, out[-4000:]
+    assert re.search(r"andrea\.watchdog\[1\]: watchdog: the training thread made no progress", out), out[-4000:]
+    assert re.search(r"andrea\.watchdog\[0\]: watchdog: rank 1 \(.*\) found the training thread hung", out), \
+        out[-4000:]
+    assert "in test_hang" in out, out[-4000:]  # the hung rank's own stacks
+    (stall,) = [e for e in ledger(run) if e.get("event") == "stall"]
+    assert stall["rank"] == 1 and stall["component"] == "train" and stall["limit"] >= FLOOR, stall
 
 
 def test_a_frozen_rank_ends_the_whole_job_well_before_torchruns_30_s(prepared, tmp_path):
@@ -165,3 +171,5 @@ def test_a_frozen_rank_ends_the_whole_job_well_before_torchruns_30_s(prepared, t
     assert rc != 0, out[-4000:]
     assert "andrea.watchdog[0]: watchdog:" in out and f"ending the job's other ranks on this host (pids {frozen})" \
         in out, out[-4000:]
+    (stall,) = [e for e in ledger(run) if e.get("event") == "stall"]  # rank 0's own detection, on the record
+    assert stall["rank"] == 0, stall

@@ -152,3 +152,64 @@ def test_a_peer_is_asked_for_its_stacks_then_ended(tmp_path):
         finally:
             peer.kill()
     assert "in waiting_for_a_collective" in err.read_text()
+
+
+def _peer(tmp_path, script: str):
+    import subprocess
+    import sys
+
+    from tests.runs import env
+    err = open(tmp_path / "stderr", "wb")
+    body = "import sys, time\nfrom andrea.observe.watchdog import arm_stack_dump\narm_stack_dump()\n" + script
+    return subprocess.Popen([sys.executable, "-c", body], stdout=subprocess.PIPE, stderr=err, text=True, env=env())
+
+
+def test_a_peer_that_ends_on_the_note_within_the_grace_is_left_to_end(tmp_path):
+    """The stall note ends a live peer by itself (its stacks, exit 75): end_peers waits for that rather than
+    SIGKILL it mid-marker."""
+    from andrea.observe.watchdog import end_peers
+    peer = _peer(tmp_path, "print('armed', flush=True)\ntime.sleep(1.0)\nsys.exit(75)\n")
+    try:
+        assert peer.stdout.readline().strip() == "armed"
+        end_peers([peer.pid], grace=60)
+        assert peer.wait(30) == 75
+    finally:
+        peer.kill()
+    assert "Current thread" not in (tmp_path / "stderr").read_text()  # never asked for its stacks
+
+
+def test_a_frozen_peer_is_ended_without_waiting_out_the_grace(tmp_path):
+    """A stopped rank cannot end on any note: it is asked for its stacks and SIGKILLed at once, not after the
+    grace (the thread running end_peers is joined well before the grace would have run out)."""
+    import signal
+
+    from andrea.observe.watchdog import end_peers
+    peer = _peer(tmp_path, "print('armed', flush=True)\ntime.sleep(600)\n")
+    try:
+        assert peer.stdout.readline().strip() == "armed"
+        peer.send_signal(signal.SIGSTOP)
+        ender = threading.Thread(target=end_peers, args=([peer.pid], 600.0), daemon=True)
+        ender.start()
+        ender.join(60)
+        assert not ender.is_alive(), "end_peers waited on a frozen peer"
+        assert peer.wait(30) == -signal.SIGKILL
+    finally:
+        peer.kill()
+
+
+def test_an_error_on_the_way_out_still_ends_the_hung_run_with_75(tmp_path):
+    """A notice hook that raises (or any other error while the watchdog acts) must not leave the hung process
+    waiting for good: the error is logged and the exit code is the watchdog's all the same."""
+    import subprocess
+    import sys
+
+    from andrea.config.keepers import STALL_EXIT_CODE
+    from tests.runs import env
+    script = ("from andrea.observe.watchdog import Stall, end_hung_run\n"
+              "def notify(*a, **k):\n    raise TypeError('a broken notice')\n"
+              "end_hung_run(Stall('train', 5.0, 4.0), 19, append_marker=None, io=None, notify=notify,\n"
+              "             close_notices=lambda t: None)\n"
+              "print('returned')\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env(), timeout=120)
+    assert r.returncode == STALL_EXIT_CODE and "returned" not in r.stdout, r.stderr[-2000:]
+    assert "a broken notice" in r.stderr
