@@ -192,7 +192,8 @@ class CheckpointConfig:
     keep_last: int = 5
     """Newest checkpoints kept; older ones are deleted unless they are multiples of keep_every, or the guard's
     known-good checkpoint or a tentative one (guard.confirm_steps records not yet seen): with every below
-    guard.confirm_steps, up to confirm_steps / every more stay on disk (50 at every = 1)."""
+    guard.confirm_steps, a few more stay on disk (at most confirm_steps / max(every, confirm_steps / 8) + 2:
+    10 at every = 1, andrea/guard/decisions.py)."""
     keep_every: int = 10_000
     """Checkpoints at multiples of this are "major" and never deleted; 0 disables."""
     usr1: str = "step"

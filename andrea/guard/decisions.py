@@ -44,7 +44,11 @@ short of one (`may_commit`); it stays *tentative* until `confirm_steps` later re
 have passed without an incident and the detector is quiet again — a divergence is detected a few steps after
 it starts, so the checkpoint just before the detection may already be on its way out. Then it becomes the
 known-good point (the older one is released to retention). The initial state (or the --init-from /
-resumed checkpoint when no guard state exists) is known-good from the start.
+resumed checkpoint when no guard state exists) is known-good from the start. Retention keeps every tentative
+checkpoint, so they are thinned (`thin`) to about TENTATIVE_PER_WINDOW per `confirm_steps`: at a checkpoint every
+step, 50 of them would otherwise stay on disk beside keep_last (73 GB at ANDREA-120M). The known-good point then
+lags the run by at most confirm_steps + confirm_steps / TENTATIVE_PER_WINDOW steps instead of confirm_steps +
+checkpoint.every; a cadence of at least that spacing keeps them all, as before.
 
 Remedy (escalation, as PaLM's and OPT's operators did by hand): every rollback returns to the known-good
 point, drops the tentative checkpoints after it and moves the data stream past the batches that led into
@@ -64,12 +68,37 @@ from typing import Any
 from andrea.config.keepers import GuardConfig
 
 VERSION = 1
+TENTATIVE_PER_WINDOW = 8  # tentative checkpoints kept per confirm_steps (`thin`)
 HEALTHY, SUSPECT, INCIDENT = "healthy", "suspect", "incident"
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this = its standard deviation
 
 
 class GuardStateError(ValueError):
     """A guard companion that cannot be used; the message names the field."""
+
+
+def spacing(confirm_steps: int) -> int:
+    """The fewest steps between two kept tentative checkpoints (but the newest two): ~TENTATIVE_PER_WINDOW per
+    confirmation window."""
+    return max(1, math.ceil(confirm_steps / TENTATIVE_PER_WINDOW))
+
+
+def thin(tentative: list[dict[str, Any]], gap: int) -> list[dict[str, Any]]:
+    """The tentative checkpoints (oldest first) to keep after the newest was added: the newest always (a restart
+    resumes from it), the oldest always (the next to be confirmed), and the one before the newest only if it is
+    at least `gap` steps past the one before that. Applied at each addition, the kept ones are `gap` apart but the
+    newest two."""
+    kept = list(tentative)
+    while len(kept) >= 3 and kept[-2]["step"] - kept[-3]["step"] < gap:
+        del kept[-2]
+    return kept
+
+
+def most_tentative(confirm_steps: int, every: int) -> int:
+    """An upper bound on the tentative checkpoints on disk at once, at a checkpoint every `every` steps, for
+    sizing a disk (bench/chaos_setup.py): a quiet run's lie within confirm_steps + every of its step."""
+    window = confirm_steps + every
+    return window // max(every, spacing(confirm_steps)) + 2
 
 
 def _median(values: list[float]) -> float:
@@ -250,6 +279,7 @@ class Guard:
             self.tentative = [t for t in self.tentative if t["step"] < step]
             self.tentative.append({"step": step, "path": path, "seen": 0, "detector": self.detector.to_state(),
                                    "remedy": dict(self.remedy)})
+            self.tentative = thin(self.tentative, spacing(self.cfg.confirm_steps))
         return self.to_state(step)
 
     def on_commit_failed(self, step: int) -> None:

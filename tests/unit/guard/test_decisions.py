@@ -11,7 +11,8 @@ import pytest
 from andrea.config.check import ConfigError
 from andrea.config.keepers import GuardConfig
 from andrea.config.load import load
-from andrea.guard.decisions import HEALTHY, INCIDENT, SUSPECT, Guard, GuardStateError, band, ledger_summary
+from andrea.guard.decisions import (HEALTHY, INCIDENT, SUSPECT, Guard, GuardStateError, band, ledger_summary,
+                                     most_tentative, spacing, thin)
 from andrea.rundir.checkpoint import retention_victims
 from andrea.rundir.ledger import history
 
@@ -277,3 +278,44 @@ def test_rollback_supersedes_like_resume_and_status_summarises():
     assert [e["loss"] for e in kept if e["step"] > 4] == [2.0] * 4
     summary = ledger_summary(entries)
     assert (summary["incidents"], summary["rollbacks"], summary["lr_scale"], summary["data_offset"]) == (1, 1, 0.5, 3)
+
+
+def checkpoint_every(g: Guard, every: int, steps: int) -> tuple[int, int]:
+    """A quiet run checkpointing every `every` steps: (most tentative checkpoints at once, the known-good point's
+    longest lag behind the run)."""
+    most = lag = 0
+    for step in range(1, steps + 1):
+        g.observe(step, 5.0, 1.0)
+        if step % every == 0:
+            g.on_checkpoint(step, f"step_{step:06d}.bin")
+        most, lag = max(most, len(g.tentative)), max(lag, step - g.good["step"])
+    return most, lag
+
+
+def test_a_checkpoint_every_step_keeps_a_few_tentative_ones_not_one_per_step():
+    """At checkpoint.every = 1 retention used to keep confirm_steps tentative checkpoints beside keep_last (50:
+    73 GB at ANDREA-120M). Thinned, they are a handful, and the known-good point still follows the run closely."""
+    cfg = GuardConfig(confirm_steps=50)
+    most, lag = checkpoint_every(Guard(cfg), 1, 400)
+    assert most <= most_tentative(50, 1) <= 10
+    assert lag <= cfg.confirm_steps + 2 * spacing(cfg.confirm_steps)
+
+
+def test_a_sparse_cadence_keeps_every_tentative_checkpoint_as_before():
+    """A cadence at least the thinning's spacing loses nothing: every checkpoint is confirmed in its turn."""
+    g, every = Guard(GuardConfig(confirm_steps=50)), spacing(50)
+    confirmed = set()
+    for step in range(1, 301):
+        g.observe(step, 5.0, 1.0)
+        confirmed.add(g.good["step"])
+        if step % every == 0:
+            g.on_checkpoint(step, f"step_{step:06d}.bin")
+    assert confirmed - {0} == set(range(every, 301 - 50, every))
+    assert checkpoint_every(Guard(GuardConfig(confirm_steps=50)), 10, 300)[0] <= most_tentative(50, 10)
+
+
+def test_thinning_keeps_the_oldest_and_the_newest_and_spaces_the_rest():
+    steps = [{"step": s} for s in (10, 11, 12)]
+    assert [t["step"] for t in thin(steps, 5)] == [10, 12]
+    assert [t["step"] for t in thin([{"step": 10}, {"step": 15}, {"step": 16}], 5)] == [10, 15, 16]
+    assert thin([{"step": 3}, {"step": 4}], 5) == [{"step": 3}, {"step": 4}]
