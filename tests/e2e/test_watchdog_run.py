@@ -141,6 +141,9 @@ def test_one_hung_rank_brings_the_whole_torchrun_job_down_within_the_limit_and_o
     assert "in test_hang" in out, out[-4000:]  # the hung rank's own stacks
     (stall,) = [e for e in ledger(run) if e.get("event") == "stall"]
     assert stall["rank"] == 1 and stall["component"] == "train" and stall["limit"] >= FLOOR, stall
+    # torchrun's failure report: rank 0 ended on the note by itself (75), not by its peer's SIGKILL (-9)
+    exits = dict(re.findall(r"rank\s*:\s*(\d) \(local_rank: \d\)\s*\n\s*exitcode\s*:\s*(-?\d+)", out))
+    assert exits == {"0": str(STALL_EXIT_CODE), "1": str(STALL_EXIT_CODE)}, out[-3000:]
 
 
 def test_a_frozen_rank_ends_the_whole_job_well_before_torchruns_30_s(prepared, tmp_path):
