@@ -150,7 +150,7 @@ MUTANTS = [
            "            taken = True\n", "            taken = True\n            if action.stop:\n                return True\n",
            (BOUNDARY,)),
     Mutant("boundary: a failed write never stops the run", BOUNDARY_FILE,
-           "                self.req.failed = self.writer.last_error  #", "                pass  #", (BOUNDARY,)),
+           "                self.req.failed = self.writer.first_error  #", "                pass  #", (BOUNDARY,)),
     Mutant("boundary: the rollback does not reload the known-good state", BOUNDARY_FILE,
            "        await loop.run_in_executor(self.train, trainer.load, payload)\n", "", (BOUNDARY,)),
 ]

@@ -136,7 +136,9 @@ class CheckpointWriter:
         self._busy: list[asyncio.Future | None] = [None, None]
         self.last_committed: int | None = None
         self._reported: set[str] = set()  # retention's warnings already logged
-        self.last_error: str | None = None
+        # the first failed commit's error since the newest one that succeeded (None: that one is the newest): a
+        # boundary that learns of failures late (the I/O thread behind) names the write that failed first
+        self.first_error: str | None = None
         self.stall_seconds: list[float] = []
         self.delay = testhooks.commit_delay()  # test hook ANDREA_TEST_COMMIT_DELAY (andrea/testhooks.py)
         # Steps retention must never delete (the divergence guard's known-good checkpoint); read at retention.
@@ -204,11 +206,11 @@ class CheckpointWriter:
             return
         result: CommitResult = fut.result()
         if result.error:
-            self.last_error = result.error
+            self.first_error = self.first_error or result.error
             log.error("%s", result.error)
         else:
             self.last_committed = max(result.step, self.last_committed or 0)
-            self.last_error = None
+            self.first_error = None
             log.info("checkpoint %s committed in %.2fs (I/O thread CPU %.3fs, %s)", result.path.name,
                      result.seconds, result.cpu_seconds, "O_DIRECT" if result.direct else "buffered")
 

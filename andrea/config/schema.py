@@ -199,8 +199,8 @@ class CheckpointConfig:
     usr1: str = "step"
     """step: SIGUSR1 checkpoints the step in flight; cadence: the next multiple of `every` (the pivot sequence)."""
     on_write_error: str = "retry"
-    """retry: warn loudly and try again at the next cadence; stop: exit non-zero at once (every rank, at the same
-    step)."""
+    """retry: warn loudly and try again at the next cadence; stop: exit non-zero at the next step boundary that
+    knows of the failure (every rank, at the same step), naming the first checkpoint whose write failed."""
     replica: str = ""
     """Where each committed checkpoint, the ledger, the sidecars, run.toml, the tokenizer and the data are copied, off
     the training thread: an object-store URI (`s3://bucket/prefix`; gs://, az:// too) or a plain path (a second

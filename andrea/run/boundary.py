@@ -96,8 +96,8 @@ class Boundary:
             self.batch = await loop.run_in_executor(None, self.proxy.batch, self.step)
         while True:
             ck = self.cfg.checkpoint
-            if self.writer.last_error and ck.on_write_error == "stop" and self.req.failed is None:
-                self.req.failed = self.writer.last_error  # every rank exits at the boundary that shares it
+            if self.writer.first_error and ck.on_write_error == "stop" and self.req.failed is None:
+                self.req.failed = self.writer.first_error  # every rank exits at the boundary that shares it
             learned = ranks.share(self.world, self.req)
             if self.req.pivot and not self.world.shared_dir:  # separate disks: rank 0's policy, sent
                 self.req.policy = ranks.leader_policy(self.world, self.req.policy, lambda: pivot.read_policy(

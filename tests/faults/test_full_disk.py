@@ -204,15 +204,19 @@ def test_enospc_at_the_write_call_fails_the_commit_cleanly_and_the_next_commit_s
     monkeypatch.setattr(os, "pwrite", pwrite)
     io = ThreadPoolExecutor(1)
 
-    async def commit(step: int):
+    async def commit(*steps: int):
+        """One writer committing `steps` in turn, each awaited (the callbacks that record a result run)."""
         writer = CheckpointWriter(tmp_path, n, torch.device("cpu"), io, keep_last=5, keep_every=0)
-        writer.staging[0].copy_(torch.from_numpy(_payload(n, step)))
-        await writer.start_commit(0, step, None)
+        for step in steps:
+            writer.staging[0].copy_(torch.from_numpy(_payload(n, step)))
+            await writer.start_commit(0, step, None)
+            await asyncio.sleep(0)
         return writer
 
-    writer = asyncio.run(commit(20))
-    REPORT.note("full disk", f"in-process ENOSPC at os.pwrite: {writer.last_error}")
-    assert writer.last_error and "step_000020.bin" in writer.last_error and ENOSPC_TEXT in writer.last_error
+    writer = asyncio.run(commit(20, 25))
+    REPORT.note("full disk", f"in-process ENOSPC at os.pwrite: {writer.first_error}")
+    # the first failure is the one named, also once a later one has failed (on_write_error = "stop" reports it)
+    assert writer.first_error and "step_000020.bin" in writer.first_error and ENOSPC_TEXT in writer.first_error
     assert writer.last_committed is None
     assert old.read_bytes() == old_bytes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000010.bin", "step_000010.sum.json"], \
@@ -220,5 +224,5 @@ def test_enospc_at_the_write_call_fails_the_commit_cleanly_and_the_next_commit_s
     full["on"] = False
     writer = asyncio.run(commit(30))
     io.shutdown()
-    assert writer.last_error is None and writer.last_committed == 30
+    assert writer.first_error is None and writer.last_committed == 30
     assert not checkpoint_problems(tmp_path, n)

@@ -101,7 +101,7 @@ class Writer:
         self.hold = hold or {}  # step -> an event its commit waits on (a slow disk), on the I/O thread
         self.writes = writes  # False: a rank > 0 on its own disk (commit/gathered.py), which writes nothing
         self.staging = [torch.zeros(3 * N) for _ in range(2)]
-        self.last_committed, self.last_error = None, None
+        self.last_committed, self.first_error = None, None
         self.stall_seconds: list[float] = []
         self.protected = tuple
         self._busy: list = []
@@ -133,10 +133,10 @@ class Writer:
 
     def _finished(self, fut) -> None:
         result = fut.result()
-        if result.error:
-            self.last_error = result.error
+        if result.error:  # as CheckpointWriter: the first failure since the newest success
+            self.first_error = self.first_error or result.error
         else:
-            self.last_committed, self.last_error = max(result.step, self.last_committed or 0), None
+            self.last_committed, self.first_error = max(result.step, self.last_committed or 0), None
 
     async def drain(self) -> list:
         return list(await asyncio.gather(*self._busy))
