@@ -124,14 +124,14 @@ def test_notices_of_a_rollback_and_a_stop_reach_the_url_and_a_failing_command_is
 
 
 def test_one_hung_rank_brings_the_whole_torchrun_job_down_within_the_limit_and_on_the_record(prepared, tmp_path):
-    """Rank 1's training thread hangs after step 8; rank 0 waits for it in a collective. Neither may wait forever:
+    """Rank 1's training thread hangs after step 4; rank 0 waits for it in a collective. Neither may wait forever:
     the launcher (which ends only when both workers have ended) exits non-zero within the limit. Each step is
     held 1.5 s, as a step of a larger model takes: rank 0 starts waiting a step after rank 1 hung, so rank 1's
     watchdog fires first, and rank 0, which holds the ledger, learns of it from rank 1's stall note
     (parallel/stall_notes.py): the ledger's `stall` marker names rank 1 (issue 46: it used to be missing)."""
     run = seed_data(prepared, tmp_path / "run")
     t = Launched(launcher_argv(run, *STEPS, *FAST_DOG),
-                 extra_env={"ANDREA_TEST_HANG": "train@8@1", "ANDREA_TEST_STEP_DELAY": "1.5"})
+                 extra_env={"ANDREA_TEST_HANG": "train@4@1", "ANDREA_TEST_STEP_DELAY": "1.5"})
     rc, took = until_exit_after_the_hang(t)
     out = t.output()
     assert rc != 0 and took < FLOOR + 15, f"rc {rc} after {took:.1f}s:\n" + out[-4000:]
