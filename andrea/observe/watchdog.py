@@ -239,12 +239,20 @@ GONE, STOPPED = (None, "Z", "X"), ("T", "t")  # process states (/proc/<pid>/stat
 
 
 def proc_state(pid: int) -> str | None:
-    """`pid`'s state letter from Linux /proc (None: no such process, or no /proc)."""
+    """`pid`'s state letter from Linux /proc; None: no such process. Without /proc, "?" for one that exists (it
+    is treated as running: waited for, then signalled, as before the note)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return None
+    except PermissionError:
+        pass
+    return "?"
 
 
 def end_peers(peers: list[int], grace: float = 0.0) -> None:

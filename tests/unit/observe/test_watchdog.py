@@ -213,3 +213,21 @@ def test_an_error_on_the_way_out_still_ends_the_hung_run_with_75(tmp_path):
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env(), timeout=120)
     assert r.returncode == STALL_EXIT_CODE and "returned" not in r.stdout, r.stderr[-2000:]
     assert "a broken notice" in r.stderr
+
+
+def test_a_process_whose_state_cannot_be_read_counts_as_there(monkeypatch):
+    """Without /proc (another Unix) a live peer must still be waited for and ended, never skipped as gone; a pid
+    that does not exist is gone either way."""
+    import builtins
+    import os
+
+    from andrea.observe import watchdog
+    real_open = builtins.open
+
+    def no_proc(path, *a, **k):
+        if str(path).startswith("/proc/"):
+            raise FileNotFoundError(path)
+        return real_open(path, *a, **k)
+    monkeypatch.setattr(builtins, "open", no_proc)
+    assert watchdog.proc_state(os.getpid()) not in watchdog.GONE
+    assert watchdog.proc_state(2 ** 22 + 12345) is None  # above pid_max's default: no such process
