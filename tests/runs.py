@@ -14,6 +14,7 @@ import json
 import os
 import queue
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -90,6 +91,13 @@ def tree_digest(run_dir: Path) -> dict[str, str]:
 def header(path: Path) -> tuple[int, int]:
     step, n = np.fromfile(path, dtype="<i4", count=2)
     return int(step), int(n)
+
+
+def free_port() -> int:
+    """A port free on the loopback now (a torchrun rendezvous's)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class Trainer:

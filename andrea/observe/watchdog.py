@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 
 from andrea import testhooks
 from andrea.config.keepers import STALL_EXIT_CODE, WatchdogConfig
+from andrea.parallel.stall_notes import Note
 
 log = logging.getLogger("andrea.watchdog")
 
@@ -299,30 +300,29 @@ def _append(append_marker, io, line: dict) -> None:
         log.error("watchdog: the stall marker was not written: %s", e or type(e).__name__)
 
 
-def end_hung_run(stall: Stall, step: int, *, rank: int = 0, append_marker: Callable[[dict], None] | None, io,
-                 notify: Callable[..., None], close_notices: Callable[[float], None], peers: list[int] = (),
+def end_hung_run(note: Note, *, append_marker: Callable[[dict], None] | None, io, notify: Callable[..., None],
+                 close_notices: Callable[[float], None], peers: list[int] = (),
                  post_note: Callable[[], bool] | None = None, grace: float = 0.0) -> None:
-    """Say what hung, dump every stack, tell the other ranks (`post_note`), leave a `stall` marker and a notice,
-    end the job's ranks on this host that the note has not ended within `grace` (`peers`), and exit
-    STALL_EXIT_CODE."""
+    """This rank's watchdog fired (`note`: what hung, after which step, on which rank): say so, dump every stack,
+    tell the other ranks (`post_note` posts the same note), leave a `stall` marker and a notice, end the job's ranks
+    on this host that the note has not ended within `grace` (`peers`), and exit STALL_EXIT_CODE."""
     from andrea.rundir.ledger import marker
     with _then_exit():
-        _say_and_dump(f"watchdog: {WHAT[stall.component]} made no progress for {stall.seconds:.1f} s (limit "
-                      f"{stall.limit:.1f} s) after step {step}: writing every thread's stack and exiting "
+        _say_and_dump(f"watchdog: {WHAT[note.component]} made no progress for {note.seconds:.1f} s (limit "
+                      f"{note.limit:.1f} s) after step {note.step}: writing every thread's stack and exiting "
                       f"{STALL_EXIT_CODE}, so that the supervisor restarts the run from its newest checkpoint")
         for line in device_state():
             log.critical("watchdog: %s", line)
         posted = post_note is not None and post_note()
-        detail = {"component": stall.component, "seconds": round(stall.seconds, 1), "limit": round(stall.limit, 1)}
-        if append_marker is not None and stall.component != "io":  # a hung I/O thread would never run the append
-            _append(append_marker, io, marker("stall", step, **detail, rank=rank))
-        notify("stall", step, message=f"{WHAT[stall.component]} hung after step {step}; exiting {STALL_EXIT_CODE}",
-               **detail)
+        if append_marker is not None and note.component != "io":  # a hung I/O thread would never run the append
+            _append(append_marker, io, marker("stall", note.step, **note.marker_detail()))
+        notify("stall", note.step, message=f"{WHAT[note.component]} hung after step {note.step}; exiting "
+               f"{STALL_EXIT_CODE}", **note.detail())
         close_notices(MARKER_WAIT_S)
         end_peers(list(peers), grace if posted else 0.0)
 
 
-def end_for_peer(note, step: int, *, append_marker: Callable[[dict], None] | None, io,
+def end_for_peer(note: Note, step: int, *, append_marker: Callable[[dict], None] | None, io,
                  close_notices: Callable[[float], None]) -> None:
     """Another rank's watchdog is ending the job (its stall note, parallel/stall_notes.py): this rank's stacks
     (it may be the one that hung), the `stall` marker in the note's words on rank 0, and exit STALL_EXIT_CODE. The

@@ -6,7 +6,10 @@ hung rank's notice but no `stall` marker. Now the rank whose watchdog fires firs
 rank's listener reads it within POLL_S: rank 0 writes the `stall` marker in the note's words (which rank, which
 component, how long, its limit), every rank writes its own stacks to its log and exits 75
 (observe/watchdog.py::end_for_peer), and the job ends together on every host, without waiting for a collective's
-timeout. The rank that posted ends the ranks on its host that are still there after PEER_GRACE_S.
+timeout. The rank that posted ends the ranks on its host that are still there after PEER_GRACE_S. Its end may
+reach a rank on another host first, as a collective that fails (the peer closed its connection) before the
+listener's next poll: that rank reads the note then (`read`: it was posted before the posting rank ended) and
+ends on it all the same (run/runtime.py), instead of failing with exit 1 and no marker.
 
 The channel is the job's c10d store (the TCPStore at MASTER_ADDR:MASTER_PORT that torchrun serves for the
 rendezvous): the hang that fired the watchdog may be inside a collective of any process group, and the store
@@ -48,10 +51,14 @@ class Note:
     seconds: float
     limit: float
 
+    def detail(self) -> dict[str, Any]:
+        """What hung and for how long: the `stall` notice's fields beyond its step (the notice names its own rank,
+        observe/notify.py)."""
+        return {"component": self.component, "seconds": round(self.seconds, 1), "limit": round(self.limit, 1)}
+
     def marker_detail(self) -> dict[str, Any]:
-        """The `stall` marker's fields beyond its step (rundir/ledger.py): what hung, where, how long."""
-        return {"component": self.component, "seconds": round(self.seconds, 1), "limit": round(self.limit, 1),
-                "rank": self.rank}
+        """The `stall` marker's fields beyond its step (rundir/ledger.py): `detail` and the rank that hung."""
+        return {**self.detail(), "rank": self.rank}
 
 
 def key(env: Mapping[str, str] = os.environ) -> str:
@@ -136,10 +143,19 @@ class Notes:
             return False
         return True
 
+    def _raw(self) -> bytes | None:
+        return self.store.get(self.key) if self.store.check([self.key]) else None
+
+    def read(self) -> Note | None:
+        """Another rank's note, read now (bounded): what a rank whose collective just failed asks first. The
+        posting rank posts before it ends, so when its end is what failed the collective, its note is there."""
+        done, result = bounded(self._raw, STORE_TIMEOUT_S)
+        return heard(result, self.rank) if done and not isinstance(result, Exception) else None
+
     def _listen(self) -> None:
         while not self._stop.wait(self.poll):
             try:
-                raw = self.store.get(self.key) if self.store.check([self.key]) else None
+                raw = self._raw()
             except RuntimeError as e:  # the store is gone (the launcher ended): nothing more will come
                 if not self._stop.is_set():
                     log.warning("the job's store stopped answering (%s): no stall notes from other ranks", e)

@@ -301,6 +301,9 @@ class TrainingRun:
         except Interrupted as e:  # a stop during data preparation: nothing trained, everything prepared kept
             log.warning("%s", e)
             return 0
+        except Exception:
+            self._end_if_a_stall_explains()
+            raise
         finally:
             remove_handlers(loop)
             if self.notes is not None:
@@ -368,7 +371,7 @@ class TrainingRun:
             return
         note = stall_notes.Note(self.world.rank, os.getpid(), socket.gethostname(), self.step, stall.component,
                                 stall.seconds, stall.limit)
-        watchdog.end_hung_run(stall, self.step, rank=self.world.rank, io=self.io,
+        watchdog.end_hung_run(note, io=self.io,
                               append_marker=self._append_marker if self.world.leader else None,
                               notify=self.notifier.send, close_notices=self.notifier.close, peers=self.peers,
                               post_note=(lambda: self.notes.post(note)) if self.notes else None,
@@ -379,6 +382,17 @@ class TrainingRun:
         if self._ending.acquire(blocking=False):
             watchdog.end_for_peer(note, self.step, io=self.io, close_notices=self.notifier.close,
                                   append_marker=self._append_marker if self.world.leader else None)
+
+    def _end_if_a_stall_explains(self) -> None:
+        """A failure under torchrun may be a stall's consequence: a collective whose peer on another host ended on
+        its watchdog (its note was posted before it ended, parallel/stall_notes.py), or any error while a thread
+        of this process is already ending it. Then the stall ends the run (exit 75, the marker on rank 0), not the
+        error. Returns when no stall explains it."""
+        note = self.notes.read() if self.notes is not None and not self._ending.locked() else None
+        if note is not None:
+            self.on_peer_stall(note)  # exits, unless the listener took the note a moment before
+        if self._ending.locked():
+            self._ending.acquire()  # the thread that holds it exits the process: never returns
 
     def _append_marker(self, line: dict) -> None:
         """On the I/O thread: one marker appended and fsynced (after everything queued before it)."""

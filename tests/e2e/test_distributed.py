@@ -17,7 +17,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -27,7 +26,7 @@ import pytest
 
 from andrea.commit import shards
 from andrea.rundir import checkpoint as ckpt, checkpoint_write, names
-from tests.runs import (ROOT, TINY, Trainer, andrea, env, header, launcher_argv, ledger, seed_data,
+from tests.runs import (ROOT, TINY, Trainer, andrea, env, free_port, header, launcher_argv, ledger, seed_data,
                         steps_in_ledger, train, tree_digest)
 from tests.disks import Disk, refusal_lines, refuse_o_direct_on_setfl
 from tests.sharding import LOSS_RTOL, NORM_AT_START, NORM_RTOL, commit_with_threads, released_spare
@@ -39,12 +38,6 @@ LIVE = ["--set", "train.log_every=1"]
 # out: the steps it would take meanwhile are CPU no assertion needs (the test counts steps, not seconds).
 PACED = {"ANDREA_TEST_STEP_DELAY": "0.05"}
 POLICY = "[policy]\nfloors = { pydoc-topics = 0.6 }\ncaps = { stdlib-code = 0.1 }\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(run_dir, *args, nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:

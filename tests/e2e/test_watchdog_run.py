@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -20,7 +21,7 @@ import pytest
 
 from andrea.config.keepers import STALL_EXIT_CODE
 from tests.notices import Inbox
-from tests.runs import Launched, Trainer, launcher_argv, ledger, seed_data, train
+from tests.runs import Launched, Trainer, free_port, launcher_argv, ledger, seed_data, train
 
 STEPS = ["--steps", "30", "--checkpoint-every", "10"]
 FLOOR = 4.0
@@ -144,6 +145,43 @@ def test_one_hung_rank_brings_the_whole_torchrun_job_down_within_the_limit_and_o
     # torchrun's failure report: rank 0 ended on the note by itself (75), not by its peer's SIGKILL (-9)
     exits = dict(re.findall(r"rank\s*:\s*(\d) \(local_rank: \d\)\s*\n\s*exitcode\s*:\s*(-?\d+)", out))
     assert exits == {"0": str(STALL_EXIT_CODE), "1": str(STALL_EXIT_CODE)}, out[-3000:]
+
+
+def on_host(name: str, argv: list[str]) -> list[str]:
+    """argv in a UTS namespace of its own whose hostname is `name`: a node of its own to the job's ranks."""
+    return ["unshare", "-u", "bash", "-c", f"hostname {shlex.quote(name)} && exec {shlex.join(argv)}"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)")
+def test_a_hung_rank_on_another_host_ends_the_job_on_every_host_and_on_the_record(prepared, tmp_path):
+    """Two torchrun launchers as two hosts (node0 holds rank 0, node1 rank 1). Rank 1 hangs after step 4; its
+    watchdog has no rank on its host to end, so only its stall note reaches rank 0 (parallel/stall_notes.py):
+    rank 0 writes the marker naming rank 1 and exits 75 by itself, without waiting for its collective to fail or
+    for its own watchdog, and both launchers end within the limit."""
+    run = seed_data(prepared, tmp_path / "run")
+    port = free_port()
+    hang = {"ANDREA_TEST_HANG": "train@4@1", "ANDREA_TEST_STEP_DELAY": "1.5"}
+    nodes = [Launched(on_host(f"node{k}", launcher_argv(run, *STEPS, *FAST_DOG, launch=(
+        "--nnodes=2", f"--node_rank={k}", "--nproc_per_node=1", "--master_addr=127.0.0.1",
+        f"--master_port={port}"))), extra_env=hang) for k in (0, 1)]
+    try:
+        nodes[1].wait_for(lambda line: "ANDREA_TEST_HANG" in line and "hangs now" in line, timeout=240)
+        hung_at = time.monotonic()
+        codes = [node.wait_exit(120) for node in nodes]
+        took = time.monotonic() - hung_at
+    finally:
+        for node in nodes:
+            node.kill()
+    out0, out1 = (node.output() for node in nodes)
+    assert all(rc != 0 for rc in codes) and took < FLOOR + 15, f"{codes} after {took:.1f}s:\n" + out0[-3000:]
+    assert "andrea.watchdog[1]: watchdog: the training thread made no progress" in out1, out1[-3000:]
+    assert "other ranks on this host" not in out1  # node1 holds no other rank: the note alone ends rank 0
+    assert re.search(r"andrea\.watchdog\[0\]: watchdog: rank 1 \(node1, pid \d+\) found the training thread hung",
+                     out0), out0[-4000:]
+    (stall,) = [e for e in ledger(run) if e.get("event") == "stall"]
+    assert stall["rank"] == 1 and stall["component"] == "train", stall
+    exits = dict(re.findall(r"rank\s*:\s*(\d) \(local_rank: \d\)\s*\n\s*exitcode\s*:\s*(-?\d+)", out0))
+    assert exits == {"0": str(STALL_EXIT_CODE)}, out0[-3000:]  # ended on the note, not by a failed collective
 
 
 def test_a_frozen_rank_ends_the_whole_job_well_before_torchruns_30_s(prepared, tmp_path):

@@ -205,9 +205,10 @@ def test_an_error_on_the_way_out_still_ends_the_hung_run_with_75(tmp_path):
 
     from andrea.config.keepers import STALL_EXIT_CODE
     from tests.runs import env
-    script = ("from andrea.observe.watchdog import Stall, end_hung_run\n"
+    script = ("from andrea.observe.watchdog import end_hung_run\n"
+              "from andrea.parallel.stall_notes import Note\n"
               "def notify(*a, **k):\n    raise TypeError('a broken notice')\n"
-              "end_hung_run(Stall('train', 5.0, 4.0), 19, append_marker=None, io=None, notify=notify,\n"
+              "end_hung_run(Note(0, 1, 'h', 19, 'train', 5.0, 4.0), append_marker=None, io=None, notify=notify,\n"
               "             close_notices=lambda t: None)\n"
               "print('returned')\n")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env(), timeout=120)

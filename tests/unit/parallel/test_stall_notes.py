@@ -100,3 +100,23 @@ def test_an_earlier_attempts_note_ends_no_rank_of_the_next(server):
         assert heard0.event.wait(10) and heard0.notes == [note(rank=2)]
     finally:
         listener.stop()
+
+
+def test_a_rank_whose_collective_failed_reads_the_note_at_once(server):
+    """The read a failed collective makes (run/runtime.py): another rank's note, now, without the listener; none
+    before a note, and never this rank's own."""
+    store = stall_notes.open_store(server)
+    rank0, rank1 = Notes(store, 0, print, server), Notes(store, 1, print, server)
+    assert rank0.read() is None  # nothing posted: the failure is the error's own
+    assert rank1.post(note(rank=1))
+    assert rank0.read() == note(rank=1) and rank1.read() is None
+
+
+def test_a_read_from_a_store_that_is_gone_is_no_note():
+    """The launcher's store ended (the launcher with it): the failed collective is the error's own."""
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master.port)}
+    notes = Notes(stall_notes.open_store(env), 0, print, env)
+    assert Notes(stall_notes.open_store(env), 1, print, env).post(note(rank=1)) and notes.read() == note(rank=1)
+    del master
+    assert notes.read() is None
