@@ -1,7 +1,8 @@
 """The run's keepers, configured: the divergence guard, the watchdog and the operator's notices.
 
-Three sections of the schema (andrea/config/schema.py holds the rest and RunConfig), each a dataclass with a docstring
-per field, checked on construction; andrea/config/doc.py reads both files for docs/configuration.md. Reads and
+Three sections of the schema (andrea/config/schema.py holds RunConfig and most of the rest, andrea/config/corpus.py
+the data's), each a dataclass with a docstring per field, checked on construction; andrea/config/doc.py reads all
+three files for docs/configuration.md. Reads and
 writes nothing.
 """
 

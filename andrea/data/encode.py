@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea import testhooks
-from andrea.config.schema import SourceConfig
+from andrea.config.corpus import SourceConfig
 from andrea.data import manifest as mf, read, splits
 from andrea.data.codec import EOT, TextCodec
 from andrea.data.sources import DataError, builtin_documents

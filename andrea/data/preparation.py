@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea.config.schema import DataConfig, SourceConfig
+from andrea.config.corpus import DataConfig, SourceConfig
 from andrea.data import manifest as mf, splits
 from andrea.data.codec import EOT, TextCodec
 from andrea.data.encode import ArmJob, CommitHook, Interrupted, TextArm

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from andrea.errors import UserError
-from andrea.config.schema import SourceConfig
+from andrea.config.corpus import SourceConfig
 
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from andrea.config.schema import DataConfig
+from andrea.config.corpus import DataConfig
 from andrea.data import manifest as mf, splits
 from andrea.data.codec import EOT, TextCodec  # noqa: F401  (EOT: re-exported for callers of store)
 from andrea.data.preparation import prepare_run

@@ -40,6 +40,7 @@ import pytest
 
 from andrea import cli
 from andrea.config import schema as config, doc as configdoc
+from andrea.config.corpus import SourceConfig
 from andrea.observe import plots
 from andrea.rundir import ledger as ledger_mod
 from andrea.rundir import checkpoint as ckpt, names
@@ -408,7 +409,7 @@ def test_every_key_of_every_section_has_a_row_with_type_default_and_meaning():
             assert len(cells) == 4 and all(cells), line
             current.append(cells[0].strip("`"))
     expected = {s: [f.name for f in dataclasses.fields(c)] for s, c in config.section_types().items()}
-    expected["data.sources"] = [f.name for f in dataclasses.fields(config.SourceConfig)]
+    expected["data.sources"] = [f.name for f in dataclasses.fields(SourceConfig)]
     assert tables == expected
     assert "| `lr` | float | `0.0006` | Peak learning rate" in configdoc.render()
 

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from andrea.config.schema import DataConfig, SourceConfig
+from andrea.config.corpus import DataConfig, SourceConfig
 from andrea.data.preparation import prepare_run
 from tests.unit.data.conftest import text
 from tests.runs import ROOT, TINY, Trainer, andrea, andrea_here, env, train, wait_until

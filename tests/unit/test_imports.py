@@ -17,7 +17,7 @@ LAYERS = [
     {"andrea.errors", "andrea.mixture.policy", "andrea.config.check",
      "andrea.observe.mfu", "andrea.run.allocator"},                          # pure: errors; caps, floors; types; MFU;
                                                                              # the C allocator's settings
-    {"andrea.config", "andrea.config.schema", "andrea.config.keepers",
+    {"andrea.config", "andrea.config.schema", "andrea.config.corpus", "andrea.config.keepers",
      "andrea.testhooks"},                                                    # the schema; the test hooks
     {"andrea.rundir", "andrea.replica.remote"},                              # the run directory's files, its replica
     {"andrea.config.load", "andrea.observe.progress"},                      # TOML layered; progress lines

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import pytest
 
-from andrea.config.schema import DataConfig, SourceConfig
+from andrea.config.corpus import DataConfig, SourceConfig
 from andrea.data import encode, read, store, tokentrain
 from andrea.data import manifest as mf
 from andrea.data.codec import EOT, TextCodec

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from andrea.config.schema import DataConfig, SourceConfig
+from andrea.config.corpus import DataConfig, SourceConfig
 from andrea.data import manifest as mf
 from andrea.data import encode, read, splits, store, tokentrain
 from andrea.data.codec import TextCodec

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from andrea.config.schema import DataConfig, SourceConfig
+from andrea.config.corpus import DataConfig, SourceConfig
 from andrea.data import encode, read
 from andrea.data import manifest as mf
 from andrea.data.preparation import Interrupted, prepare_run
