@@ -9,7 +9,7 @@ component, how long, its limit), every rank writes its own stacks to its log and
 timeout. The rank that posted ends the ranks on its host that are still there after PEER_GRACE_S. Its end may
 reach a rank on another host first, as a collective that fails (the peer closed its connection) before the
 listener's next poll: that rank reads the note then (`read`: it was posted before the posting rank ended) and
-ends on it all the same (run/runtime.py), instead of failing with exit 1 and no marker.
+ends on it all the same (run/stalls.py), instead of failing with exit 1 and no marker.
 
 The channel is the job's c10d store (the TCPStore at MASTER_ADDR:MASTER_PORT that torchrun serves for the
 rendezvous): the hang that fired the watchdog may be inside a collective of any process group, and the store

@@ -29,9 +29,7 @@ import dataclasses
 import logging
 import os
 import signal
-import socket
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -47,7 +45,7 @@ from andrea.config.check import ConfigError
 from andrea.run import identity, resume
 from andrea.observe import notify, tensorboard, views, wandb_log, watchdog
 from andrea.mixture import pivot
-from andrea.parallel import agreement, ranks, sharing, stall_notes
+from andrea.parallel import agreement, ranks, sharing
 from andrea.replica import replicator
 from andrea.guard import rollback
 from andrea.commit import shards
@@ -56,6 +54,7 @@ from andrea.run.ledger_feed import LedgerFeed
 from andrea.mixture.proxy import Batch, DataProxy
 from andrea.run.records import StepRecords
 from andrea.run.started import Started
+from andrea.run.stalls import Stalls
 from andrea.run.early_signals import EarlySignals
 from andrea.run.signals import Requests, abort_now, install_handlers, remove_handlers
 from andrea.data.preparation import Interrupted
@@ -96,9 +95,7 @@ class TrainingRun:
         self.early = early
         self.preparing = False  # rank 0 is preparing data (a stop then ends the preparation, not a step)
         self.skipped: list[str] = []  # newer checkpoints the start skipped as invalid, and why (run/resume.py)
-        self.peers: list[int] = []  # the pids of the job's other ranks on this host (torchrun)
-        self.notes: stall_notes.Notes | None = None  # torchrun: the stall notes of a hung rank's watchdog
-        self._ending = threading.Lock()  # held by the one thread that ends a hung run (own stall or a peer's)
+        self.stalls = Stalls(self.world, self.io, self.notifier, lambda: self.step, self._append_marker)
         self.step_delay = testhooks.step_delay()  # test hook ANDREA_TEST_STEP_DELAY (andrea/testhooks.py)
         self.poison_steps = testhooks.poison_steps()  # test hook ANDREA_TEST_POISON_STEPS (andrea/testhooks.py)
         self.flip = testhooks.flip_weight()  # test hook ANDREA_TEST_FLIP_WEIGHT: a rank's weight flipped
@@ -268,13 +265,7 @@ class TrainingRun:
             self.on_signal(sig)
         try:
             sharing.probe(self.world, self.run_dir)  # before anything reads the run directory
-            # the ranks' pids: a hung rank's watchdog ends the others on its host (observe/watchdog.py)
-            self.peers = watchdog.local_peers(self.world.gather((socket.gethostname(), os.getpid())),
-                                              socket.gethostname(), os.getpid())
-            if self.peers:
-                watchdog.arm_stack_dump()  # a peer's watchdog asks for this rank's stacks before it ends it
-            if self.world.distributed:
-                self.notes = stall_notes.listen(self.world.rank, self.on_peer_stall)
+            self.stalls.join()  # the ranks on this host and the stall notes (run/stalls.py)
             self._cfg = sharing.from_leader(self.world, lambda: self._cfg)  # separate disks: rank 0's run.toml
             for stale in ckpt.remove_stale_tmp(self.run_dir) if self.world.view == self.world.rank else ():
                 log.warning("removed %s left by an interrupted write (never read as a checkpoint or sidecar)",
@@ -302,12 +293,11 @@ class TrainingRun:
             log.warning("%s", e)
             return 0
         except Exception:
-            self._end_if_a_stall_explains()
+            self.stalls.explain()  # a hung peer's end may be what failed here
             raise
         finally:
             remove_handlers(loop)
-            if self.notes is not None:
-                self.notes.stop()
+            self.stalls.stop()
             self.world.quiet()
             self.train.shutdown(wait=True)
             self.io.shutdown(wait=True)
@@ -327,7 +317,7 @@ class TrainingRun:
         progress = Progress(self.step, stop_at, tc.batch_size * self.cfg.model.block_size, tc.log_every)
         b = self.boundary = Boundary(run, req=self.req, records=records, progress=progress, views=self.views,
                                      replicator=self.replicator, notify=self.notifier.send)
-        dog = watchdog.Watchdog(self.cfg.watchdog, self.beats, self.on_stall).start()
+        dog = watchdog.Watchdog(self.cfg.watchdog, self.beats, self.stalls.on_stall).start()
         watched = self.beats.watch
         try:
             while not await watched("boundary", b.cross(stop_at)):
@@ -363,36 +353,6 @@ class TrainingRun:
             except RuntimeError:  # the loop has ended (the process's last pass): the log line is the record
                 log.info("%s after the run's end: not in the ledger (%s)", kind, detail)
         return put
-
-    def on_stall(self, stall: watchdog.Stall) -> None:
-        """On the watchdog's thread: the run is hung; say so, tell the other ranks, leave a marker and a notice,
-        end the job's other ranks on this host, exit 75."""
-        if not self._ending.acquire(blocking=False):  # a peer's note is ending this rank already
-            return
-        note = stall_notes.Note(self.world.rank, os.getpid(), socket.gethostname(), self.step, stall.component,
-                                stall.seconds, stall.limit)
-        watchdog.end_hung_run(note, io=self.io,
-                              append_marker=self._append_marker if self.world.leader else None,
-                              notify=self.notifier.send, close_notices=self.notifier.close, peers=self.peers,
-                              post_note=(lambda: self.notes.post(note)) if self.notes else None,
-                              grace=stall_notes.PEER_GRACE_S)
-
-    def on_peer_stall(self, note: stall_notes.Note) -> None:
-        """On the notes' thread: another rank's watchdog is ending the job; rank 0 records it, every rank ends."""
-        if self._ending.acquire(blocking=False):
-            watchdog.end_for_peer(note, self.step, io=self.io, close_notices=self.notifier.close,
-                                  append_marker=self._append_marker if self.world.leader else None)
-
-    def _end_if_a_stall_explains(self) -> None:
-        """A failure under torchrun may be a stall's consequence: a collective whose peer on another host ended on
-        its watchdog (its note was posted before it ended, parallel/stall_notes.py), or any error while a thread
-        of this process is already ending it. Then the stall ends the run (exit 75, the marker on rank 0), not the
-        error. Returns when no stall explains it."""
-        note = self.notes.read() if self.notes is not None and not self._ending.locked() else None
-        if note is not None:
-            self.on_peer_stall(note)  # exits, unless the listener took the note a moment before
-        if self._ending.locked():
-            self._ending.acquire()  # the thread that holds it exits the process: never returns
 
     def _append_marker(self, line: dict) -> None:
         """On the I/O thread: one marker appended and fsynced (after everything queued before it)."""
