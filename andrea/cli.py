@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init-from", metavar="PATH",
                    help="start from this step_NNNNNN.bin instead of the run's newest checkpoint; or, in a run "
                         "without checkpoints, from weights only (step 0, m = v = 0): a model.safetensors, "
-                        "model.npz, pytorch_model.bin or a GPT-2 directory holding one (andrea export's output)")
+                        "model.npz, pytorch_model.bin or a Hugging Face directory holding one (andrea export's output: GPT-2, "
+                        "or Qwen3 for a modern run)")
     p.add_argument("--accept-ledger-gap", action="store_true",
                    help="resume although .loss.json is not what the checkpoint recorded (cut short, changed): "
                         "continue past the gap, recorded as a `gap` marker")
@@ -138,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest valid checkpoint)")
     p.add_argument("--out", required=True, help="the directory to create (absent or empty)")
     p.add_argument("--format", choices=["safetensors", "npz"], default="safetensors",
-                   help="safetensors: HF GPT2LMHeadModel names (default); npz: andrea's layout names")
+                   help="safetensors: Hugging Face names, GPT2LMHeadModel's or, for a modern run, Qwen3ForCausalLM's "
+                        "(default); npz: andrea's layout names")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("eval", help="a checkpoint's multiple-choice accuracy on a HellaSwag-format tasks file")

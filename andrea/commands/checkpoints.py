@@ -69,6 +69,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
     from andrea.data.store import TextCodec
+    from andrea.model.generate import DivergedModel
     from andrea.run.trainer import Trainer
     run_dir = Path(args.run_dir)
     cfg = configload.run_config(run_dir)
@@ -84,8 +85,11 @@ def cmd_sample(args: argparse.Namespace) -> int:
     trainer.load(torch.from_numpy(payload))
     codec = TextCodec.load(run_dir / names.TOKENIZER_NAME)
     ids = codec.encode(args.prompt) or [codec.eot]
-    [new] = trainer.generate([ids], args.max_new_tokens, temperature=args.temperature, top_k=cfg.sample.top_k,
-                             generators=[torch.Generator().manual_seed(args.seed)])
+    try:
+        [new] = trainer.generate([ids], args.max_new_tokens, temperature=args.temperature, top_k=cfg.sample.top_k,
+                                 generators=[torch.Generator().manual_seed(args.seed)])
+    except DivergedModel as e:
+        raise DivergedModel(f"{path}: {e}") from None
     print(args.prompt + codec.decode(new))
     return 0
 

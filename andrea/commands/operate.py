@@ -195,6 +195,8 @@ def cmd_branch(args: argparse.Namespace) -> int:
         cfg.checkpoint.replica = ""  # a branch is another run: never the parent's replica (--set gives it its own)
         print(f"branch: checkpoint.replica not inherited from {parent} (a branch is another run; "
               "--set checkpoint.replica=... gives it its own)")
+    from andrea.run.identity import check_branch
+    check_branch(parent, cfg)
     n = _n_params(parent_cfg)
     if _n_params(cfg) != n:
         raise ConfigError(f"branch: the new configuration has {_n_params(cfg)} parameters, "

@@ -42,7 +42,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             log.warning("%s", warning)
     init_from = Path(args.init_from) if args.init_from else None
     # Everything that can be refused is refused before the run directory is created or written to.
-    check_init_from(init_from)
+    check_init_from(init_from, cfg)
     from andrea.observe import notify
     notify.check(cfg.notify)  # the notice command's program exists
     import torch
@@ -67,9 +67,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         world.close()
 
 
-def check_init_from(path: Path | None) -> None:
-    """--init-from names a file, or a GPT-2 directory holding weights (export.weights_file); checked before the
-    run directory is touched (the file itself is validated when the run starts)."""
+def check_init_from(path: Path | None, cfg) -> None:
+    """--init-from names a file, or an exported directory holding weights (export.weights_file); checked before the
+    run directory is touched (the file itself is validated when the run starts). A checkpoint's run must mean by
+    its bytes what this run does (run/identity.py)."""
     if path is None:
         return
     from andrea.model.export import is_weights, weights_file
@@ -77,6 +78,9 @@ def check_init_from(path: Path | None) -> None:
         weights_file(path)  # no such file / a directory without weights: one line naming it
     elif not path.is_file():
         raise FileNotFoundError(f"{path}: --init-from: {'not a file' if path.exists() else 'no such file'}")
+    else:
+        from andrea.run.identity import check_init_from as same_identity
+        same_identity(path, cfg)
 
 
 def run_async(coro) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from typing import Any
@@ -52,6 +53,8 @@ def _check_type(value: Any, hint: Any, where: str) -> Any:
     if hint in (int, float, str, bool):
         if type(value) is not hint:
             raise ConfigError(f"{where} must be {hint.__name__}, got {value!r}")
+        if hint is float and not math.isfinite(value):  # TOML reads inf and nan; no key means anything by them
+            raise ConfigError(f"{where} must be a finite number, got {value!r}")
         return value
     if origin is list:
         (item,) = typing.get_args(hint)

@@ -16,6 +16,7 @@ order (its text can differ from a batch of one only by float rounding; see andre
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,7 +27,10 @@ from andrea.evals import tasks as evaltasks
 from andrea.config.check import ConfigError
 from andrea.config.schema import RunConfig
 from andrea.data.store import EVAL_STREAM, SAMPLE_STREAM, ArmTokens, TextCodec, rng_for, rows
+from andrea.model.generate import DivergedModel
 from andrea.run.trainer import Trainer
+
+log = logging.getLogger("andrea.audit")
 
 
 def evaluate(trainer: Trainer, arms: list[ArmTokens], cfg: RunConfig,
@@ -57,12 +61,18 @@ def prompt_generator(seed: int, step: int, prompt: str) -> torch.Generator:
 
 
 def sample_audits(trainer: Trainer, codec: TextCodec, cfg: RunConfig, step: int) -> list[dict]:
-    """One `.samples.json` entry per prompt: {"step", "prompt", "text"} (the continuation, prompt excluded)."""
+    """One `.samples.json` entry per prompt: {"step", "prompt", "text"} (the continuation, prompt excluded); none,
+    with a warning, for a model whose logits are not finite (the guard meets the divergence in the next step's
+    loss and rolls back; an audit never ends the run)."""
     sc = cfg.sample
     prompts = [codec.encode(p) or [codec.eot] for p in sc.prompts]
     generators = [prompt_generator(cfg.train.seed, step, p) for p in sc.prompts]
-    new = trainer.generate(prompts, sc.max_new_tokens, temperature=sc.temperature, top_k=sc.top_k,
-                           generators=generators)
+    try:
+        new = trainer.generate(prompts, sc.max_new_tokens, temperature=sc.temperature, top_k=sc.top_k,
+                               generators=generators)
+    except DivergedModel as e:
+        log.warning("sample audit of step %d skipped: %s", step, e)
+        return []
     return [{"step": step, "prompt": p, "text": codec.decode(ids)} for p, ids in zip(sc.prompts, new)]
 
 

@@ -60,6 +60,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from andrea.errors import UserError
 from andrea.model.gpt import GPT
 from andrea.model.torch_math import qkv_heads
 from andrea.model.modern import NORM_EPS, Modern
@@ -225,6 +226,10 @@ def decode_uncached(model: GPT | Modern, prompts: list[list[int]], max_new_token
     return [r[len(p):] for r, p in zip(rows, prompts)]
 
 
+class DivergedModel(UserError, ValueError):
+    """A model whose logits are not finite (weights grown past float range, or NaN): nothing can be sampled."""
+
+
 def sampler(temperature: float, top_k: int, generators: list[torch.Generator]) -> Pick:
     """Temperature and top-k sampling; row r draws from generators[r] (CPU) only, one multinomial per token.
 
@@ -239,6 +244,8 @@ def sampler(temperature: float, top_k: int, generators: list[torch.Generator]) -
             logits, index = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1)  # (B, k) each
             index = index.cpu()
         probs = torch.softmax(logits, dim=-1).cpu()  # one device-to-host copy per token for the whole batch
+        if not bool(torch.isfinite(probs).all()):  # an inf or NaN logit: no distribution to draw from
+            raise DivergedModel("the model's next-token logits are not finite: its weights have diverged")
         drawn = [int(torch.multinomial(p, 1, generator=g)) for p, g in zip(probs, generators)]
         return [int(index[r, d]) for r, d in enumerate(drawn)] if top_k else drawn
     return pick

@@ -325,7 +325,8 @@ class Boundary:
         every = cfg.sample.every or cfg.checkpoint.every
         if step > 0 and step % every == 0 and self.codec is not None and cfg.sample.prompts:
             audits = await loop.run_in_executor(self.train, self.sample, self.trainer, self.codec, cfg, step)
-            self.io.submit(self._write_audits, audits)
+            if audits:  # none from a model that cannot be sampled (evals/audit.py)
+                self.io.submit(self._write_audits, audits)
         if self.tasks is not None and step > 0 and step % (cfg.eval.every or cfg.checkpoint.every) == 0:
             score = await loop.run_in_executor(self.train, partial(self.tasks, self.trainer, beat=watchdog.heartbeat))
             self.feed.lines.append(marker("tasks", step, **score))

@@ -4,8 +4,10 @@ The model's arch and shape (every field that changes what the flat `[w | m | v]`
 optimizer (`train.optimizer`: what `m` and `v` hold, docs/formats.md), the tokenizer (its file's SHA-256) and the
 seed (initialisation and data order). A resume whose configuration
 would change one of them is refused in one line naming the field and both values, before anything is written;
-deliberate changes keep their ways: `--set` of train-time keys, pivots for the data policy, `andrea branch` for
-a new model from a checkpoint.
+deliberate changes keep their ways: `--set` of train-time keys, pivots for the data policy, a new run from a
+checkpoint's weights (`andrea export`, then `train --init-from` the export: m = v = 0) for another optimizer.
+The same identity binds the ways a checkpoint's m and v reach another run directory: `andrea branch`
+(`check_branch`) and `train --init-from` a checkpoint (`check_init_from`).
 
 Reads the ledger's `start` marker (its `identity` field: written by run/runtime.py at step 0, append-only,
 so it survives a lost `run.toml`), else `run.toml` for a run started before identities were recorded, and
@@ -80,5 +82,41 @@ def check_resume(run_dir: Path, cfg: RunConfig, saved: RunConfig | None) -> None
     changed = changes(recorded, identity(cfg, tokenizer_sha256(run_dir)))
     if changed:
         raise ConfigError(f"{run_dir}: resuming would change {'; '.join(changed)}: these fix what the checkpoints "
-                          "mean and were set at the run's first start (`andrea branch` starts a new run from a "
-                          "checkpoint)")
+                          f"mean and were set at the run's first start ({NEW_RUN})")
+
+
+NEW_RUN = ("a new run from a checkpoint's weights: `andrea export RUN_DIR --step S --out DIR`, then `andrea train "
+           "--init-from DIR` in a new run directory")
+
+
+def of_run(run_dir: Path) -> dict[str, Any] | None:
+    """What a run directory's checkpoints mean: its recorded identity, else its run.toml's (a run started before
+    identities were recorded), None for a directory that is no run (a checkpoint file kept on its own)."""
+    recorded = recorded_identity(run_dir)
+    if recorded is None and (run_dir / names.CONFIG_NAME).is_file():
+        from andrea.config.load import run_config
+        recorded = identity(run_config(run_dir), None)
+    return {**BEFORE_RECORDED, **recorded} if recorded is not None else None
+
+
+def check_branch(parent: Path, cfg: RunConfig) -> None:
+    """Refuse (one line) a branch whose configuration would change its parent's identity: the branch continues the
+    parent's checkpoint and ledger, and its first start would refuse the change (`check_resume`)."""
+    recorded = of_run(parent)
+    changed = changes(recorded, identity(cfg, tokenizer_sha256(parent))) if recorded is not None else []
+    if changed:
+        raise ConfigError(f"branch: would change {'; '.join(changed)}: a branch continues {parent}'s checkpoints, "
+                          f"which these fix ({NEW_RUN})")
+
+
+def check_init_from(init_from: Path, cfg: RunConfig) -> None:
+    """Refuse (one line) `--init-from` a checkpoint whose run meant other things by its bytes: the start continues
+    its w, m and v (run/resume.py), so the arch, the shape and the optimizer must be this run's. Its run is the
+    checkpoint's directory; a checkpoint kept outside any run is taken on its parameter count alone. The seed may
+    differ: the new run draws its own data order."""
+    recorded = of_run(init_from.parent)
+    mine = identity(cfg, None)
+    changed = [c for c in changes(recorded, mine) if not c.startswith("train.seed ")] if recorded is not None else []
+    if changed:
+        raise ConfigError(f"{init_from}: --init-from would change {'; '.join(changed)}: its w, m and v mean what "
+                          f"its run's identity says ({NEW_RUN})")

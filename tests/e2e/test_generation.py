@@ -172,6 +172,22 @@ def test_sample_audits_keep_their_format_and_key_each_prompt_by_its_text(prepare
     assert audit.sample_audits(trainer, codec, alone, 7) == audits[1:2]
 
 
+def test_a_diverged_model_is_no_sample_audit_and_no_traceback(prepared, caplog):
+    """Weights grown past float range (a finite learning rate far too large) give inf logits: the audit at that
+    checkpoint is skipped with a warning, where the sampler's multinomial used to end the run with a traceback.
+    The guard meets the divergence in the next step's loss."""
+    codec = TextCodec.load(prepared / "tokenizer.json")
+    cfg = configload.load(preset="andrea-tiny")
+    trainer = sharp_trainer()
+    with torch.no_grad():
+        trainer.state.w.mul_(1e30)  # finite weights, infinite logits
+    with pytest.raises(generation.DivergedModel, match="logits are not finite"):
+        trainer.generate(PROMPTS, 3, temperature=1.0, top_k=0, generators=generators(0))
+    with caplog.at_level("WARNING", logger="andrea.audit"):
+        assert audit.sample_audits(trainer, codec, cfg, 7) == []
+    assert "sample audit of step 7 skipped: the model's next-token logits are not finite" in caplog.text
+
+
 def test_samples_sidecar_written_by_a_run_has_the_documented_format(prepared, tmp_path):
     run = seed_data(prepared, tmp_path / "run")
     result = train(run, "--steps", "2", "--set", "sample.every=1")

@@ -117,6 +117,25 @@ def test_branch_reproduces_the_parent_or_diverges_and_compare_reports(at_40, tmp
     assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_branch_or_an_init_from_that_would_change_what_the_bytes_mean_is_one_line_and_writes_nothing(at_40,
+                                                                                                      tmp_path):
+    """An AdamW run's checkpoint carries AdamW's m and v: a branch to Muon could never start, and an --init-from into
+    a Muon run would have read them as Muon's momentum. Both are refused before anything is written."""
+    parent = copy_of(at_40, tmp_path, "parent")
+    before = sorted(p.name for p in parent.rglob("*"))
+    branch = andrea_here("branch", str(parent), "--step", "20", "--to", str(tmp_path / "b"),
+                         "--set", "train.optimizer='muon'")
+    fresh = tmp_path / "fresh"
+    started = andrea("train", "--preset", "andrea-tiny", "--run-dir", str(fresh), "--set", "train.optimizer='muon'",
+                     "--init-from", str(parent / names.checkpoint_name(20)))
+    for result in (branch, started):
+        assert result.returncode == 2, result.stderr
+        (line,) = result.stderr.strip().splitlines()
+        assert "train.optimizer from 'adamw' to 'muon'" in line and "andrea export" in line, line
+    assert not (tmp_path / "b").exists() and not fresh.exists()
+    assert sorted(p.name for p in parent.rglob("*")) == before
+
+
 def test_a_zombie_arm_is_dropped_with_a_warning(at_40, tmp_path):
     run = copy_of(at_40, tmp_path)
     result = train(run, "--steps", "50", *EVERY, "--set", "data.arms=['stdlib-code', 'pydoc-topics']")

@@ -3,6 +3,7 @@ refused in one line naming the field and both values; a record written before `m
 The same for `train.optimizer`: a resume that would change it is refused, and an older record is an adamw run's."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,3 +63,46 @@ def test_the_optimizer_is_part_of_the_identity_and_an_old_record_is_an_adamw_run
     identity.check_resume(run, cfg(), cfg())
     with pytest.raises(ConfigError, match="train.optimizer from 'adamw' to 'muon'"):
         identity.check_resume(run, muon, cfg())
+
+
+def recorded_run(tmp_path, c) -> Path:
+    """A run directory whose ledger's start marker records `c`'s identity, with one checkpoint."""
+    tmp_path.mkdir(exist_ok=True)
+    run = run_with_a_checkpoint(tmp_path)
+    start = {"event": "start", "step": 0, "time": 0.0, "identity": identity.identity(c, None)}
+    (run / names.LEDGER_NAME).write_text(json.dumps(start) + "\n")
+    return run
+
+
+def test_a_branch_that_would_change_the_identity_is_refused_before_its_first_start_would_be(tmp_path):
+    """Issue: `andrea branch --set train.optimizer=adamw` of a Muon run wrote a branch whose every start refused."""
+    muon = configload.from_dict({"model": SHAPE, "train": {"optimizer": "muon"}})
+    parent = recorded_run(tmp_path, muon)
+    identity.check_branch(parent, configload.from_dict({"model": SHAPE, "train": {"optimizer": "muon", "lr": 1e-4}}))
+    for changed, phrase in [(cfg(), "train.optimizer from 'muon' to 'adamw'"),
+                            (configload.from_dict({"model": SHAPE, "train": {"optimizer": "muon", "seed": 7}}),
+                             "train.seed from 1337 to 7")]:
+        with pytest.raises(ConfigError) as e:
+            identity.check_branch(parent, changed)
+        assert phrase in str(e.value) and "andrea export" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_init_from_a_checkpoint_of_a_run_that_meant_other_bytes_is_refused(tmp_path):
+    """A Muon checkpoint's m is Muon's momentum: an AdamW run that read it as AdamW's m (v = 0) trained on garbage.
+    The checkpoint's run says what its bytes mean; a seed of its own is the new run's; a file outside any run is
+    taken on its parameter count alone."""
+    muon = configload.from_dict({"model": SHAPE, "train": {"optimizer": "muon"}})
+    source = recorded_run(tmp_path / "muon", muon)
+    checkpoint = source / names.checkpoint_name(1)
+    identity.check_init_from(checkpoint, configload.from_dict({"model": SHAPE, "train": {"optimizer": "muon",
+                                                                                        "seed": 7}}))
+    for other, phrase in [(cfg(), "train.optimizer from 'muon' to 'adamw'"),
+                          (configload.from_dict({"model": {**SHAPE, "arch": "modern"}, "train": {"optimizer": "muon"}}),
+                           "model.arch from 'gpt2' to 'modern'")]:
+        with pytest.raises(ConfigError) as e:
+            identity.check_init_from(checkpoint, other)
+        assert str(checkpoint) in str(e.value) and phrase in str(e.value) and "\n" not in str(e.value)
+    alone = tmp_path / "kept"
+    alone.mkdir()
+    (alone / checkpoint.name).write_bytes(checkpoint.read_bytes())
+    identity.check_init_from(alone / checkpoint.name, cfg())
