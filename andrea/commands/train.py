@@ -68,14 +68,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def check_init_from(path: Path | None, cfg) -> None:
-    """--init-from names a file, or an exported directory holding weights (export.weights_file); checked before the
-    run directory is touched (the file itself is validated when the run starts). A checkpoint's run must mean by
-    its bytes what this run does (run/identity.py)."""
+    """--init-from names a file, or an exported directory holding weights (model/init_from.py); checked before the
+    run directory is touched: the weights' config.json describes this run's model, a checkpoint's run means by
+    its bytes what this run does (run/identity.py). The tensors themselves are read when the run starts."""
     if path is None:
         return
-    from andrea.model.export import is_weights, weights_file
+    from andrea.model.init_from import check_config, is_weights, weights_file
     if is_weights(path):
-        weights_file(path)  # no such file / a directory without weights: one line naming it
+        check_config(weights_file(path), cfg.model)  # no such file, no weights, another model: one line naming it
     elif not path.is_file():
         raise FileNotFoundError(f"{path}: --init-from: {'not a file' if path.exists() else 'no such file'}")
     else:

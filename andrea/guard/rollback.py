@@ -69,8 +69,8 @@ def good_payload(guard: Guard, run_dir: Path, cfg: RunConfig, trainer) -> torch.
         _, payload = ckpt.read_payload(path, trainer.n)
         return torch.from_numpy(payload)
     payload = torch.zeros(3 * trainer.n, dtype=torch.float32)
-    if good.get("init_from"):  # weights imported by --init-from: re-read them, m = v = 0 (andrea/model/export.py)
-        from andrea.model.export import read_weights
+    if good.get("init_from"):  # weights imported by --init-from: re-read them, m = v = 0 (andrea/model/init_from.py)
+        from andrea.model.init_from import read_weights
         weights = read_weights(Path(good["init_from"]), trainer.layout, cfg.model.arch)
         payload[:trainer.n] = torch.from_numpy(np.asarray(weights))
     else:

@@ -17,7 +17,7 @@ Name mapping, andrea layout name → Qwen3ForCausalLM state-dict name (no transp
     (no parameter: ones)                      model.layers.i.{input,post_attention}_layernorm.weight (C),
                                               model.layers.i.self_attn.{q,k}_norm.weight (head_dim),
                                               model.norm.weight (C)
-Reads and writes nothing; andrea/model/export.py writes the directory and reads the files.
+Reads and writes nothing; andrea/model/export.py writes the directory, andrea/model/init_from.py reads the files.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ import torch
 
 from andrea import testhooks
 from andrea.evals import audit
-from andrea.model import export
+from andrea.model.init_from import load_init_weights
 from andrea.observe import mfu
 from andrea.config.schema import RunConfig
 from andrea.config.check import ConfigError
@@ -181,8 +181,9 @@ class TrainingRun:
         trainer = await loop.run_in_executor(self.train, trainer_for, self.world, self.cfg, self.device, self.kernels)
         codec, arms = await loop.run_in_executor(self.train, self.prepare_data)
         tasks = self.task_audit(codec) if self.world.leader else None
-        # --init-from weights (safetensors, npz, a GPT-2 directory): loaded now, step 0, m = v = 0 (model/export.py)
-        imported = await loop.run_in_executor(self.train, export.load_init_weights, self.init_from, trainer,
+        # --init-from weights (safetensors, npz, an exported directory): loaded now, step 0, m = v = 0
+        # (model/init_from.py)
+        imported = await loop.run_in_executor(self.train, load_init_weights, self.init_from, trainer,
                                               self.run_dir)
         # rank 0 picks the checkpoint (reading and checking it once) and tells the others which
         found = resume.resume_point(self.run_dir, self.init_from, trainer.n, self.skipped) \

@@ -1,5 +1,6 @@
-"""Models that leave andrea and come back (andrea/model/export.py): `andrea export` to a Hugging Face GPT-2 directory or
-npz, loaded by `transformers` with andrea's logits and tokens, and `train --init-from` of such weights, bit for bit.
+"""Models that leave andrea and come back (andrea/model/export.py, andrea/model/init_from.py): `andrea export` to a
+Hugging Face GPT-2 directory or npz, loaded by `transformers` with andrea's logits and tokens, and `train
+--init-from` of such weights, bit for bit.
 
 One short tiny-preset run is trained and exported once per module; the rest reads that export in-process.
 """
@@ -14,7 +15,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file, save_file
 
-from andrea.model import export
+from andrea.model import export, init_from
 from andrea.cli import main as cli_main
 from andrea.config.load import run_config
 from andrea.data.store import EOT, TextCodec
@@ -111,18 +112,28 @@ def test_export_then_init_from_is_bit_for_bit(run, prepared, tmp_path):
     [marker] = [e for e in ledger(new) if e.get("event") == "start"]
     assert marker["step"] == 0 and marker["from"] == str(source.resolve()) and marker["weights_only"] is True
     # The directory form reads the same file; a run that already holds checkpoints refuses to be overwritten.
-    assert export.read_weights(run.out, run.layout).tobytes() == run.weights.tobytes()
+    assert init_from.read_weights(run.out, run.layout).tobytes() == run.weights.tobytes()
     with pytest.raises(ckpt.CheckpointError, match="holds checkpoints"):
-        export.init_payload(run.out, run.layout, new)
+        init_from.init_payload(run.out, run.layout, new)
 
 
-def test_init_from_a_misshapen_model_is_one_line_naming_the_tensor(run, prepared, tmp_path):
+def test_init_from_a_misshapen_model_is_one_line_naming_the_config_key_or_the_tensor(run, prepared, tmp_path):
+    """With its config.json the shape is refused by its keys, before anything is written; a bare weights file by
+    the first tensor that does not fit."""
     new = seed_data(prepared, tmp_path / "new")
+    before = sorted(p.name for p in new.rglob("*"))
     result = train(new, "--init-from", str(run.out), "--set", "model.block_size=32", "--steps", "1")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        f"andrea: error: {run.out / export.SAFETENSORS_NAME}: transformer.wpe.weight has shape (64, 64), "
-        f"this run's model needs (32, 64)"]
+        f"andrea: error: {run.out / 'config.json'}: not this run's model: n_positions 64 (this run's: 32)"]
+    assert sorted(p.name for p in new.rglob("*")) == before
+    bare = tmp_path / "bare" / export.SAFETENSORS_NAME
+    bare.parent.mkdir()
+    shutil.copy(run.out / export.SAFETENSORS_NAME, bare)
+    result = train(new, "--init-from", str(bare), "--set", "model.block_size=32", "--steps", "1")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"andrea: error: {bare}: transformer.wpe.weight has shape (64, 64), this run's model needs (32, 64)"]
     assert not ckpt.list_checkpoints(new)
 
 
@@ -134,7 +145,7 @@ def test_npz_export_uses_andreas_names_and_round_trips(run, tmp_path):
         for s in run.layout:
             assert z[s.name].dtype == np.float32 and z[s.name].shape == s.shape
             assert z[s.name].tobytes() == run.weights[s.offset:s.offset + s.numel].tobytes()
-    assert export.read_weights(out / export.NPZ_NAME, run.layout).tobytes() == run.weights.tobytes()
+    assert init_from.read_weights(out / export.NPZ_NAME, run.layout).tobytes() == run.weights.tobytes()
     assert (out / "tokenizer.json").exists() and (out / "config.json").exists()
 
 
@@ -152,7 +163,7 @@ def test_published_gpt2_style_files_are_read(run, tmp_path):
     def published(t):  # no prefix, causal-mask buffers, no lm_head (tied), half precision
         t = {k: v.astype(np.float16) for k, v in t.items() if k != "lm_head.weight"}
         return {**t, "h.0.attn.bias": np.ones((1, 1, 64, 64), np.float16), "h.1.attn.masked_bias": np.ones(1)}
-    flat = export.read_weights(hf_file(run, tmp_path / "gpt2" / "model.safetensors", published, prefix=False),
+    flat = init_from.read_weights(hf_file(run, tmp_path / "gpt2" / "model.safetensors", published, prefix=False),
                                run.layout)
     want = {s.name: run.weights[s.offset:s.offset + s.numel].astype(np.float16).astype(np.float32)
             for s in run.layout}
@@ -164,7 +175,7 @@ def test_published_gpt2_style_files_are_read(run, tmp_path):
     d.mkdir()
     torch.save({k: torch.from_numpy(v) for k, v in load_file(str(run.out / export.SAFETENSORS_NAME)).items()},
                d / export.TORCH_NAME)
-    assert export.read_weights(d, run.layout).tobytes() == run.weights.tobytes()
+    assert init_from.read_weights(d, run.layout).tobytes() == run.weights.tobytes()
 
 
 @pytest.mark.parametrize("case", ["missing", "unexpected", "untied head missing", "integer", "not safetensors",
@@ -193,7 +204,7 @@ def test_bad_weights_are_refused_in_one_line(run, tmp_path, case):
         path.mkdir()
         words = "no model.safetensors, pytorch_model.bin or model.npz"
     with pytest.raises(ckpt.CheckpointError) as e:
-        export.read_weights(path, run.layout)
+        init_from.read_weights(path, run.layout)
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
@@ -245,7 +256,7 @@ def test_export_fills_an_existing_empty_directory(run, tmp_path):
     out = tmp_path / "empty"
     out.mkdir()
     assert cli_main(["export", str(run.dir), "--out", str(out)]) == 0
-    assert export.read_weights(out, run.layout).tobytes() == run.weights.tobytes()
+    assert init_from.read_weights(out, run.layout).tobytes() == run.weights.tobytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # no temporary sibling left
 
 
@@ -255,9 +266,9 @@ def test_weights_trained_on_another_tokenizer_are_loaded_with_a_warning(run, tmp
     tok = json.loads((run.dir / "tokenizer.json").read_text())
     tok["model"]["vocab"] = {k: (v + 1) % len(tok["model"]["vocab"]) for k, v in tok["model"]["vocab"].items()}
     (other / "tokenizer.json").write_text(json.dumps(tok))
-    payload = export.init_payload(run.out, run.layout, other)
+    payload = init_from.init_payload(run.out, run.layout, other)
     assert payload[:run.n].tobytes() == run.weights.tobytes()
     assert any("differs from the run's" in r.getMessage() for r in caplog.records)
     caplog.clear()
-    export.init_payload(run.out, run.layout, seed_data(run.dir, tmp_path / "same"))
+    init_from.init_payload(run.out, run.layout, seed_data(run.dir, tmp_path / "same"))
     assert not any("differs" in r.getMessage() for r in caplog.records)

@@ -17,7 +17,7 @@ from safetensors.numpy import load_file, save_file
 
 from andrea.cli import main as cli_main
 from andrea.config.load import run_config
-from andrea.model import arch, export
+from andrea.model import arch, export, init_from
 from andrea.model.gpt import n_params
 from andrea.rundir import checkpoint as ckpt, names
 from tests.runs import ROOT, ledger, seed_data, train
@@ -113,7 +113,7 @@ def test_published_style_files_are_read(run, tmp_path):
     def published(t):
         t = {k.removeprefix("model."): v.astype(np.float16) for k, v in t.items() if "norm" not in k}
         return {**t, "rotary_emb.inv_freq": np.ones(8, np.float32)}
-    flat = export.read_weights(qwen3_file(run, tmp_path / "q" / "model.safetensors", published), run.layout, "modern")
+    flat = init_from.read_weights(qwen3_file(run, tmp_path / "q" / "model.safetensors", published), run.layout, "modern")
     assert flat.tobytes() == run.weights.astype(np.float16).astype(np.float32).tobytes()
 
 
@@ -134,11 +134,31 @@ def test_bad_weights_are_refused_in_one_line(run, tmp_path, case):
         words = f"model.layers.0.self_attn.o_proj.weight has shape ({C}, {2 * C})"
     path = qwen3_file(run, tmp_path / "w" / "model.safetensors", edit)
     with pytest.raises(ckpt.CheckpointError) as e:
-        export.read_weights(path, run.layout, "modern")
+        init_from.read_weights(path, run.layout, "modern")
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_config_json_of_another_model_is_refused_before_the_run_directory_exists(run, prepared, tmp_path):
+    """The export's config.json says what its weights are: a gpt2 run told to start from a Qwen3 export is told
+    which model.arch reads it, and another shape or rotary base is named by its keys, before any data is prepared
+    (it used to fail after the tokenizer and the token files were written, naming a missing tensor)."""
+    from dataclasses import replace
+    init_from.check_config(run.out, run.cfg.model)  # its own model
+    cases = [(replace(run.cfg.model, arch="gpt2"), "a qwen3 model, which model.arch = 'modern' reads; this run's "
+                                                   "model.arch is 'gpt2' (--set model.arch='modern'"),
+             (replace(run.cfg.model, rope_base=500000.0), "rope_theta 10000.0 (this run's: 500000.0)"),
+             (replace(run.cfg.model, n_layer=3), "num_hidden_layers 2 (this run's: 3)")]
+    for model, words in cases:
+        with pytest.raises(ckpt.CheckpointError) as e:
+            init_from.check_config(run.out / export.SAFETENSORS_NAME, model)
+        assert str(run.out / "config.json") in str(e.value) and words in str(e.value), str(e.value)
+    fresh = tmp_path / "fresh"
+    result = train(fresh, "--init-from", str(run.out), "--steps", "1")  # the tiny preset's gpt2
+    assert result.returncode == 1 and "this run's model.arch is 'gpt2'" in result.stderr.strip().splitlines()[-1]
+    assert not fresh.exists()
 
 
 def test_a_gpt2_run_refuses_a_qwen3_directory_naming_a_tensor(run):
     gpt2 = arch.layout_for(run_config(run.dir).model.__class__(**{**vars(run.cfg.model), "arch": "gpt2"}))
     with pytest.raises(ckpt.CheckpointError, match="missing tensor transformer.wte.weight"):
-        export.read_weights(run.out, gpt2)
+        init_from.read_weights(run.out, gpt2)
