@@ -68,19 +68,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
+    from andrea.config.check import ConfigError
     from andrea.data.store import TextCodec
+    from andrea.model.export import pick_checkpoint
     from andrea.model.generate import DivergedModel
     from andrea.run.trainer import Trainer
     run_dir = Path(args.run_dir)
+    if args.temperature < 0 or args.max_new_tokens < 0:
+        raise ConfigError(f"--temperature {args.temperature:g} and --max-new-tokens {args.max_new_tokens} must be >= 0 "
+                          "(temperature 0: the most likely token)")
     cfg = configload.run_config(run_dir)
     trainer = Trainer(cfg, torch.device("cpu"))
-    if args.step is None:
-        info, _ = ckpt.newest_valid(run_dir, trainer.n)
-        if info is None:
-            raise ckpt.CheckpointError(f"{run_dir}: no valid checkpoint")
-        path = info.path
-    else:
-        path = run_dir / names.checkpoint_name(args.step)
+    path = pick_checkpoint(run_dir, trainer.n, args.step, "sample")  # an invalid newer one: skipped, said
     step, payload = ckpt.read_payload(path, trainer.n)
     trainer.load(torch.from_numpy(payload))
     codec = TextCodec.load(run_dir / names.TOKENIZER_NAME)

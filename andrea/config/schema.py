@@ -248,9 +248,16 @@ class SampleConfig:
     keep: int = 20
     """Number of audits kept in .samples.json."""
     temperature: float = 0.8
-    """Sampling temperature."""
+    """Sampling temperature; 0 is taken as 1e-5 (the most likely token, all but certainly)."""
     top_k: int = 40
-    """Sample from the k most likely tokens only."""
+    """Sample from the k most likely tokens only; 0: from every token."""
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.max_new_tokens < 1 or self.keep < 1:
+            raise ConfigError("sample.every must be >= 0 (0: checkpoint.every), sample.max_new_tokens and sample.keep "
+                              ">= 1")
+        if self.temperature < 0 or self.top_k < 0:
+            raise ConfigError(f"sample.temperature={self.temperature} and sample.top_k={self.top_k} must be >= 0")
 
 
 @dataclass

@@ -25,8 +25,8 @@ from andrea.config.check import ConfigError
 from andrea.rundir import checkpoint as ckpt, names
 from andrea.rundir.ledger import readable_entries
 
-MODEL_KEYS = ("arch", "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "bias")
-MODERN_KEYS = ("rope_base",)  # what only the modern model's math reads
+MODEL_KEYS = ("arch", "n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+ARCH_KEYS = {"gpt2": ("bias",), "modern": ("rope_base",)}  # what only that model reads (a modern model has no biases)
 # What a record written before a field existed means by its absence: the only value there was then, so a resume
 # that would change it is refused, not let through.
 BEFORE_RECORDED = {"model.arch": "gpt2", "train.optimizer": "adamw"}
@@ -34,8 +34,9 @@ BEFORE_RECORDED = {"model.arch": "gpt2", "train.optimizer": "adamw"}
 
 def identity(cfg: RunConfig, tokenizer_sha256: str | None) -> dict[str, Any]:
     """The identity of a run trained with `cfg` and the tokenizer whose file hashes to `tokenizer_sha256`:
-    `model.arch`, the shape, `model.rope_base` for a modern model, the optimizer, the seed and the tokenizer."""
-    keys = MODEL_KEYS + (MODERN_KEYS if cfg.model.arch == "modern" else ())
+    `model.arch`, the shape, `model.bias` of a gpt2 model or `model.rope_base` of a modern one, the optimizer, the
+    seed and the tokenizer. (A record written before a key was dropped still holds it; `changes` skips it.)"""
+    keys = MODEL_KEYS + ARCH_KEYS[cfg.model.arch]
     out: dict[str, Any] = {f"model.{k}": getattr(cfg.model, k) for k in keys}
     out["train.optimizer"] = cfg.train.optimizer
     out["train.seed"] = cfg.train.seed

@@ -123,7 +123,8 @@ class TrainingRun:
                             sig.name)
                 return
             log.warning("%s received: finishing step %d, then writing its checkpoint and exiting "
-                        "(send SIGINT again to abort without it)", sig.name, self.step + 1)
+                        "(a SIGINT%s aborts without it)", sig.name, self.step + 1,
+                        " again" if sig == signal.SIGINT else "")
         elif sig == signal.SIGUSR1:
             if self.req.ask_checkpoint(self.step, ck.every, ck.usr1):
                 log.info("SIGUSR1 received: checkpoint at step %d, then training continues", self.req.checkpoint_at)

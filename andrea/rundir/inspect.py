@@ -2,7 +2,7 @@
 newest step in the ledger's tail, its checkpoints. `status` (commands/operate.py) and `ctl` build on it.
 
 Reads `train.pid` and the `train.lock` flock (rundir/runlock.py), the tail of `.loss.json`, the checkpoints'
-names and `data/manifest.json`; writes nothing. A path that is not a run directory (`run_dir_problem`) is refused
+names, sizes and 8-byte headers, and `data/manifest.json`; writes nothing. A path that is not a run directory (`run_dir_problem`) is refused
 in one line before anything is read.
 """
 
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from andrea.errors import UserError
-from andrea.rundir.checkpoint import list_checkpoints
+from andrea.rundir.checkpoint import CheckpointError, list_checkpoints, validate
 from andrea.rundir.ledger import tail_step
 from andrea.rundir.names import CONFIG_NAME, DATA_DIR, LEDGER_NAME, MANIFEST_NAME, TOKENIZER_NAME
 from andrea.rundir.runlock import is_locked, read_pid
@@ -83,7 +83,19 @@ def status(run_dir: Path) -> dict:
     step = last_ledger_step(run_dir)
     prepared = all((run_dir / name).exists() for name in PREPARED_FILES)
     partly = unfinished_arms(run_dir)
+    whole = [p.name for _, p in found if whole_file(p)]
     return {"run_dir": str(run_dir), "state": run_state(running, step, len(found), prepared and not partly, partly),
             "running": running,
             "pid": read_pid(run_dir) if running else None, "step": step,
-            "newest_checkpoint": found[-1][1].name if found else None, "checkpoints": [p.name for _, p in found]}
+            "newest_checkpoint": whole[-1] if whole else None, "checkpoints": [p.name for _, p in found],
+            "not_whole": [p.name for _, p in found if p.name not in whole]}
+
+
+def whole_file(path: Path) -> bool:
+    """Whether a checkpoint's size and header agree (a cut or padded file does not; `verify` says why). Its bytes
+    are not read: a resume checks them, and status stays cheap."""
+    try:
+        validate(path)
+        return True
+    except CheckpointError:
+        return False

@@ -136,6 +136,29 @@ def test_a_branch_or_an_init_from_that_would_change_what_the_bytes_mean_is_one_l
     assert sorted(p.name for p in parent.rglob("*")) == before
 
 
+def test_status_names_the_newest_whole_checkpoint_and_the_ones_that_are_not(at_40, tmp_path):
+    run = copy_of(at_40, tmp_path)
+    cut = run / names.checkpoint_name(40)
+    with open(cut, "r+b") as f:
+        f.truncate(cut.stat().st_size - 4)  # a copy cut short
+    result = andrea_here("status", str(run))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["newest_checkpoint"] == names.checkpoint_name(20) and report["not_whole"] == [cut.name]
+    assert report["checkpoints"] == [names.checkpoint_name(20), cut.name]
+    sampled = andrea("sample", str(run), "--prompt", "def ", "--max-new-tokens", "4")
+    assert sampled.returncode == 0, sampled.stderr
+    assert "skipping invalid checkpoint, taking an older one to sample" in sampled.stderr and cut.name in \
+        sampled.stderr  # said, not silent
+
+
+def test_sample_refuses_a_negative_temperature_in_one_line(at_40):
+    result = andrea_here("sample", str(at_40), "--prompt", "def ", "--temperature", "-1")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["andrea: error: --temperature -1 and --max-new-tokens 100 must be "
+                                                  ">= 0 (temperature 0: the most likely token)"]
+
+
 def test_a_zombie_arm_is_dropped_with_a_warning(at_40, tmp_path):
     run = copy_of(at_40, tmp_path)
     result = train(run, "--steps", "50", *EVERY, "--set", "data.arms=['stdlib-code', 'pydoc-topics']")

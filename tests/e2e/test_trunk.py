@@ -114,6 +114,11 @@ def test_checkpoint_of_another_model_is_refused(run_with_checkpoints, prepared, 
     assert tree_digest(run) == before
     other = seed_data(prepared, tmp_path / "other")
     result = train(other, "--init-from", str(run / "step_000040.bin"), "--set", "model.n_embd=32", "--steps", "50")
+    assert result.returncode == 2 and "model.n_embd from 64 to 32" in error_line(result)  # its run's identity
+    kept = tmp_path / "kept"  # the same file outside any run: its parameter count decides
+    kept.mkdir()
+    shutil.copy(run / "step_000040.bin", kept)
+    result = train(other, "--init-from", str(kept / "step_000040.bin"), "--set", "model.n_embd=32", "--steps", "50")
     assert result.returncode == 1 and "checkpoint of another model: n_params=169728" in error_line(result)
 
 

@@ -36,6 +36,7 @@ def test_mistyped_key_is_named_with_a_suggestion(tmp_path):
     ("train.muon_lr=inf", "train.muon_lr must be a finite number, got inf"),  # inf > 0 passes a range check
     ("guard.loss_sigmas=inf", "guard.loss_sigmas must be a finite number"),
     ("policy.caps={stdlib-code=nan}", "policy.caps.stdlib-code must be a finite number"),
+    ("sample.temperature=-1", "sample.temperature=-1.0 and sample.top_k=40 must be >= 0"),
     ("model.n_head=3", "not a multiple of model.n_head"),
     ("checkpoint.usr1=sometimes", "must be 'step' or 'cadence'"),
     ("data.arms=['nope']", "unknown built-in arm 'nope'"),

@@ -106,3 +106,17 @@ def test_init_from_a_checkpoint_of_a_run_that_meant_other_bytes_is_refused(tmp_p
     alone.mkdir()
     (alone / checkpoint.name).write_bytes(checkpoint.read_bytes())
     identity.check_init_from(alone / checkpoint.name, cfg())
+
+
+def test_a_modern_run_is_not_held_to_a_bias_it_does_not_have(tmp_path):
+    """model.bias means nothing to the modern model: a modern run recorded with the default (true), as every run
+    before this rule was, resumes with bias = false; a gpt2 run does not."""
+    modern = recorded_run(tmp_path / "modern", cfg(arch="modern"))
+    assert "model.bias" not in identity.identity(cfg(arch="modern"), None)
+    old = {**identity.identity(cfg(arch="modern"), None), "model.bias": True}  # what such runs recorded
+    (modern / names.LEDGER_NAME).write_text(json.dumps({"event": "start", "step": 0, "time": 0.0, "identity": old})
+                                            + "\n")
+    identity.check_resume(modern, cfg(arch="modern", bias=False), cfg(arch="modern"))
+    gpt2 = recorded_run(tmp_path / "gpt2", cfg())
+    with pytest.raises(ConfigError, match="model.bias from True to False"):
+        identity.check_resume(gpt2, cfg(bias=False), cfg())
