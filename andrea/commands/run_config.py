@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from andrea.config import load as configload
@@ -19,8 +20,11 @@ DEFAULT_PRESET = "andrea-12m"
 log = logging.getLogger("andrea")
 
 
-def resolve_config(args: argparse.Namespace, run_dir: Path | None) -> RunConfig:
-    """An existing run's run.toml, then --preset, --config and every override on top (later wins)."""
+def resolve_config(args: argparse.Namespace, run_dir: Path | None,
+                   check: Callable[[RunConfig], None] | None = None) -> RunConfig:
+    """An existing run's run.toml, then --preset, --config and every override on top (later wins). `check` refuses
+    what the command cannot start from (its error is the one line said); a note that run.toml keeps its own keys
+    over a --preset comes only after it passed."""
     overrides = list(getattr(args, "set", None) or [])
     for flag, key in (("steps", "train.steps"), ("checkpoint_every", "checkpoint.every"), ("seed", "train.seed"),
                       ("device", "train.device"), ("kernels", "train.kernels")):
@@ -30,14 +34,17 @@ def resolve_config(args: argparse.Namespace, run_dir: Path | None) -> RunConfig:
     saved = run_dir / names.CONFIG_NAME if run_dir is not None else None
     base = configload.read_toml(saved) if saved is not None and saved.exists() else None
     preset = args.preset or (None if args.config or base else DEFAULT_PRESET)
+    cfg = configload.load(preset=preset, config_file=args.config, base=base, overrides=overrides,
+                          base_source=str(saved))
+    if check is not None:
+        check(cfg)
     if base and args.preset:
         overridden = configload.kept_by_run(configload.parse_toml(configload.preset_text(args.preset),
                                                                   f"preset {args.preset}"), base, overrides)
         if overridden:
             log.warning("--preset %s: %s keeps its own %s (the run's; --set changes a key deliberately)",
                         args.preset, saved, ", ".join(overridden[:4]) + (" ..." if len(overridden) > 4 else ""))
-    return configload.load(preset=preset, config_file=args.config, base=base, overrides=overrides,
-                           base_source=str(saved))
+    return cfg
 
 
 def make_run_dir(run_dir: Path) -> None:

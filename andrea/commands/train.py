@@ -26,11 +26,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from andrea.run.signals import HANDLED
     early = EarlySignals(HANDLED)  # before the slow imports: a SIGTERM from now on ends in a clean stop
     run_dir = Path(args.run_dir)
-    cfg = resolve_config(args, run_dir)
-    if run_dir.is_dir():  # an existing run keeps what its checkpoints mean (run/identity.py)
-        from andrea.run.identity import check_resume
-        saved = run_dir / names.CONFIG_NAME
-        check_resume(run_dir, cfg, configload.run_config(run_dir) if saved.exists() else None)
+    cfg = resolve_config(args, run_dir, check=lambda cfg: check_existing(run_dir, cfg))
     if (run_dir / names.RESTORING_NAME).exists():
         raise OSError(f"{run_dir}: an interrupted `andrea restore` ({names.RESTORING_NAME}): run it again to complete "
                       "the run directory before training")
@@ -65,6 +61,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         return run_async(run.main(cfg.train.steps))
     finally:
         world.close()
+
+
+def check_existing(run_dir: Path, cfg) -> None:
+    """An existing run keeps what its checkpoints mean (run/identity.py)."""
+    if run_dir.is_dir():
+        from andrea.run.identity import check_resume
+        saved = run_dir / names.CONFIG_NAME
+        check_resume(run_dir, cfg, configload.run_config(run_dir) if saved.exists() else None)
 
 
 def check_init_from(path: Path | None, cfg) -> None:

@@ -200,6 +200,11 @@ def test_a_lost_run_toml_is_refused_and_a_preset_run_toml_overrides_is_said(trai
     assert result.returncode == 0, result.stderr
     said = [line for line in result.stderr.splitlines() if "--preset andrea-12m" in line]
     assert len(said) == 1 and "keeps its own" in said[0] and "model.n_layer" in said[0]
+    refused = subprocess.run([sys.executable, "-m", "andrea", "train", "--preset", "andrea-12m", "--run-dir",
+                              str(run), "--set", "train.optimizer='muon'"], capture_output=True, text=True, env=env(),
+                             cwd=ROOT, timeout=300)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr  # no note first
+    assert "train.optimizer from 'adamw' to 'muon'" in refused.stderr
 
 
 def test_ctl_stop_is_idempotent_and_a_stopped_trainer_is_one_line(tmp_path):
