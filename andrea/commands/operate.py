@@ -101,6 +101,8 @@ def ctl(run_dir: Path, action: str, timeout: float = 0.0) -> int:
     """`andrea ctl`: signal the trainer running on `run_dir` (checkpoint: SIGUSR1, stop: SIGTERM), or print
     the status report. `stop` is idempotent: a run already stopped (or stopping under another `ctl stop`)
     is success. Every failure is one line: no trainer to checkpoint, or a wait that ran out (and why)."""
+    if not timeout >= 0:  # NaN too: refused before any signal is sent
+        raise ConfigError(f"--timeout {timeout:g}: must be >= 0 seconds (0: do not wait)")
     inspect.require_run_dir(run_dir)
     if action == "status":
         return print_status(run_dir)
@@ -108,7 +110,7 @@ def ctl(run_dir: Path, action: str, timeout: float = 0.0) -> int:
     if not st["running"] or st["pid"] is None:
         if action == "stop":
             print(f"no trainer is running on {run_dir}: already stopped; newest checkpoint "
-                  f"{st['newest_checkpoint']}")
+                  f"{st['newest_checkpoint'] or 'none'}")
             return 0
         raise ProcessLookupError(f"{run_dir}: no trainer is running on this run directory")
     pid, before, sig = st["pid"], st["newest_checkpoint"], signal.SIGUSR1 if action == "checkpoint" else signal.SIGTERM

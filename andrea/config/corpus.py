@@ -18,7 +18,8 @@ class SourceConfig:
     """A user data source ("arm"): text, JSON lines or parquet (prepared into token files), or a token file."""
 
     name: str
-    """Arm name: unique among arms, used in policy caps/floors and in .state.json."""
+    """Arm name: unique among arms, used in policy caps/floors and in .state.json; it names the arm's files in
+    `data/`, so it holds no `/` or `\\` and does not start with a dot."""
     path: str
     """A file, a directory or a glob (`**` recurses; symbolic links are followed, each directory once); gzip, zstd,
     bzip2 and xz files (told by their first bytes) are decompressed as they are read."""
@@ -34,6 +35,9 @@ class SourceConfig:
 
     def __post_init__(self) -> None:
         where = f"data.sources[{self.name!r}]"
+        if not self.name or self.name.startswith(".") or any(c in self.name for c in "/\\\0"):
+            raise ConfigError(f"{where}.name must be non-empty, hold no '/' or '\\' and not start with '.': it "
+                              "names the arm's files in data/")
         if self.kind not in SOURCE_KINDS:
             raise ConfigError(f"{where}.kind={self.kind!r} must be one of {', '.join(SOURCE_KINDS)}")
         if self.dtype not in ("uint16", "uint32"):

@@ -44,9 +44,17 @@ def parse_toml(text: str, source: str) -> dict[str, Any]:
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     try:
-        text = Path(path).read_text()
+        raw = Path(path).read_bytes()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise ConfigError(f"{path}: starts with a byte-order mark, which TOML does not allow: save it as UTF-8 "
+                          "without one")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}): TOML files are UTF-8; save it as UTF-8 "
+                          "(an editor's UTF-16 is not)") from None
     return parse_toml(text, str(path))
 
 

@@ -101,7 +101,10 @@ def validate(path: str | Path, n_params: int | None = None, *, deep: bool = Fals
     if name_step is None:
         raise CheckpointError(f"{path}: not a checkpoint name (expected step_NNNNNN.bin)")
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the open below; a directory cannot be one
+            raise CheckpointError(f"{path}: not a regular file")
+        size = st.st_size
         with open(path, "rb") as f:
             head = f.read(HEADER.size)
     except OSError as e:

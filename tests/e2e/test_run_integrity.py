@@ -221,6 +221,13 @@ def test_ctl_stop_is_idempotent_and_a_stopped_trainer_is_one_line(tmp_path):
                               stdout=subprocess.PIPE, text=True, env=env(), cwd=ROOT)
     try:
         assert holder.stdout.readline().strip() == "ready"
+        for bad in ("-1", "nan"):  # refused before any signal: SIGUSR1 would end the holder
+            err = io.StringIO()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                assert cli.main(["ctl", str(run), "checkpoint", "--timeout", bad]) == 2
+            assert err.getvalue().strip().splitlines() == [f"andrea: error: --timeout {bad}: must be >= 0 seconds "
+                                                           "(0: do not wait)"]
+        assert holder.poll() is None
         os.kill(holder.pid, signal.SIGSTOP)
         # Stopped only once the holder runs to take the signal: a SIGTERM arriving before that is dequeued first
         # (the lower number) and ends it, which is a trainer that stopped, not one that is stopped.

@@ -37,6 +37,9 @@ def test_mistyped_key_is_named_with_a_suggestion(tmp_path):
     ("guard.loss_sigmas=inf", "guard.loss_sigmas must be a finite number"),
     ("policy.caps={stdlib-code=nan}", "policy.caps.stdlib-code must be a finite number"),
     ("sample.temperature=-1", "sample.temperature=-1.0 and sample.top_k=40 must be >= 0"),
+    ("data.sources=[{name='../../precious', path='x'}]", "name must be non-empty, hold no '/'"),  # it names files
+    ("data.sources=[{name='', path='x'}]", "name must be non-empty"),
+    ("data.sources=[{name='.hidden', path='x'}]", "not start with '.'"),
     ("model.n_head=3", "not a multiple of model.n_head"),
     ("checkpoint.usr1=sometimes", "must be 'step' or 'cadence'"),
     ("data.arms=['nope']", "unknown built-in arm 'nope'"),
@@ -83,3 +86,15 @@ def test_a_restart_with_the_same_command_is_told_nothing_a_preset_over_another_r
     [said] = [r.getMessage() for r in caplog.records if "keeps its own" in r.getMessage()]
     assert "model.n_layer" in said and "train.steps" not in said and "train.lr" not in said
     assert configload.kept_by_run({"train": {"steps": 300}}, {"train": {"steps": 30}}, []) == ["train.steps"]
+
+
+@pytest.mark.parametrize("raw, words", [
+    ("[train]\nlr = 0.001\n".encode("utf-16"), "not UTF-8 text (byte 0)"),  # as an editor saves UTF-16
+    (b"\xef\xbb\xbf[train]\nlr = 0.001\n", "starts with a byte-order mark"),
+])
+def test_a_toml_file_that_is_not_plain_utf8_is_one_line_naming_it(tmp_path, raw, words):
+    bad = tmp_path / "policy.toml"
+    bad.write_bytes(raw)
+    with pytest.raises(ConfigError) as err:
+        configload.load(config_file=bad)
+    assert str(bad) in str(err.value) and words in str(err.value) and "\n" not in str(err.value)

@@ -100,3 +100,11 @@ def test_failed_commit_leaves_previous_checkpoint_and_no_tmp(tmp_path, monkeypat
 ])
 def test_retention_keeps_recent_and_major(steps, keep_last, keep_every, victims):
     assert ckpt.retention_victims(steps, keep_last, keep_every) == victims
+
+
+def test_a_fifo_at_a_checkpoints_name_is_refused_not_waited_on(tmp_path):
+    """Opening a FIFO for reading blocks until a writer comes: `verify step_N.bin` on one used to hang."""
+    fifo = tmp_path / names.checkpoint_name(40)
+    os.mkfifo(fifo)
+    with pytest.raises(ckpt.CheckpointError, match="not a regular file"):
+        ckpt.validate(fifo)
