@@ -198,7 +198,13 @@ def prepare_run(cfg: DataConfig, run_dir: Path, vocab_size: int, *, should_stop:
             did = True
             log.info("data: preparing arm %r from %d source file(s), %.1f MB", arm.name, len(plan),
                      _expected_bytes(arm, plan) / 1e6)
-            if not job.run(should_stop, progress):
+            try:
+                finished = job.run(should_stop, progress)
+            except DataError:
+                if record.documents == 0:  # failed before its first document (a wrong field or column): no trace,
+                    _drop(manifest, arm)  # so the source fixed, or configured otherwise, is prepared anew
+                raise
+            if not finished:
                 done = sum(a.text_bytes for a in manifest.arms.values() if a.kind != "tokens")
                 raise Interrupted(f"data: preparation stopped at arm {arm.name!r}, file {record.cursor['file'] + 1} "
                                   f"of {len(plan)}; {done / 1e6:.1f} MB of text encoded and kept: run `andrea "
@@ -214,12 +220,18 @@ def prepare_run(cfg: DataConfig, run_dir: Path, vocab_size: int, *, should_stop:
 
 def _forget(manifest: mf.Manifest, arm: TextArm) -> None:
     """An arm with no document: no trace is left (so a source fixed later is prepared anew), and one error line."""
+    record = _drop(manifest, arm)
+    why = _why(record.counts, [arm])
+    raise DataError(f"{arm.where}: the source is empty" + (f" ({why})" if why else ""))
+
+
+def _drop(manifest: mf.Manifest, arm: TextArm) -> mf.ArmRecord:
+    """Remove an arm's record and files (it holds no document); returns the record."""
     record = manifest.arms.pop(arm.name)
     manifest.save()
     for suffix in ("plan.json", "files.jsonl", "train.u16", "val.u16", "train.u32", "val.u32"):
         (manifest.path.parent / f"{arm.name}.{suffix}").unlink(missing_ok=True)
-    why = _why(record.counts, [arm])
-    raise DataError(f"{arm.where}: the source is empty" + (f" ({why})" if why else ""))
+    return record
 
 
 def _source_bytes(plan: list[dict]) -> int | None:

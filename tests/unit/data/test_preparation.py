@@ -276,3 +276,21 @@ def test_the_readme_corpus_example_is_a_valid_configuration(tmp_path):
     (tmp_path / "corpus.toml").write_text(example)
     cfg = configload.load(preset="andrea-120m", config_file=tmp_path / "corpus.toml")
     assert [s.kind for s in cfg.data.sources] == ["text", "jsonl", "parquet"] and cfg.data.arms == ["pydoc-topics"]
+
+
+def test_a_source_that_fails_before_its_first_document_leaves_no_recipe_to_hold_it_to(tmp_path):
+    """A parquet file whose column is not the configured field fails at its first read. It used to leave the arm's
+    record behind (field 'text', no token), so the fixed configuration was refused as a change of field."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    src = tmp_path / "src" / "docs.parquet"
+    src.parent.mkdir()
+    pq.write_table(pa.table({"body": [text(i, 200) for i in range(20)]}), src)
+    run = tmp_path / "run"
+    (run / "data").mkdir(parents=True)
+    TextCodec.train([text(1, 100)], VOCAB).tokenizer.save(str(run / "tokenizer.json"))
+    with pytest.raises(DataError, match=r"no column 'text' \(columns: body\)"):
+        prepare_run(config(SourceConfig("web", str(src), kind="parquet")), run, VOCAB)
+    assert "web" not in mf.Manifest.load(run / "data").arms and not list((run / "data").glob("web.*"))
+    _, manifest, did = prepare_run(config(SourceConfig("web", str(src), kind="parquet", field="body")), run, VOCAB)
+    assert did and manifest.arms["web"].complete and manifest.arms["web"].documents == 20
