@@ -267,19 +267,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
         inspect.require_run_dir(d)
     raw = [trained_entries(d, "compare") for d in dirs]
     start = branch_point(*raw)
+    shared = start > 0 or any(e.get("event") == "branch" for r in raw for e in r)
     curves = [[e for e in history(r) if e["step"] >= start] for r in raw]
     common = min((c[-1]["step"] for c in curves if c), default=start)
     finals = []
-    for d, c in zip(dirs, curves):
+    for d, c in zip(dirs, curves):  # each EMA over the steps from the branch point on, so both average alike
         ema = dict(loss_ema(c))
         at = max((s for s in ema if s <= common), default=None)
         finals.append(ema.get(at))
         print(f"{d}: steps {c[0]['step'] if c else '-'}..{c[-1]['step'] if c else '-'}  "
-              f"loss EMA at step {common}: {ema.get(at, float('nan')):.4f}")
+              f"loss EMA from step {start} at step {common}: {ema.get(at, float('nan')):.4f}")
     if None not in finals:
-        lower = dirs[0] if finals[0] <= finals[1] else dirs[1]
-        print(f"branch point: step {start}; lower loss EMA at step {common}: {lower} "
-              f"(by {abs(finals[0] - finals[1]):.4f})")
+        point = f"branch point: step {start}" if shared else "no common history (they differ from their first step)"
+        if finals[0] == finals[1]:
+            print(f"{point}; equal loss EMA at step {common}")
+        else:
+            lower = dirs[0] if finals[0] < finals[1] else dirs[1]
+            print(f"{point}; lower loss EMA at step {common}: {lower} (by {abs(finals[0] - finals[1]):.4f})")
     if out is not None:
         from andrea.observe.plots import plot_compare
         plot_compare(dirs, curves, start, out)

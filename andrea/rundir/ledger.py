@@ -289,8 +289,9 @@ def read_ledger(path: str | Path) -> LedgerContents:
     accepted = {n for e in out.entries if e.get("event") == "gap" for n in e.get("unreadable_lines", [])}
     for number, why in bad:
         if number not in accepted:
-            raise LedgerError(f"{path}: line {number} is not a ledger entry ({why}); `andrea train "
-                              "--accept-ledger-gap` records it as a gap and continues") from None
+            raise LedgerError(f"{path}: line {number} is not a ledger entry ({why}); the next `andrea train` cuts "
+                              "it if it lies after what the newest checkpoint vouches for (kept in quarantine/), "
+                              "else refuses, and `--accept-ledger-gap` records it as a gap") from None
     return out
 
 

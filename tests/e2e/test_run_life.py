@@ -115,6 +115,15 @@ def test_branch_reproduces_the_parent_or_diverges_and_compare_reports(at_40, tmp
     assert result.returncode == 0, result.stderr
     assert "branch point: step 20" in result.stdout and "lower loss EMA at step 40" in result.stdout
     assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
+    itself = andrea_here("compare", str(parent), str(parent))
+    assert itself.returncode == 0 and "equal loss EMA at step 40" in itself.stdout, itself.stdout
+    unrelated = copy_of(at_40, tmp_path, "unrelated")  # its first step's loss differs: no history in common
+    lines = (unrelated / ".loss.json").read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if json.loads(line).get("step") == 1 and "loss" in line)
+    lines[first] = json.dumps({**json.loads(lines[first]), "loss": 99.0})
+    (unrelated / ".loss.json").write_text("\n".join(lines) + "\n")
+    apart = andrea_here("compare", str(parent), str(unrelated))
+    assert apart.returncode == 0 and "no common history" in apart.stdout and "branch point" not in apart.stdout
 
 
 def test_a_branch_or_an_init_from_that_would_change_what_the_bytes_mean_is_one_line_and_writes_nothing(at_40,
