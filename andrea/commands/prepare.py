@@ -16,7 +16,7 @@ from pathlib import Path
 from andrea.commands.run_config import make_run_dir, resolve_config
 from andrea.config.schema import RunConfig
 from andrea.data import manifest as mf, store
-from andrea.data.preparation import Interrupted, check_unchanged, prepare_run
+from andrea.data.preparation import Interrupted, anchor_paths, check_unchanged, prepare_run
 from andrea.run import early_signals
 from andrea.rundir import atomic, names
 from andrea.rundir.runlock import RunLock
@@ -75,5 +75,6 @@ def prepare_command(cfg: RunConfig, run_dir: Path, out=None) -> int:
 def cmd_prepare(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     cfg = resolve_config(args, run_dir)
+    anchor_paths(cfg.data, run_dir / names.DATA_DIR)  # run.toml records where a new source is, absolutely
     make_run_dir(run_dir)
     return prepare_command(cfg, run_dir)

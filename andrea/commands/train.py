@@ -39,6 +39,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     init_from = Path(args.init_from) if args.init_from else None
     # Everything that can be refused is refused before the run directory is created or written to.
     check_init_from(init_from, cfg)
+    from andrea.data.preparation import anchor_paths
+    anchor_paths(cfg.data, run_dir / names.DATA_DIR)  # run.toml records where a new source is, absolutely
     from andrea.observe import notify
     notify.check(cfg.notify)  # the notice command's program exists
     import torch

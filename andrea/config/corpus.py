@@ -22,7 +22,8 @@ class SourceConfig:
     `data/`, so it holds no `/` or `\\` and does not start with a dot."""
     path: str
     """A file, a directory or a glob (`**` recurses; symbolic links are followed, each directory once); gzip, zstd,
-    bzip2 and xz files (told by their first bytes) are decompressed as they are read."""
+    bzip2 and xz files (told by their first bytes) are decompressed as they are read. A relative path is made
+    absolute against the working directory when the source is first prepared (run.toml keeps it so)."""
     kind: str = "text"
     """text (each file one document) | jsonl (one JSON object per line) | parquet (one row per document) | tokens
     (one flat little-endian token file, as nanoGPT's prepare.py writes; used in place, never copied)"""

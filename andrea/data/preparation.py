@@ -94,6 +94,17 @@ def _why(c: dict, arms: list[TextArm] = ()) -> str:
     return "; ".join(x for x in parts if x)
 
 
+def anchor_paths(cfg: DataConfig, data_dir: Path) -> None:
+    """A relative `path` of a source not prepared yet is made absolute against the working directory now, so that
+    run.toml and the data manifest say where it is whatever directory a later start runs in. A source the
+    manifest records keeps the path it was prepared from."""
+    recorded = mf.Manifest.load(data_dir)
+    for src in cfg.sources:
+        path = Path(src.path).expanduser()
+        if not path.is_absolute() and (recorded is None or src.name not in recorded.arms):
+            src.path = str(path.absolute())
+
+
 def check_unchanged(cfg: DataConfig, manifest: mf.Manifest | None) -> None:
     """Refuse a configuration that changes how a prepared arm was made: its tokens would not match it."""
     if manifest is None:

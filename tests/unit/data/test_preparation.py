@@ -294,3 +294,18 @@ def test_a_source_that_fails_before_its_first_document_leaves_no_recipe_to_hold_
     assert "web" not in mf.Manifest.load(run / "data").arms and not list((run / "data").glob("web.*"))
     _, manifest, did = prepare_run(config(SourceConfig("web", str(src), kind="parquet", field="body")), run, VOCAB)
     assert did and manifest.arms["web"].complete and manifest.arms["web"].documents == 20
+
+
+def test_a_new_sources_relative_path_is_recorded_absolute_and_a_prepared_one_keeps_its_own(corpus, tmp_path,
+                                                                                           monkeypatch):
+    """A relative path was recorded as given: a later start from another working directory found every file
+    'gone'. A source not prepared yet is anchored now; one the manifest records keeps its path."""
+    from andrea.data.preparation import anchor_paths
+    monkeypatch.chdir(corpus.parent)
+    fresh = config(SourceConfig("notes", corpus.name))
+    anchor_paths(fresh, tmp_path / "run" / "data")
+    assert fresh.sources[0].path == str(corpus.absolute())
+    prepare_run(config(SourceConfig("notes", corpus.name)), tmp_path / "run", VOCAB)  # recorded as given
+    kept = config(SourceConfig("notes", corpus.name), SourceConfig("more", f"{corpus.name}/*.txt"))
+    anchor_paths(kept, tmp_path / "run" / "data")
+    assert kept.sources[0].path == corpus.name and kept.sources[1].path == str(corpus.absolute() / "*.txt")
