@@ -70,7 +70,8 @@ class DataConfig:
     val_fraction: float = 0.05
     """Share of each arm held out for validation (never trained on)."""
     tokenizer: str = "bpe"
-    """bpe: train a byte-level BPE at the first start; or a path to an existing HF tokenizer.json."""
+    """bpe: train a byte-level BPE at the first start; or a path to an existing HF tokenizer.json (made absolute,
+    and a missing file refused in one line, before the run directory is touched)."""
 
     def __post_init__(self) -> None:
         self.sources = [s if isinstance(s, SourceConfig) else build(  # a table as a dict: checked like TOML

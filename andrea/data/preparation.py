@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from andrea.config.check import ConfigError
 from andrea.config.corpus import DataConfig, SourceConfig
 from andrea.data import manifest as mf, splits
 from andrea.data.codec import EOT, TextCodec
@@ -97,7 +98,13 @@ def _why(c: dict, arms: list[TextArm] = ()) -> str:
 def anchor_paths(cfg: DataConfig, data_dir: Path) -> None:
     """A relative `path` of a source not prepared yet is made absolute against the working directory now, so that
     run.toml and the data manifest say where it is whatever directory a later start runs in. A source the
-    manifest records keeps the path it was prepared from."""
+    manifest records keeps the path it was prepared from. `data.tokenizer`, when it names a file, is made
+    absolute too, and a missing one is refused in one line (ConfigError) before the run directory is touched."""
+    if cfg.tokenizer != "bpe":
+        tokenizer = Path(cfg.tokenizer).expanduser().absolute()
+        if not tokenizer.is_file():
+            raise ConfigError(f"data.tokenizer = {cfg.tokenizer!r}: no such file ({tokenizer})")
+        cfg.tokenizer = str(tokenizer)
     recorded = mf.Manifest.load(data_dir)
     for src in cfg.sources:
         path = Path(src.path).expanduser()

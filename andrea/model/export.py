@@ -145,6 +145,8 @@ def pick_checkpoint(run_dir: Path, n: int, step: int | None, purpose: str = "exp
     """step_S.bin when `step` is given (present; read_payload validates it), else the newest checkpoint that passes
     deep validation, newer invalid ones skipped with a warning. `purpose` words the refusals (`andrea eval` too)."""
     if step is not None:
+        if step < 0:
+            raise ExportError(f"--step {step}: a checkpoint's step is >= 0")
         path = run_dir / names.checkpoint_name(step)
         if not path.exists():
             have = [p.name for _, p in ckpt.list_checkpoints(run_dir)]

@@ -161,6 +161,14 @@ def test_status_names_the_newest_whole_checkpoint_and_the_ones_that_are_not(at_4
         sampled.stderr  # said, not silent
 
 
+def test_a_negative_step_is_one_line(at_40, tmp_path):
+    for command in (["sample", "--prompt", "x"], ["export", "--out", str(tmp_path / "never")]):
+        result = andrea_here(command[0], str(at_40), "--step", "-1", *command[1:])
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines() == ["andrea: error: --step -1: a checkpoint's step is >= 0"]
+    assert not (tmp_path / "never").exists()
+
+
 def test_sample_refuses_a_negative_temperature_in_one_line(at_40):
     result = andrea_here("sample", str(at_40), "--prompt", "def ", "--temperature", "-1")
     assert result.returncode == 2

@@ -309,3 +309,15 @@ def test_a_new_sources_relative_path_is_recorded_absolute_and_a_prepared_one_kee
     kept = config(SourceConfig("notes", corpus.name), SourceConfig("more", f"{corpus.name}/*.txt"))
     anchor_paths(kept, tmp_path / "run" / "data")
     assert kept.sources[0].path == corpus.name and kept.sources[1].path == str(corpus.absolute() / "*.txt")
+
+
+def test_a_tokenizer_file_is_anchored_and_a_missing_one_is_one_line(tmp_path, monkeypatch):
+    from andrea.config.check import ConfigError
+    from andrea.data.preparation import anchor_paths
+    monkeypatch.chdir(tmp_path)
+    TextCodec.train([text(1, 100)], VOCAB).tokenizer.save(str(tmp_path / "tok.json"))
+    cfg = config(SourceConfig("notes", str(tmp_path)), tokenizer="tok.json")
+    anchor_paths(cfg, tmp_path / "run" / "data")
+    assert cfg.tokenizer == str(tmp_path / "tok.json")
+    with pytest.raises(ConfigError, match=r"^data.tokenizer = 'nope.json': no such file \("):
+        anchor_paths(config(SourceConfig("notes", str(tmp_path)), tokenizer="nope.json"), tmp_path / "run" / "data")
