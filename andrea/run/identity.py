@@ -72,15 +72,11 @@ def check_resume(run_dir: Path, cfg: RunConfig, saved: RunConfig | None) -> None
     lost its `run.toml`; `saved` is the run's run.toml as read, None when it has none."""
     if not ckpt.list_checkpoints(run_dir):
         return  # nothing trained is kept: a start from step 0 is a new run, free to choose
-    recorded = recorded_identity(run_dir)
     if saved is None:
         raise ConfigError(f"{run_dir / names.CONFIG_NAME}: missing, but the run holds checkpoints: its settings "
                           "(learning rate, schedule, data) are the run's; restore the file (from a copy, or "
                           "`andrea restore`) instead of resuming under a preset's")
-    if recorded is None:
-        recorded = identity(saved, None)  # a run started before identities were recorded
-    recorded = {**BEFORE_RECORDED, **recorded}
-    changed = changes(recorded, identity(cfg, tokenizer_sha256(run_dir)))
+    changed = changes(of_run(run_dir, saved), identity(cfg, tokenizer_sha256(run_dir)))
     if changed:
         raise ConfigError(f"{run_dir}: resuming would change {'; '.join(changed)}: these fix what the checkpoints "
                           f"mean and were set at the run's first start ({NEW_RUN})")
@@ -90,13 +86,16 @@ NEW_RUN = ("a new run from a checkpoint's weights: `andrea export RUN_DIR --step
            "--init-from DIR` in a new run directory")
 
 
-def of_run(run_dir: Path) -> dict[str, Any] | None:
-    """What a run directory's checkpoints mean: its recorded identity, else its run.toml's (a run started before
-    identities were recorded), None for a directory that is no run (a checkpoint file kept on its own)."""
+def of_run(run_dir: Path, saved: RunConfig | None = None) -> dict[str, Any] | None:
+    """What a run directory's checkpoints mean: its recorded identity, else its run.toml's (`saved` when the caller
+    has read it; a run started before identities were recorded), None for a directory that is no run (a checkpoint
+    file kept on its own). A field the record predates reads as BEFORE_RECORDED says."""
     recorded = recorded_identity(run_dir)
-    if recorded is None and (run_dir / names.CONFIG_NAME).is_file():
-        from andrea.config.load import run_config
-        recorded = identity(run_config(run_dir), None)
+    if recorded is None:
+        if saved is None and (run_dir / names.CONFIG_NAME).is_file():
+            from andrea.config.load import run_config
+            saved = run_config(run_dir)
+        recorded = identity(saved, None) if saved is not None else None
     return {**BEFORE_RECORDED, **recorded} if recorded is not None else None
 
 
@@ -116,8 +115,10 @@ def check_init_from(init_from: Path, cfg: RunConfig) -> None:
     checkpoint's directory; a checkpoint kept outside any run is taken on its parameter count alone. The seed may
     differ: the new run draws its own data order."""
     recorded = of_run(init_from.parent)
-    mine = identity(cfg, None)
-    changed = [c for c in changes(recorded, mine) if not c.startswith("train.seed ")] if recorded is not None else []
+    if recorded is None:
+        return
+    recorded.pop("train.seed", None)  # the new run's own
+    changed = changes(recorded, identity(cfg, None))
     if changed:
         raise ConfigError(f"{init_from}: --init-from would change {'; '.join(changed)}: its w, m and v mean what "
                           f"its run's identity says ({NEW_RUN})")
