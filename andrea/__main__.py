@@ -2,7 +2,7 @@
 
 import sys
 
-from andrea.run import early_signals
+from andrea.control.run import early_signals
 
 early_signals.install()  # before the heavy imports: a SIGTERM in the first second is still a clean stop
 

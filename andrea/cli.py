@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     if args.command != "prepare":
-        from andrea.run import early_signals
+        from andrea.control.run import early_signals
         early_signals.release()  # `prepare` alone takes over a signal received while starting
     try:
         return args.func(args)

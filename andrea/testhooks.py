@@ -6,26 +6,26 @@ no-op: production never sets them. Each function reads its variable when called;
 so where it reads it (`testhooks.<name>()`), and reads it at the moment given below. Reads the environment only.
 
     variable                       read by (when)                          what it does; used by
-    ANDREA_TEST_COMMIT_DELAY=s     commit/writer.py (each writer)          sleep s after a checkpoint's `.tmp` is
+    ANDREA_TEST_COMMIT_DELAY=s     control/commit/writer.py (each writer)          sleep s after a checkpoint's `.tmp` is
                                                                            complete, before the rename: the commit
                                                                            window made observable (tests/faults/,
                                                                            tests/e2e/test_signals.py)
-    ANDREA_TEST_STEP_DELAY=s       run/runtime.py (each TrainingRun)       sleep s after each step: a window for
+    ANDREA_TEST_STEP_DELAY=s       control/run/runtime.py (each TrainingRun)       sleep s after each step: a window for
                                                                            signals (tests/e2e/test_guard_run.py,
                                                                            test_watchdog_run.py, test_replica_run.py,
                                                                            test_microbatch.py, test_chaos.py), or
                                                                            a job paced while a test talks to it
                                                                            (test_distributed.py)
-    ANDREA_TEST_POISON_STEPS=n,..  run/runtime.py (each TrainingRun)       the step record of header step n reads
+    ANDREA_TEST_POISON_STEPS=n,..  control/run/runtime.py (each TrainingRun)       the step record of header step n reads
                                                                            loss = NaN the first time this process
                                                                            reaches n (weights untouched): a
                                                                            divergence the guard meets
                                                                            (tests/e2e/test_guard_run.py,
                                                                            test_durability.py and others)
-    ANDREA_TEST_OOM_ROWS=r         run/trainer.py (each Trainer)           a pass over more than r rows raises
+    ANDREA_TEST_OOM_ROWS=r         control/run/trainer.py (each Trainer)           a pass over more than r rows raises
                                                                            torch.OutOfMemoryError after its forward
                                                                            (tests/e2e/test_microbatch.py)
-    ANDREA_TEST_HANG=w@s[@r]       observe/watchdog.py (each call)         the training (w = train) or I/O (w = io)
+    ANDREA_TEST_HANG=w@s[@r]       control/observe/watchdog.py (each call)         the training (w = train) or I/O (w = io)
                                                                            thread hangs for good at step s, on rank
                                                                            r or every rank, once per process
                                                                            (tests/e2e/test_watchdog_run.py)
@@ -35,17 +35,17 @@ so where it reads it (`testhooks.<name>()`), and reads it at the moment given be
                                                                            commit of a preparation
                                                                            (tests/unit/data/test_stop_points.py,
                                                                            test_edges.py)
-    ANDREA_TEST_REPLICA_BACKOFF=s  replica/replicator.py (at import)       the first retry's delay after a failed
+    ANDREA_TEST_REPLICA_BACKOFF=s  control/replica/replicator.py (at import)       the first retry's delay after a failed
                                                                            pass (default 1 s)
                                                                            (tests/e2e/test_replica_run.py)
-    ANDREA_TEST_REPLICA_DELAY=s    replica/remote.py (at import)            sleep s after each piece of a `.bin`
+    ANDREA_TEST_REPLICA_DELAY=s    control/replica/remote.py (at import)            sleep s after each piece of a `.bin`
                                                                            read for its upload: a slow store
                                                                            (tests/e2e/test_replica_run.py)
-    ANDREA_TEST_FLIP_WEIGHT=s@r    run/runtime.py (each TrainingRun)       one mantissa bit of one weight flipped on
+    ANDREA_TEST_FLIP_WEIGHT=s@r    control/run/runtime.py (each TrainingRun)       one mantissa bit of one weight flipped on
                                                                            rank r after the update that reaches
                                                                            header step s, once per process: a
                                                                            silently corrupted GPU, which the ranks'
-                                                                           digests must catch (parallel/agreement.py;
+                                                                           digests must catch (control/parallel/agreement.py;
                                                                            tests/e2e/test_distributed.py)
 """
 
@@ -97,7 +97,7 @@ def oom_rows() -> int:
 
 
 def hang() -> str:
-    """ANDREA_TEST_HANG: `<train|io>@<step>[@<rank>]`, or empty (observe/watchdog.py's test_hang reads it)."""
+    """ANDREA_TEST_HANG: `<train|io>@<step>[@<rank>]`, or empty (control/observe/watchdog.py's test_hang reads it)."""
     return os.environ.get(PREFIX + "HANG", "")
 
 

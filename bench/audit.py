@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from andrea.config import load as configload  # noqa: E402
 from andrea.model import generate as generation  # noqa: E402
 from andrea.data.store import TextCodec  # noqa: E402
-from andrea.run.trainer import Trainer  # noqa: E402
+from andrea.control.run.trainer import Trainer  # noqa: E402
 
 TARGET = 0.08
 VARIANTS = {"audits": "sample.every=1", "none": "sample.prompts=[]"}

@@ -51,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from andrea.replica import remote  # noqa: E402
+from andrea.control.replica import remote  # noqa: E402
 from andrea.rundir.ledger import last_step  # noqa: E402
 from bench import chaos_plan as plan  # noqa: E402
 from bench import chaos_setup as setup  # noqa: E402
@@ -300,7 +300,7 @@ class Chaos:
             time.sleep(self.args.outage)  # the outage itself: the store stays down this long
             self.server.start()
             f.notes.append(f"store down {time.time() - f.at:.1f} s")
-            # recovered when the replica has caught up (replica/plan.py says so once): the next fault waits for it
+            # recovered when the replica has caught up (control/replica/plan.py says so once): the next fault waits for it
             self.settle(seg, lambda l: "replica reachable again" in l, f, "the replica caught up")
         elif f.kind == "disk":
             if self.disk is None:

@@ -60,7 +60,7 @@ class Fault:
     notices: tuple[tuple[str, ...], ...] = ()  # notice kinds expected, each as its candidate names
 
 
-# The names of the records issue 46 adds (docs/formats.md's ledger markers, observe/notify.py's notices): matched by
+# The names of the records issue 46 adds (docs/formats.md's ledger markers, control/observe/notify.py's notices): matched by
 # the ledger line's / the notice's "event" field; a name andrea does not write yet is reported missing.
 QUARANTINE = ("quarantine",)      # a checkpoint that failed its checksum, moved to quarantine/
 BELOW_NEWEST = ("resume_below",)  # a start that resumed below the newest checkpoint, and why

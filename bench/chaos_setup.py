@@ -26,7 +26,7 @@ from pathlib import Path
 
 from andrea.config.keepers import GuardConfig
 from andrea.config.schema import CheckpointConfig
-from andrea.guard.decisions import most_tentative
+from andrea.control.guard.decisions import most_tentative
 from bench import chaos_plan as plan
 from tests.notices import Inbox
 from tests.runs import andrea, seed_data
@@ -89,7 +89,7 @@ def calibrate(args, work: Path, template: Path) -> int:
 def mount_disk(where: Path, template: Path, args) -> Path:
     info = json.loads(andrea("info", "--preset", args.preset).stdout)
     seeded = sum(p.stat().st_size for p in template.rglob("*") if p.is_file())
-    # keep_last's, the guard's known-good and tentative ones (beyond keep_last: guard/decisions.py thins them to
+    # keep_last's, the guard's known-good and tentative ones (beyond keep_last: control/guard/decisions.py thins them to
     # a few per confirm_steps), the one being written, and a margin
     kept = KEEP_LAST + 1 + most_tentative(CONFIRM_STEPS, args.checkpoint_every) + 1 + 3
     size = seeded + kept * int(info["checkpoint_bytes"]) + (16 << 20)

@@ -4,7 +4,7 @@ What one checkpoint costs a run, measured side by side on the same state (the fl
 or of `--synthetic-params N` parameters) and the same directory:
 
     andrea        stall = Trainer.snapshot into a CheckpointWriter staging buffer, launched on a training thread
-                  as run/runtime.py does. The copy overlaps the next step (a copy stream on CUDA, the
+                  as control/run/runtime.py does. The copy overlaps the next step (a copy stream on CUDA, the
                   trainer's copy thread on CPU): on CUDA stall = the host hand-off + the extra time of the next
                   step over the one before; on CPU (a step of the preset's batch takes seconds) and for a
                   synthetic size, until the copy is done (what a CPU run pays: bench/checkpoint_e2e.py).
@@ -70,8 +70,8 @@ from andrea.rundir import checkpoint as ckpt  # noqa: E402
 from andrea.rundir.checkpoint_write import DIRECT_ALIGN, DirectIO
 from andrea.config import schema as config_mod
 from andrea.config import load as configload  # noqa: E402
-from andrea.commit.writer import CheckpointWriter, staging_image  # noqa: E402
-from andrea.run.trainer import FlatState, Trainer, resolve_device  # noqa: E402
+from andrea.control.commit.writer import CheckpointWriter, staging_image  # noqa: E402
+from andrea.control.run.trainer import FlatState, Trainer, resolve_device  # noqa: E402
 from checkpoint_report import fs_type, median, report, targets  # noqa: E402  (beside this file: sys.path[0])
 
 METHODS = ("andrea", "andrea buffered", "torch.save", "dcp.async_save", "buffered write", "O_DIRECT write", "memcpy")
@@ -126,7 +126,7 @@ def reference_state(cfg: config_mod.RunConfig | None, trainer: Trainer) -> tuple
 
 # --- one measurement per method: (stall seconds, total seconds, bytes on disk, CPU seconds or None) ------------
 class AndreaCheckpoint:
-    """Snapshot + commit exactly as run/runtime.py: snapshot on the training thread, commit on the I/O thread."""
+    """Snapshot + commit exactly as control/run/runtime.py: snapshot on the training thread, commit on the I/O thread."""
 
     def __init__(self, trainer: Trainer, run_dir: Path, batch: tuple[torch.Tensor, torch.Tensor] | None):
         self.trainer, self.run_dir, self.batch = trainer, run_dir, batch

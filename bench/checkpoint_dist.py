@@ -1,13 +1,13 @@
 """Sharded checkpoint commit: N ZeRO-1 writers into one `step_N.bin` against one writer, on the same bytes.
 
-Spawns N processes (gloo on 127.0.0.1, the groups andrea/parallel/distributed.py creates), each holding the same seeded
+Spawns N processes (gloo on 127.0.0.1, the groups andrea/control/parallel/distributed.py creates), each holding the same seeded
 flat state [w | m | v] of a preset's size (or `--synthetic-params N`). Per round, in turn (the order reversed every
 other round, so a drift of the disk within a round cancels), after an untimed warm-up:
 
     one writer     rank 0 alone, as the one-process CheckpointWriter: snapshot = memcpy of 12·n bytes into its
                    staging image; commit = commit_image (O_DIRECT when the filesystem takes it, +
                    ftruncate + fsync + rename + directory fsync).
-    N writers      every rank, as the ShardedCheckpointWriter (andrea/commit/shards.py): snapshot = memcpy of its
+    N writers      every rank, as the ShardedCheckpointWriter (andrea/control/commit/shards.py): snapshot = memcpy of its
                    12·n/N bytes of slices into its ShardImage; commit = shards.commit_shards (the tails'
                    exchange; every rank writes its whole blocks of the one .tmp with O_DIRECT, + fsync; rank 0,
                    once every vote is in, renames and sends the verdict): rank 0's wall time from a barrier to its
@@ -52,10 +52,10 @@ sys.path.insert(0, str(REPO))
 
 from andrea.rundir import checkpoint as ckpt, spare  # noqa: E402
 from andrea.rundir.checkpoint_write import DirectIO, commit_image
-from andrea.commit.shard_layout import ShardImage  # noqa: E402
-from andrea.commit.shards import commit_shards  # noqa: E402
-from andrea.commit.writer import staging_image  # noqa: E402
-from andrea.parallel.distributed import World, shard_bounds  # noqa: E402
+from andrea.control.commit.shard_layout import ShardImage  # noqa: E402
+from andrea.control.commit.shards import commit_shards  # noqa: E402
+from andrea.control.commit.writer import staging_image  # noqa: E402
+from andrea.control.parallel.distributed import World, shard_bounds  # noqa: E402
 
 
 METHODS = ("one", "one buffered", "one spare", "sharded", "sharded buffered", "sharded spare")

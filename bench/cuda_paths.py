@@ -4,7 +4,7 @@ Each probe prints one row (probe, verdict, figures) and decides something issue 
     thread_device    every executor thread started with World.thread_initializer sees the rank's device, through
                      torch and through Triton's own driver (what a launch uses). With >= 2 GPUs the probe plays the
                      last GPU's rank and also shows the bug it fixes: a bare thread sees device 0.
-    pinned_staging   the checkpoint's staging image (commit/writer.py) registered at its exact size vs PyTorch's
+    pinned_staging   the checkpoint's staging image (control/commit/writer.py) registered at its exact size vs PyTorch's
                      pinned allocator (rounded up to a power of two): bytes reserved, is_pinned(), D2H GB/s into
                      each, and the copy landing intact. Decides: keep the registration (equal GB/s) or not.
     o_direct_pinned  commit_image with O_DIRECT from each kind of pinned image: whether this host refuses it
@@ -43,8 +43,8 @@ sys.path.insert(0, str(REPO))
 
 from andrea.rundir import checkpoint as ckpt, checkpoint_write  # noqa: E402
 from andrea.config import load as configload  # noqa: E402
-from andrea.commit import writer  # noqa: E402
-from andrea.parallel.distributed import World  # noqa: E402
+from andrea.control.commit import writer  # noqa: E402
+from andrea.control.parallel.distributed import World  # noqa: E402
 from andrea.model.gpt import layout_for, n_params  # noqa: E402
 
 ROWS: list[dict] = []

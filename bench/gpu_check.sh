@@ -19,7 +19,7 @@
 #                  (attention at T 256 / 1024 and head dim 64 in fp32/bf16/fp16 by the FlashAttention 2x rule,
 #                  AdamW vs torch.optim.AdamW, cross-entropy, LayerNorm, RMSNorm, rotary, Muon, bit-identical reruns).
 #   train          (2) bench/gpu_train.py: the real `andrea train` on CUDA, andrea-12m then andrea-120m: tokens/s
-#                  from its ledger, MFU (andrea/observe/mfu.py), peak memory vs `andrea info`, one SIGUSR1 checkpoint,
+#                  from its ledger, MFU (andrea/control/observe/mfu.py), peak memory vs `andrea info`, one SIGUSR1 checkpoint,
 #                  SIGTERM's exit 0, bit-exact resume.
 #   kernels_bench  (3) bench/kernels.py --only attention adamw rms_norm rotary muon: attention vs SDPA's flash
 #                  backend (bf16, causal, the presets' head dim 64 at T 256, 1024, 4096), AdamW's GB/s (both
@@ -143,7 +143,7 @@ env = {"python": sys.version.split()[0], "executable": sys.executable, "torch": 
        "capability": list(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None,
        "cpus": os.cpu_count(), "imports": {}}
 needed = ("triton", "numpy", "tokenizers", "tqdm", "matplotlib", "tomli_w", "pytest", "hypothesis", "andrea.cli",
-          "andrea.run.trainer", "andrea.kernels")
+          "andrea.control.run.trainer", "andrea.kernels")
 for name in needed + ("xdist", "uvloop"):  # the last two are optional: fewer pytest workers, asyncio's own loop
     try:
         module = importlib.import_module(name)

@@ -8,7 +8,7 @@ Per preset, in a scratch directory (--work), every run a real andrea process (it
   live      `andrea train --steps 10**6` under bench/train_peak.py (andrea's CLI in that process; its peak device
             memory written at exit). Waits for the ready line, then for ledger step W (kernels compiled, warm)
             and step W + M: tokens/s = the ledger's tokens between those two entries / the ledger's time between
-            them: the whole loop (control plane, records, ledger), no host sync added. MFU from it (andrea/observe/mfu.py).
+            them: the whole loop (control plane, records, ledger), no host sync added. MFU from it (andrea/control/observe/mfu.py).
             Then SIGUSR1: a checkpoint must be committed while the process keeps training (the ledger passes that
             step); then SIGTERM: exit 0 with the newest checkpoint at the ledger's last step S.
   verify    the live run's checkpoints (the SIGUSR1 one and S) read back in full as `andrea verify` does, then
@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from andrea.observe.mfu import mfu, model_flops_per_token, table_peak  # noqa: E402
+from andrea.control.observe.mfu import mfu, model_flops_per_token, table_peak  # noqa: E402
 
 FAR = 10**6  # a step no run reaches: cadences and the live run's target
 WINDOWS = {"andrea-12m": (50, 300), "andrea-120m": (20, 100)}  # (W, M) below eval_every (500, 1000)

@@ -1,4 +1,4 @@
-"""False-positive check of the divergence guard's defaults (andrea/guard/decisions.py, config `[guard]`).
+"""False-positive check of the divergence guard's defaults (andrea/control/guard/decisions.py, config `[guard]`).
 
 Trains a healthy run with the preset's own settings (a real `python -m andrea train` process, guard on by
 default) and reports: the incidents and rollbacks the guard recorded (the claim: zero), and how close the run
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from andrea.config.schema import GuardConfig  # noqa: E402
 from andrea.config.load import load  # noqa: E402
-from andrea.guard.decisions import Detector, band  # noqa: E402
+from andrea.control.guard.decisions import Detector, band  # noqa: E402
 from andrea.rundir.ledger import history, read_ledger  # noqa: E402
 
 

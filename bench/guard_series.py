@@ -1,8 +1,8 @@
 """Healthy runs' (step, loss, grad_norm) series, for the divergence guard's false-alarm check (issue 46, 47 case 5).
 
-Trains seeds of a preset in process — run/trainer.py's Trainer fed by mixture/proxy.py's DataProxy, the same
+Trains seeds of a preset in process — control/run/trainer.py's Trainer fed by control/mixture/proxy.py's DataProxy, the same
 batches and updates a real run takes, without the runtime (no checkpoints, no ledger) — and records every step's
-loss and pre-clip gradient norm. Then replays the guard's pure decisions (guard/decisions.py) over each series
+loss and pre-clip gradient norm. Then replays the guard's pure decisions (control/guard/decisions.py) over each series
 and prints a table: per seed the incidents, the anomalous steps, the steps at which the commit gate was shut (a
 checkpoint due there would be held back) and the first incident's reason. Exit 1 when any seed has an incident.
 
@@ -11,7 +11,7 @@ checkpoint due there would be held back) and the first incident's reason. Exit 1
 
 Writes a temporary run directory for the prepared data (or --data DIR, reused) and, with --json, the series:
 {"preset", "steps", "batch_size", "seeds": {"7": [[step, loss, grad_norm], ...]}}.
-tests/unit/guard/healthy_series.json holds its recording of ten andrea-tiny seeds (training them takes minutes);
+tests/unit/control/guard/healthy_series.json holds its recording of ten andrea-tiny seeds (training them takes minutes);
 andrea-12m is a minute a step on two busy cores: record it with --device cuda.
 """
 
@@ -32,9 +32,9 @@ import torch  # noqa: E402
 from andrea.config.load import load  # noqa: E402
 from andrea.config.schema import RunConfig  # noqa: E402
 from andrea.data import store  # noqa: E402
-from andrea.guard.decisions import INCIDENT, Guard  # noqa: E402
-from andrea.mixture.proxy import DataProxy  # noqa: E402
-from andrea.run.trainer import Trainer  # noqa: E402
+from andrea.control.guard.decisions import INCIDENT, Guard  # noqa: E402
+from andrea.control.mixture.proxy import DataProxy  # noqa: E402
+from andrea.control.run.trainer import Trainer  # noqa: E402
 
 
 def series(cfg: RunConfig, arms, steps: int, device: str = "cpu") -> list[tuple[int, float, float]]:

@@ -38,7 +38,7 @@ def rss_bytes() -> int:
 
 def build(preset: str, micro: int, ac: str, device):
     from andrea.config import load as configload
-    from andrea.run.trainer import Trainer, resolve_kernels
+    from andrea.control.run.trainer import Trainer, resolve_kernels
     cfg = configload.load(preset=preset, overrides=[f"train.micro_batch_size={micro}",
                                                 f'train.activation_checkpointing="{ac}"'])
     return cfg, Trainer(cfg, device, resolve_kernels("auto", device))
@@ -57,14 +57,14 @@ def peak(preset: str, micro: int, ac: str, device_name: str) -> dict:
 
     from andrea.config import load as configload
     from andrea.model import memory
-    from andrea.run import allocator
-    from andrea.run.trainer import Trainer, resolve_device, resolve_kernels
+    from andrea.control.run import allocator
+    from andrea.control.run.trainer import Trainer, resolve_device, resolve_kernels
     device = resolve_device(device_name)
     warm = configload.load(preset="andrea-tiny")  # touch torch's kernels and libraries once: their pages are baseline
     Trainer(warm, device, resolve_kernels("auto", device)).train_step(0, *random_batch(warm, 0))
     batches = [random_batch(configload.load(preset=preset), s) for s in range(2)]
     gc.collect()
-    allocator.release_freed_memory()  # a CPU trainer keeps freed memory (run/allocator.py): not the baseline's
+    allocator.release_freed_memory()  # a CPU trainer keeps freed memory (control/run/allocator.py): not the baseline's
     base = rss_bytes()
     cfg, trainer = build(preset, micro, ac, device)
     for s, (x, y) in enumerate(batches):  # the first also allocates what later steps reuse
@@ -81,7 +81,7 @@ def throughput(preset: str, configs: list[tuple[int, str]], rounds: int, device_
     """tokens/s of every configuration, measured in ONE process in interleaved rounds (each round runs one step
     of each configuration, in an order that rotates), so a change in the machine's other load falls on all of
     them alike; the first round is a warm-up; the fastest step of each counts (others' load only slows a step)."""
-    from andrea.run.trainer import resolve_device
+    from andrea.control.run.trainer import resolve_device
     device = resolve_device(device_name)
     built = {c: build(preset, *c, device) for c in configs}
     wall = {c: [] for c in configs}

@@ -1,7 +1,7 @@
 """The data bandit against fixed mixtures, on the held-out target loss (`policy.target`; the bandit:
 docs/formats.md#the-data-proxy-and-its-bandit).
 
-For every seed and arm set it trains the same model three ways, the data proxy (andrea/mixture/proxy.py) choosing
+For every seed and arm set it trains the same model three ways, the data proxy (andrea/control/mixture/proxy.py) choosing
 each batch exactly as `andrea train` does (same lag, same allocation, same per-sequence losses fed back):
 - default: the bandit with the configuration's own knobs;
 - uniform: floors 1/K on every arm (the bandit pinned to the uniform mixture);
@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 from andrea.evals.audit import evaluate, target_loss  # noqa: E402
 from andrea.config.schema import RunConfig  # noqa: E402
 from andrea.config.load import load  # noqa: E402
-from andrea.mixture.proxy import DataProxy  # noqa: E402
+from andrea.control.mixture.proxy import DataProxy  # noqa: E402
 from andrea.data.store import prepare  # noqa: E402
-from andrea.run.trainer import Trainer, resolve_device  # noqa: E402
+from andrea.control.run.trainer import Trainer, resolve_device  # noqa: E402
 
 NOISE_ARM = "noise"
 

@@ -36,11 +36,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from andrea.observe.mfu import mfu, model_flops_per_token, table_peak  # noqa: E402
+from andrea.control.observe.mfu import mfu, model_flops_per_token, table_peak  # noqa: E402
 from train import ReferenceLoop, batches  # noqa: E402
 
 from andrea.config import load as configload  # noqa: E402
-from andrea.run.trainer import Trainer  # noqa: E402
+from andrea.control.run.trainer import Trainer  # noqa: E402
 
 CATEGORIES = [  # first match wins: a fused inductor kernel named after LayerNorm and a copy is LayerNorm
     ("attention", r"flash|fmha|attn|attention|sdpa"),

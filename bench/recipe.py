@@ -6,7 +6,7 @@ on the same tokens, batch and steps, each at its best learning rate from a small
 - modern+AdamW  model.arch = "modern" (andrea/model/modern.py: rotary, RMSNorm, QK-norm, SwiGLU, no biases);
 - modern+Muon   the modern model with train.optimizer = "muon" (andrea/optim/muon.py); its sweep is over
                 train.muon_lr, with train.lr (AdamW's, on the embeddings and the head) at modern+AdamW's best.
-Every run is andrea's own Trainer (andrea/run/trainer.py, `--kernels torch`), with andrea's schedule: linear warmup
+Every run is andrea's own Trainer (andrea/control/run/trainer.py, `--kernels torch`), with andrea's schedule: linear warmup
 over the first 5 % of the steps, cosine decay to lr/10 at the last step; every other key at its default.
 The held-out loss is the mean over fixed held-out windows (the same for every run), every `--eval-every` steps.
 A subject's best run is the one with the lowest final held-out loss.
@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from andrea.config.load import from_dict  # noqa: E402
 from andrea.data.store import prepare, rows  # noqa: E402
-from andrea.run.trainer import Trainer  # noqa: E402
+from andrea.control.run.trainer import Trainer  # noqa: E402
 
 BASELINE = "gpt2+AdamW"
 STEP_TARGET, TIME_TARGET = 0.65, 1.15

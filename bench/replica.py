@@ -9,7 +9,7 @@
    is the median of the pairs' ratios (with / without >= 0.98: uploads run on their own thread, never on a step's
    path). Each side's best and median are printed beside it.
    The default cadence, a checkpoint every 100 steps (~2 s of andrea-tiny on one core), gives the replica one new
-   checkpoint per pass (replica/replicator.py starts a pass at most every MIN_INTERVAL = 2 s): every checkpoint
+   checkpoint per pass (control/replica/replicator.py starts a pass at most every MIN_INTERVAL = 2 s): every checkpoint
    is replicated, at ~500 times a real run's rate (one every ~17 minutes). `--every 10` shows the coalesced regime:
    ~11 checkpoints land per pass and each pass uploads the keep_last newest.
    Where the cost goes: during the with-replica runs the trainer's threads' CPU time is read from /proc/PID/task
@@ -18,7 +18,7 @@
    The local server runs at niceness `--server-nice` (10), on `--server-cpus` if given: in production the store's
    CPU is another machine's, here it shares the trainer's two cores.
 2. Upload throughput. One synthetic checkpoint of `--params` parameters (ANDREA-12M's by default: 152 MB), with its
-   companions and `.sum.json`, uploaded (a) as andrea publishes it, `replica/remote.py`'s `upload_checkpoint`:
+   companions and `.sum.json`, uploaded (a) as andrea publishes it, `control/replica/remote.py`'s `upload_checkpoint`:
    hashed on the way (xxh3 against `.sum.json`, MD5 per part), the store's multipart ETag checked, companions,
    `.sum.json` last; (a') the same where the ETag vouches for nothing (an encrypted object, another store): read
    back and hashed again; and (b) as a plain
@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from andrea.rundir.checkpoint_write import commit_checkpoint
-from andrea.replica import remote as rep  # noqa: E402
+from andrea.control.replica import remote as rep  # noqa: E402
 from andrea.rundir.names import checkpoint_name, companion_path  # noqa: E402
 from tests.s3server import BUCKET, S3Server  # noqa: E402
 

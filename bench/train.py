@@ -11,7 +11,7 @@ noisy machine slows all of them alike, and the order of the subjects reverses ev
 CPU the subject that runs second after another one's step measured 1-2% slower or faster than when first.
 Warm-up steps are excluded; tokens/s = batch x block / median step time.
 The first step's losses are reported beside each other as a parity check (same init, same batch: they agree to
-float rounding). On CUDA the model-FLOPs utilisation of every row is reported, both presets: andrea/observe/mfu.py's
+float rounding). On CUDA the model-FLOPs utilisation of every row is reported, both presets: andrea/control/observe/mfu.py's
 (6·N + 12·L·H·Q·T) FLOPs per token (PaLM's estimate, as nanoGPT's) x tokens/s / the device's dense bf16 peak
 ("unknown" for a device not in its table).
 Target: andrea >= 1.0x the reference on CPU. Timings describe this machine; nothing here fails on them.
@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from andrea.config import load as configload  # noqa: E402
 from andrea.config.schema import ModelConfig, RunConfig  # noqa: E402
-from andrea.run.trainer import Trainer, lr_at, resolve_device  # noqa: E402
-from andrea.observe.mfu import mfu, model_flops_per_token, table_peak  # noqa: E402
+from andrea.control.run.trainer import Trainer, lr_at, resolve_device  # noqa: E402
+from andrea.control.observe.mfu import mfu, model_flops_per_token, table_peak  # noqa: E402
 
 CPU_BATCH = 8  # keeps the default CPU run to about a minute on 2 cores; the preset's batch on CUDA
 

@@ -1,7 +1,7 @@
 """ZeRO-1 step anatomy: how much of a data-parallel step is communication, with one collective after the backward.
 
-andrea/parallel/zero.py communicates after the backward, not in bucketed hooks during it (why: its docstring). This
-measures what that choice costs: N spawned ranks (gloo on CPU, NCCL on CUDA; the groups andrea/parallel/distributed.py
+andrea/control/parallel/zero.py communicates after the backward, not in bucketed hooks during it (why: its docstring). This
+measures what that choice costs: N spawned ranks (gloo on CPU, NCCL on CUDA; the groups andrea/control/parallel/distributed.py
 creates) run ZeroTrainer.train_step on random tokens of the preset's global batch; the collectives it calls
 (distributed.reduce_scatter_mean, all_reduce_sum, all_gather) are timed by wrapping them (on CUDA with a
 synchronize on each side, so the step is serialised as it already is: every collective follows the backward on the
@@ -30,10 +30,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from andrea.config import load as configload  # noqa: E402
-from andrea.parallel import distributed as dist_  # noqa: E402
-from andrea.parallel.distributed import World  # noqa: E402
-from andrea.run.trainer import Trainer, resolve_device  # noqa: E402
-from andrea.parallel.zero import ZeroTrainer  # noqa: E402
+from andrea.control.parallel import distributed as dist_  # noqa: E402
+from andrea.control.parallel.distributed import World  # noqa: E402
+from andrea.control.run.trainer import Trainer, resolve_device  # noqa: E402
+from andrea.control.parallel.zero import ZeroTrainer  # noqa: E402
 
 
 def batches(cfg, steps: int):

@@ -47,8 +47,8 @@ REAL_RUN = ("tests/e2e/test_durability.py::"
             "test_a_real_run_publishes_each_checkpoint_after_its_ledger_lines_and_companions_and_reuses_the_spare")
 POWER = "tests/faults/test_power_loss.py"
 # The guard's deterministic tests (plain records, the real writer in a temporary directory): no trajectory.
-GUARD = ("tests/unit/guard/test_decisions.py", "tests/unit/guard/test_guard_retention.py")
-BOUNDARY_FILE, BOUNDARY = "andrea/run/boundary.py", "tests/unit/run/test_boundary.py"
+GUARD = ("tests/unit/control/guard/test_decisions.py", "tests/unit/control/guard/test_guard_retention.py")
+BOUNDARY_FILE, BOUNDARY = "andrea/control/run/boundary.py", "tests/unit/control/run/test_boundary.py"
 
 MUTANTS = [
     # --- issue #28's five survivors --------------------------------------------------------------------------
@@ -60,23 +60,23 @@ MUTANTS = [
            "        try:\n            os.fsync(self._fd)\n        except OSError:\n",
            "        try:\n            pass\n        except OSError:\n",
            (DURABILITY,)),
-    Mutant("#28.3 ZeRO-1 write_blocks: no fsync before the vote", "andrea/commit/shards.py",
+    Mutant("#28.3 ZeRO-1 write_blocks: no fsync before the vote", "andrea/control/commit/shards.py",
            "it\n        os.fsync(fd)\n    finally:\n", "it\n    finally:\n",
            (DURABILITY, "-k", "rank")),
-    Mutant("#28.4 retention not told what the guard protects", "andrea/commit/writer.py",
+    Mutant("#28.4 retention not told what the guard protects", "andrea/control/commit/writer.py",
            "ckpt.retention_victims(steps, self.keep_last, self.keep_every, self.protected())",
            "ckpt.retention_victims(steps, self.keep_last, self.keep_every)",
            (*GUARD, REAL_RUN)),
-    Mutant("#28.4 the runtime never hands the guard's protection to the writer", "andrea/run/runtime.py",
+    Mutant("#28.4 the runtime never hands the guard's protection to the writer", "andrea/control/run/runtime.py",
            "        writer.protected = guard.protected", "        writer.protected = tuple",
            (REAL_RUN, "tests/e2e/test_guard_run.py", "-k", "real_run or divergence_after")),
-    Mutant("#28.5 commit gate open while an incident is pending", "andrea/guard/decisions.py",
+    Mutant("#28.5 commit gate open while an incident is pending", "andrea/control/guard/decisions.py",
            "        return self.pending is None and sum(self.detector.flags) < max(1, self.cfg.persist - 1)\n",
            "        return sum(self.detector.flags) < max(1, self.cfg.persist - 1)\n",
            GUARD),
-    Mutant("#28 AdamW bias correction at max(step, 1)", "andrea/run/trainer.py",
+    Mutant("#28 AdamW bias correction at max(step, 1)", "andrea/control/run/trainer.py",
            "self.state.v, step=step + 1, lr=lr,", "self.state.v, step=max(step, 1), lr=lr,",
-           ("tests/unit/run/test_trainer.py",)),
+           ("tests/unit/control/run/test_trainer.py",)),
     # --- the one-process commit ------------------------------------------------------------------------------
     Mutant("O_DIRECT commit: no fsync before the rename", "andrea/rundir/checkpoint_write.py",
            "        os.ftruncate(fd, size)\n        os.fsync(fd)\n    finally:\n",
@@ -102,7 +102,7 @@ MUTANTS = [
            "    for directory in {path.parent for path in files}:\n        fsync_dir(directory)\n",
            "    for directory in {path.parent for path in files}:\n        pass\n",
            (DURABILITY, "-k", "sidecars")),
-    Mutant("writer: before_commit (ledger, companions) after the .bin", "andrea/commit/writer.py",
+    Mutant("writer: before_commit (ledger, companions) after the .bin", "andrea/control/commit/writer.py",
            "        if before_commit is not None:\n            before_commit()\n"
            "        return checkpoint_write.commit_image(self.run_dir, step, self.images[slot].numpy(), self.n,\n"
            "                                             direct=self.direct, before_rename=before_rename)\n",
@@ -112,7 +112,7 @@ MUTANTS = [
            "        return path\n",
            (DURABILITY, "-k", "writer or real_run")),
     # --- the sharded commit ----------------------------------------------------------------------------------
-    Mutant("ZeRO-1: each rank votes before it writes", "andrea/commit/shards.py",
+    Mutant("ZeRO-1: each rank votes before it writes", "andrea/control/commit/shards.py",
            "    attempt(lambda: write(tails))\n    votes = world.to_leader(world.rank + 1 if error else 0)\n",
            "    votes = world.to_leader(world.rank + 1 if error else 0)\n    attempt(lambda: write(tails))\n",
            (DURABILITY, "-k", "rank")),
@@ -121,10 +121,10 @@ MUTANTS = [
            "            spare.claim(tmp)\n            write_image(tmp, view, size, direct)\n",
            "            spare.claim(tmp) and tmp.unlink()\n            write_image(tmp, view, size, direct)\n",
            (DURABILITY, "-k", "spare")),
-    Mutant("rollback: no directory fsync after deleting the abandoned checkpoints", "andrea/guard/rollback.py",
+    Mutant("rollback: no directory fsync after deleting the abandoned checkpoints", "andrea/control/guard/rollback.py",
            "    if dropped:\n        atomic.fsync_dir(run_dir)\n", "    if dropped:\n        pass\n",
            (DURABILITY, "-k", "rollback")),
-    Mutant("rollback: guard state rewritten without its fsync", "andrea/guard/rollback.py",
+    Mutant("rollback: guard state rewritten without its fsync", "andrea/control/guard/rollback.py",
            "    sidecars.write_json(companion_path(run_dir, step), state)\n",
            "    companion_path(run_dir, step).write_text(sidecars.json_bytes(state).decode())\n",
            (DURABILITY, "-k", "rollback")),

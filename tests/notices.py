@@ -1,4 +1,4 @@
-"""A loopback HTTP server that collects the notices a trainer POSTs (observe/notify.py), for end-to-end tests.
+"""A loopback HTTP server that collects the notices a trainer POSTs (control/observe/notify.py), for end-to-end tests.
 
 stdlib `http.server` on 127.0.0.1, port 0 (the kernel picks a free one), served on a daemon thread; `events`
 is every JSON body received, in arrival order. `Inbox(trickle_s=0.2)` is a hostile server: it records the body,

@@ -33,7 +33,7 @@ reach the kernel outside os.write and are not events; `durable_before` still cat
 fsync, because the file's size at the fsync must equal its size at the rename (or reach `min_size`, for a file
 relied on in place). `--refuse-o-direct` answers EINVAL to every open with O_DIRECT (a filesystem that refuses
 it: the buffered path). A NaN at a chosen step comes from the trainer's own test hook, ANDREA_TEST_POISON_STEPS
-(run/runtime.py), set in the environment.
+(control/run/runtime.py), set in the environment.
 
 For the data pipeline (pieces and a manifest), "every piece durable before the manifest that says it is done":
 

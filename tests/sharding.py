@@ -13,9 +13,9 @@ import threading
 import numpy as np
 import torch
 
-from andrea.commit.shard_layout import ShardImage
-from andrea.commit.shards import ShardFailure, commit_shards
-from andrea.parallel.distributed import World, shard_bounds
+from andrea.control.commit.shard_layout import ShardImage
+from andrea.control.commit.shards import ShardFailure, commit_shards
+from andrea.control.parallel.distributed import World, shard_bounds
 from andrea.rundir import names, spare
 from andrea.rundir.checkpoint_write import DIRECT_ALIGN, DirectIO, commit_checkpoint
 

@@ -72,7 +72,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from andrea.data.store import TextCodec
     from andrea.model.export import pick_checkpoint
     from andrea.model.generate import DivergedModel
-    from andrea.run.trainer import Trainer
+    from andrea.control.run.trainer import Trainer
     run_dir = Path(args.run_dir)
     if args.temperature < 0 or args.max_new_tokens < 0:
         raise ConfigError(f"--temperature {args.temperature:g} and --max-new-tokens {args.max_new_tokens} must be >= 0 "

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from andrea.config import load as configload
-from andrea.run import devices
+from andrea.control.run import devices
 from andrea.config.schema import EvalConfig, RunConfig
 from andrea.config.check import ConfigError
 from andrea.data.codec import TextCodec
@@ -35,9 +35,9 @@ from andrea.evals.tasks import TaskFile, TaskScore, read_tasks, score_tasks, tra
 from andrea.model.export import pick_checkpoint, tokenizer_source
 from andrea.model.arch import layout_for
 from andrea.model.gpt import n_params
-from andrea.observe.progress import CountProgress
+from andrea.control.observe.progress import CountProgress
 from andrea.rundir import checkpoint as ckpt
-from andrea.run.trainer import Trainer
+from andrea.control.run.trainer import Trainer
 
 log = logging.getLogger("andrea.eval")
 DEFAULT_BATCH_ROWS = EvalConfig.batch_rows  # 32 rows (8 HellaSwag examples); logits (32, ~100, V): 0.64 GB fp32

@@ -17,7 +17,7 @@ from andrea.rundir import checkpoint as ckpt
 
 def cmd_info(args: argparse.Namespace) -> int:
     from andrea.model import memory
-    from andrea.observe.mfu import model_flops_per_token
+    from andrea.control.observe.mfu import model_flops_per_token
     from andrea.model.arch import layout_for
     from andrea.model.gpt import n_params
     from andrea.optim.muon import workspace_bytes
@@ -35,7 +35,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     est = memory.estimate(cfg.model, n, memory.micro_batch_rows(tc.micro_batch_size, tc.batch_size),
                           activation_checkpointing=tc.activation_checkpointing, device=args.device,
                           optimizer_workspace=workspace)
-    flops = model_flops_per_token(cfg.model, n)  # andrea/observe/mfu.py (PaLM's 6N + 12LHQT)
+    flops = model_flops_per_token(cfg.model, n)  # andrea/control/observe/mfu.py (PaLM's 6N + 12LHQT)
     print(json.dumps({"preset": args.preset, "arch": cfg.model.arch, "n_params": n,
                       "checkpoint_bytes": ckpt.checkpoint_bytes(n),
                       "flops_per_token": flops, "flops_per_step": flops * tc.batch_size * cfg.model.block_size,

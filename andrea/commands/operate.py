@@ -27,11 +27,11 @@ from andrea.errors import UserError
 from andrea.config import load as configload
 from andrea.config.schema import RunConfig
 from andrea.config.check import ConfigError
-from andrea.mixture import pivot
-from andrea.guard.decisions import ledger_summary
+from andrea.control.mixture import pivot
+from andrea.control.guard.decisions import ledger_summary
 from andrea.data.manifest import data_status
 from andrea.rundir import checkpoint as ckpt, incidents, inspect, sidecars
-from andrea.replica import remote as replica
+from andrea.control.replica import remote as replica
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.names import (CONFIG_NAME, DATA_DIR, LEDGER_NAME, NEXT_POLICY_NAME, STATE_NAME, TOKENIZER_NAME,
                                  WANDB_STATE_NAME, checkpoint_name, companions)
@@ -56,7 +56,7 @@ def run_status(run_dir: Path) -> dict:
     st.update({"loss_ema": ema[-1][1] if ema else None, "phase": state.get("phase"),
                "shares": state.get("shares"), "state_step": state.get("step"),
                "target": (state.get("policy") or {}).get("target"), "target_loss": state.get("target_loss"),
-               "guard": ledger_summary(entries),  # incidents, rollbacks, the remedy in force (guard/decisions.py)
+               "guard": ledger_summary(entries),  # incidents, rollbacks, the remedy in force (control/guard/decisions.py)
                "incidents": incidents.last_of_each(entries),  # the newest marker of each kind (rundir/incidents.py)
                "data": data_status(run_dir),  # per arm: tokens, source bytes, epochs (andrea/data/manifest.py)
                "replica": replica_status(run_dir, st),  # checkpoint.replica's newest step and lag, or null
@@ -197,7 +197,7 @@ def cmd_branch(args: argparse.Namespace) -> int:
         cfg.checkpoint.replica = ""  # a branch is another run: never the parent's replica (--set gives it its own)
         print(f"branch: checkpoint.replica not inherited from {parent} (a branch is another run; "
               "--set checkpoint.replica=... gives it its own)")
-    from andrea.run.identity import check_branch
+    from andrea.control.run.identity import check_branch
     check_branch(parent, cfg)
     n = _n_params(parent_cfg)
     if _n_params(cfg) != n:
@@ -285,7 +285,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             lower = dirs[0] if finals[0] < finals[1] else dirs[1]
             print(f"{point}; lower loss EMA at step {common}: {lower} (by {abs(finals[0] - finals[1]):.4f})")
     if out is not None:
-        from andrea.observe.plots import plot_compare
+        from andrea.control.observe.plots import plot_compare
         plot_compare(dirs, curves, start, out)
         print(f"wrote {out}")
     return 0
@@ -293,7 +293,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def check_figure_path(out: str) -> Path:
     """--out, checked before any work: a format matplotlib writes (else exit 2), in a directory (else exit 1)."""
-    from andrea.observe.plots import figure_format_problem
+    from andrea.control.observe.plots import figure_format_problem
     path = Path(out)
     problem = figure_format_problem(path)
     if problem is not None:
@@ -306,7 +306,7 @@ def check_figure_path(out: str) -> Path:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from andrea.observe.plots import plot_run
+    from andrea.control.observe.plots import plot_run
     run_dir, out = Path(args.run_dir), check_figure_path(args.out)
     plot_run(run_dir, trained_entries(run_dir, "plot"), out)
     print(f"wrote {out}")

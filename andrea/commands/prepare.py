@@ -17,7 +17,7 @@ from andrea.commands.run_config import make_run_dir, resolve_config
 from andrea.config.schema import RunConfig
 from andrea.data import manifest as mf, store
 from andrea.data.preparation import Interrupted, anchor_paths, check_unchanged, prepare_run
-from andrea.run import early_signals
+from andrea.control.run import early_signals
 from andrea.rundir import atomic, names
 from andrea.rundir.runlock import RunLock
 

@@ -1,13 +1,13 @@
 """`andrea restore REPLICA --run-dir DIR`: a run brought back from its replica onto an empty disk.
 
-Reads the replica (replica/remote.py's layout): `replica.json` (it must be an andrea replica), the ledger, the
+Reads the replica (control/replica/remote.py's layout): `replica.json` (it must be an andrea replica), the ledger, the
 published checkpoints newest first, each downloaded and hashed against its `.sum.json`, with its companions, its
 ledger record (`step_N.ledger.json`) checked against the ledger and its checksum, until one restores whole: an
 older one is taken, in one warning line, when the newest is corrupt, has a damaged or wrong ledger record, or was
 removed by the run's retention while it was fetched (the replica is listed once more when that leaves none).
-Then the checkpoints its guard state names (guard/decisions.py `named_checkpoints`: the known-good point a
+Then the checkpoints its guard state names (control/guard/decisions.py `named_checkpoints`: the known-good point a
 rollback reads, the tentative ones that may become it), each the same way; one the replica does not hold is said
-in one line (the guard then starts afresh from the restored checkpoint, guard/rollback.py). Then the sidecars,
+in one line (the guard then starts afresh from the restored checkpoint, control/guard/rollback.py). Then the sidecars,
 archive/, run.toml, tokenizer.json and data/. Writes them into DIR, each atomically; the restored checkpoint's
 `.bin` is renamed into place last. Then `andrea train --run-dir DIR` resumes from that checkpoint, to the same
 bytes as a run that never lost its disk, with a guard that can roll back.
@@ -25,10 +25,10 @@ import logging
 import re
 from pathlib import Path
 
-from andrea.guard import decisions as guard_decisions
-from andrea.replica.admit import run_record
+from andrea.control.guard import decisions as guard_decisions
+from andrea.control.replica.admit import run_record
 from andrea.rundir import checksum
-from andrea.replica import remote as rep
+from andrea.control.replica import remote as rep
 from andrea.rundir.atomic import fsync_dir, write_atomic
 from andrea.rundir.ledger import ledger_problem
 from andrea.rundir.names import LEDGER_NAME, RESTORING_NAME, checkpoint_name, companion_path

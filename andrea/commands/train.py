@@ -1,7 +1,7 @@
-"""`python -m andrea train`: what is refused before the run directory is touched, then the run (run/runtime.py).
+"""`python -m andrea train`: what is refused before the run directory is touched, then the run (control/run/runtime.py).
 
 Refused, in this order, each one `andrea: error:` line and nothing written: a configuration that does not resume
-the run's (run/identity.py), an interrupted `andrea restore`, a bad replica (replica/replicator.py), a bad
+the run's (control/run/identity.py), an interrupted `andrea restore`, a bad replica (control/replica/replicator.py), a bad
 --init-from, a notice command that does not exist, a batch the ranks cannot split, a device or kernels the machine
 cannot run; then the run directory is created and the run starts. Heavy imports (torch) come after the early signal
 handlers: a SIGTERM from the first moment on ends in a clean stop.
@@ -22,8 +22,8 @@ log = logging.getLogger("andrea")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from andrea.run.early_signals import EarlySignals
-    from andrea.run.signals import HANDLED
+    from andrea.control.run.early_signals import EarlySignals
+    from andrea.control.run.signals import HANDLED
     early = EarlySignals(HANDLED)  # before the slow imports: a SIGTERM from now on ends in a clean stop
     run_dir = Path(args.run_dir)
     cfg = resolve_config(args, run_dir, check=lambda cfg: check_existing(run_dir, cfg))
@@ -31,7 +31,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise OSError(f"{run_dir}: an interrupted `andrea restore` ({names.RESTORING_NAME}): run it again to complete "
                       "the run directory before training")
     if cfg.checkpoint.replica and os.environ.get("RANK", "0") == "0":  # before anything is written (rank 0)
-        from andrea.replica.admit import check_at_start
+        from andrea.control.replica.admit import check_at_start
         warning = check_at_start(cfg.checkpoint.replica, run_dir, bool(run_dir.is_dir()
                                                                         and ckpt.list_checkpoints(run_dir)))
         if warning:
@@ -41,12 +41,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_init_from(init_from, cfg)
     from andrea.data.preparation import anchor_paths
     anchor_paths(cfg.data, run_dir / names.DATA_DIR)  # run.toml records where a new source is, absolutely
-    from andrea.observe import notify
+    from andrea.control.observe import notify
     notify.check(cfg.notify)  # the notice command's program exists
     import torch
 
-    from andrea.run import devices
-    from andrea.parallel.distributed import World, check_batch
+    from andrea.control.run import devices
+    from andrea.control.parallel.distributed import World, check_batch
     world = World.from_env()  # torchrun's RANK / WORLD_SIZE / LOCAL_RANK; one process without them
     check_batch(cfg.train.batch_size, world.size, cfg.train.micro_batch_size)
     device_type, kernels = devices.resolve(cfg.train.device, cfg.train.kernels, world.local_rank, world.distributed)
@@ -55,7 +55,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise OSError(f"{run_dir}: the run directory is not writable")
     device = world.device(torch.device(device_type))
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    from andrea.run.runtime import TrainingRun
+    from andrea.control.run.runtime import TrainingRun
     world.init(device, cfg.watchdog.collective_timeout_s if cfg.watchdog.enabled else None)
     try:
         run = TrainingRun(cfg, run_dir, device=device, kernels=kernels, init_from=init_from, early=early,
@@ -66,9 +66,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def check_existing(run_dir: Path, cfg) -> None:
-    """An existing run keeps what its checkpoints mean (run/identity.py)."""
+    """An existing run keeps what its checkpoints mean (control/run/identity.py)."""
     if run_dir.is_dir():
-        from andrea.run.identity import check_resume
+        from andrea.control.run.identity import check_resume
         saved = run_dir / names.CONFIG_NAME
         check_resume(run_dir, cfg, configload.run_config(run_dir) if saved.exists() else None)
 
@@ -76,7 +76,7 @@ def check_existing(run_dir: Path, cfg) -> None:
 def check_init_from(path: Path | None, cfg) -> None:
     """--init-from names a file, or an exported directory holding weights (model/init_from.py); checked before the
     run directory is touched: the weights' config.json describes this run's model, a checkpoint's run means by
-    its bytes what this run does (run/identity.py). The tensors themselves are read when the run starts."""
+    its bytes what this run does (control/run/identity.py). The tensors themselves are read when the run starts."""
     if path is None:
         return
     from andrea.model.init_from import check_config, is_weights, weights_file
@@ -85,7 +85,7 @@ def check_init_from(path: Path | None, cfg) -> None:
     elif not path.is_file():
         raise FileNotFoundError(f"{path}: --init-from: {'not a file' if path.exists() else 'no such file'}")
     else:
-        from andrea.run.identity import check_init_from as same_identity
+        from andrea.control.run.identity import check_init_from as same_identity
         same_identity(path, cfg)
 
 

@@ -118,6 +118,6 @@ class PolicyConfig:
             raise ConfigError("policy.update_every must be >= 1, policy.eta > 0 and policy.gamma in [0, 1]")
 
     def target_weights(self, arms: list[str]) -> list[float]:
-        """The normalised target weight of each arm in `arms` (validated by andrea/mixture/policy.py)."""
+        """The normalised target weight of each arm in `arms` (validated by andrea/control/mixture/policy.py)."""
         raw = [float(self.target.get(a, 1.0)) for a in arms]
         return [w / sum(raw) for w in raw]

@@ -15,7 +15,7 @@ from andrea.config.check import ConfigError
 
 @dataclass
 class GuardConfig:
-    """The divergence guard (andrea/guard/decisions.py): detect, never checkpoint over the last good state, roll back.
+    """The divergence guard (andrea/control/guard/decisions.py): detect, never checkpoint over the last good state, roll back.
 
     Defaults are chosen so that healthy runs never trigger it (bench/guard.py checks the tiny preset's whole
     schedule and ANDREA-12M's first steps): a healthy batch loss moves 10-15 % and a healthy gradient norm
@@ -63,7 +63,7 @@ class GuardConfig:
 
 NOTIFY_EVENTS = ("incident", "rollback", "guard_stop", "write_error", "stall", "pivot", "finished", "stopped",
                  "failed", "quarantine", "resume_below", "replica_down", "replica_back", "rank_mismatch")
-"""The events a notice is sent for (andrea/observe/notify.py documents each one's JSON); a new kind is added here
+"""The events a notice is sent for (andrea/control/observe/notify.py documents each one's JSON); a new kind is added here
 and emitted where it happens."""
 STALL_EXIT_CODE = 75
 """The trainer's exit status when the watchdog ends a hung run (EX_TEMPFAIL: try again; docs/operating.md)."""
@@ -71,7 +71,7 @@ STALL_EXIT_CODE = 75
 
 @dataclass
 class WatchdogConfig:
-    """The watchdog (andrea/observe/watchdog.py): a run that stops making progress exits with code 75 and its
+    """The watchdog (andrea/control/observe/watchdog.py): a run that stops making progress exits with code 75 and its
     stacks in the log, so that systemd, Kubernetes or SLURM restart it from its newest checkpoint.
 
     A component (the training thread, the step boundary, the I/O thread) is hung when it has been busy without
@@ -114,7 +114,7 @@ class WatchdogConfig:
 
 @dataclass
 class NotifyConfig:
-    """Notices to the operator (andrea/observe/notify.py): each event as one JSON object, given to a command on
+    """Notices to the operator (andrea/control/observe/notify.py): each event as one JSON object, given to a command on
     its standard input and/or POSTed to a URL, from a thread of its own (a step never waits for it, a failed
     notice is one warning line, never the run's failure)."""
 
@@ -129,7 +129,7 @@ class NotifyConfig:
     kinds of its day: add the new ones with --set)."""
     timeout_s: float = 10.0
     """The longest a command or a POST may take, the whole exchange, before it is abandoned with a warning (a
-    command's whole process group is ended then; observe/delivery.py)."""
+    command's whole process group is ended then; control/observe/delivery.py)."""
     max_per_hour: int = 6
     """Notices of one kind sent per rolling hour at most; the rest are dropped and counted in the next one
     (`suppressed`). The last notice of a process (finished, stopped, failed, stall) is always sent."""

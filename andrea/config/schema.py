@@ -18,7 +18,7 @@ from typing import Any
 from andrea.config.check import ConfigError
 from andrea.config.corpus import DataConfig, PolicyConfig
 from andrea.config.keepers import GuardConfig, NotifyConfig, WatchdogConfig
-from andrea.mixture.policy import PolicyError, validate_policy
+from andrea.control.mixture.policy import PolicyError, validate_policy
 
 
 ARCHS = ("gpt2", "modern")
@@ -144,7 +144,7 @@ class TrainConfig:
     """none | blocks (blocks: keep only each transformer block's input and recompute the block in the backward:
     the same bytes, less activation memory, ~1/3 more compute)"""
     peak_tflops: float = 0.0
-    """Peak dense TFLOP/s of one device, for MFU (andrea/observe/mfu.py); 0 = the table's for a GPU it lists (A100, H100,
+    """Peak dense TFLOP/s of one device, for MFU (andrea/control/observe/mfu.py); 0 = the table's for a GPU it lists (A100, H100,
     H200, L4, L40S, RTX 3090/4090, bf16). On a CPU or an unlisted GPU MFU is reported as unknown unless set."""
 
     def __post_init__(self) -> None:
@@ -195,7 +195,7 @@ class CheckpointConfig:
     """Newest checkpoints kept; older ones are deleted unless they are multiples of keep_every, or the guard's
     known-good checkpoint or a tentative one (guard.confirm_steps records not yet seen): with every below
     guard.confirm_steps, a few more stay on disk (at most confirm_steps / max(every, confirm_steps / 8) + 2:
-    10 at every = 1, andrea/guard/decisions.py)."""
+    10 at every = 1, andrea/control/guard/decisions.py)."""
     keep_every: int = 10_000
     """Checkpoints at multiples of this are "major" and never deleted; 0 disables."""
     usr1: str = "step"
@@ -288,12 +288,12 @@ class LogConfig:
     """Where a run's records go besides the ledger (which is always written)."""
 
     tensorboard: bool = False
-    """Also write the ledger's records as TensorBoard scalars under RUN_DIR/tb/ (andrea/observe/tensorboard.py)."""
+    """Also write the ledger's records as TensorBoard scalars under RUN_DIR/tb/ (andrea/control/observe/tensorboard.py)."""
     flush_secs: float = 30.0
     """Longest time a TensorBoard scalar waits in memory before it is written to RUN_DIR/tb/."""
     wandb: bool = False
     """Also stream the ledger's settled history to Weights & Biases, one W&B run per andrea run across restarts
-    (andrea/observe/wandb_log.py; needs `pip install 'andrea[wandb]'` and, online, WANDB_API_KEY in the
+    (andrea/control/observe/wandb_log.py; needs `pip install 'andrea[wandb]'` and, online, WANDB_API_KEY in the
     environment)."""
     wandb_project: str = ""
     """The W&B project; empty: W&B's own WANDB_PROJECT from the environment, else "andrea"."""

@@ -28,7 +28,7 @@ from andrea.config.corpus import SourceConfig
 from andrea.data import manifest as mf, read, splits
 from andrea.data.codec import EOT, TextCodec
 from andrea.data.sources import DataError, builtin_documents
-from andrea.observe.progress import ByteProgress
+from andrea.control.observe.progress import ByteProgress
 
 CHUNK_BYTES = 2 << 20  # text per encode_batch call: ~1 s of encoding on two cores
 COMMIT_SECONDS = 10.0

@@ -24,7 +24,7 @@ from andrea.data.codec import EOT, TextCodec
 from andrea.data.encode import ArmJob, CommitHook, Interrupted, TextArm
 from andrea.data.sources import DataError, builtin_source_bytes, source_files
 from andrea.data.tokentrain import train_tokenizer
-from andrea.observe.progress import ByteProgress
+from andrea.control.observe.progress import ByteProgress
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.names import DATA_DIR, TOKENIZER_NAME
 

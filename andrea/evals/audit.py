@@ -28,7 +28,7 @@ from andrea.config.check import ConfigError
 from andrea.config.schema import RunConfig
 from andrea.data.store import EVAL_STREAM, SAMPLE_STREAM, ArmTokens, TextCodec, rng_for, rows
 from andrea.model.generate import DivergedModel
-from andrea.run.trainer import Trainer
+from andrea.control.run.trainer import Trainer
 
 log = logging.getLogger("andrea.audit")
 

@@ -51,7 +51,7 @@ import torch
 from andrea.data.sources import DataError
 
 if TYPE_CHECKING:
-    from andrea.run.trainer import Trainer
+    from andrea.control.run.trainer import Trainer
 
 ModelForward = Callable[[torch.Tensor], torch.Tensor]  # idx (B, T) int64 → logits (B, T, V), on any device
 FIELDS = ("ctx", "endings", "label")
@@ -339,6 +339,6 @@ def model_forward(model: torch.nn.Module, device: torch.device,
 
 
 def trainer_forward(trainer: Trainer) -> ModelForward:
-    """The live model of a Trainer (andrea/run/trainer.py) as a ModelForward, for a score at a step boundary: its
+    """The live model of a Trainer (andrea/control/run/trainer.py) as a ModelForward, for a score at a step boundary: its
     device and autocast, eval mode (the next train_step sets train mode again), no gradient, no state written."""
     return model_forward(trainer.model, trainer.device, trainer.autocast)

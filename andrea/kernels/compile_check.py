@@ -52,7 +52,7 @@ import triton
 from andrea.config.load import load, preset_names
 from andrea.model.arch import layout_for
 from andrea.model.gpt import n_params
-from andrea.run.trainer import update_fn
+from andrea.control.run.trainer import update_fn
 
 # The kernel modules by import path: the package re-exports functions named like two of them (attention,
 # cross_entropy), so attribute access on andrea.kernels would find those instead.

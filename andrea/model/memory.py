@@ -1,12 +1,12 @@
 """Memory decisions as pure functions over plain data: the micro-batch a step runs with, the out-of-memory
 fallback of `train.micro_batch_size = "auto"`, and the device-memory estimate `andrea info` prints.
 
-Reads and writes nothing; imports no torch (the trainer applies these decisions, andrea/run/trainer.py).
+Reads and writes nothing; imports no torch (the trainer applies these decisions, andrea/control/run/trainer.py).
 
 The estimate counts what a training step keeps alive at its peak, the moment the loss's backward starts:
-    parameters   fp32 masters, 4·n bytes            (the flat `w`, andrea/run/trainer.py)
+    parameters   fp32 masters, 4·n bytes            (the flat `w`, andrea/control/run/trainer.py)
     gradient     fp32, 4·n                          (the flat gradient every micro-batch accumulates into)
-    adam_m_v     fp32 m and v, 8·n                  (1/P of that per rank under torchrun: ZeRO-1, andrea/parallel/zero.py)
+    adam_m_v     fp32 m and v, 8·n                  (1/P of that per rank under torchrun: ZeRO-1, andrea/control/parallel/zero.py)
     activations  what autograd saved for the backward, per micro-batch of b rows of T tokens
     logits       the (b·T, V) log-probabilities the loss saved and the same-sized gradient its backward makes
     optimizer_workspace  what the update allocates beside the state (Muon: andrea/optim/muon.py's

@@ -2,7 +2,7 @@
 
 Reads and updates device memory only (the trainer's flat weights, gradient, m and v, or a ZeRO-1 rank's slice of
 them); no files. `MuonAdamW(...)` is called like adamw_reference/adamw_step (andrea/kernels/adamw.py), so the
-trainer's step (andrea/run/trainer.py) and ZeRO-1's (andrea/parallel/zero.py) wire it where AdamW was.
+trainer's step (andrea/control/run/trainer.py) and ZeRO-1's (andrea/control/parallel/zero.py) wire it where AdamW was.
 
 Which optimizer updates a parameter is a pure function of the layout (`muon_matrices`): Muon takes every 2-D
 parameter inside a transformer block (`h.<i>.…`: the GPT's attn.c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj, and
@@ -115,7 +115,7 @@ def adamw_runs(layout: list[ParamSpec], lo: int, hi: int) -> list[tuple[int, int
 
 
 def matrix_spans(layout: list[ParamSpec]) -> list[tuple[int, int]]:
-    """(offset, numel) of every Muon matrix: what a ZeRO-1 shard boundary must not cut (parallel/distributed.py)."""
+    """(offset, numel) of every Muon matrix: what a ZeRO-1 shard boundary must not cut (control/parallel/distributed.py)."""
     return [(m.offset, m.numel) for m in muon_matrices(layout)]
 
 

@@ -224,7 +224,7 @@ def remove_stale_tmp(run_dir: str | Path) -> list[Path]:
 def retention_victims(steps: Iterable[int], keep_last: int, keep_every: int,
                       protect: Iterable[int] = ()) -> list[int]:
     """Steps to delete: all but the newest `keep_last`, sparing multiples of `keep_every` (major checkpoints)
-    and the `protect`ed steps (the divergence guard's known-good checkpoint, guard/decisions.py)."""
+    and the `protect`ed steps (the divergence guard's known-good checkpoint, control/guard/decisions.py)."""
     ordered = sorted(set(steps))
     recent = set(ordered[-keep_last:]) if keep_last > 0 else set()
     spared = recent | set(protect)

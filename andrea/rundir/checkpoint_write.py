@@ -158,7 +158,7 @@ def publish_checkpoint(tmp: str | Path, final: str | Path) -> Path:
     """The commit point: rename a complete, fsynced `.tmp` onto its checkpoint name, then fsync the directory.
 
     A failed rename removes the `.tmp` and propagates. ZeRO-1: rank 0 calls this once every rank's vote says
-    that its blocks of the shared `.tmp` are durable (andrea/commit/shards.py).
+    that its blocks of the shared `.tmp` are durable (andrea/control/commit/shards.py).
     """
     return atomic.publish(Path(tmp), Path(final))
 

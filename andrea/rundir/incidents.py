@@ -1,14 +1,14 @@
 """Incidents besides the divergence guard's, as ledger markers, and `andrea status`'s last incident of each kind.
 
 Every incident an operator of a long run must be able to reconstruct afterwards is a marker in `.loss.json`
-(rundir/ledger.py `marker`; docs/formats.md's ledger section) and, from it, a notice (observe/notify.py
-`from_marker`); the markers reach the replica with the ledger, and so does `quarantine/` (replica/remote.py).
+(rundir/ledger.py `marker`; docs/formats.md's ledger section) and, from it, a notice (control/observe/notify.py
+`from_marker`); the markers reach the replica with the ledger, and so does `quarantine/` (control/replica/remote.py).
 Built here (plain functions over plain data), appended by their owners:
 
     {"event": "quarantine", "step": S, "file": "step_000030.bin", "to": "quarantine/", "regions": ["weights"],
      "reason": "step_000030.bin: checksum mismatch in weights: ..."}
         a checkpoint newer than the one resumed from failed validation and was moved to quarantine/ with its
-        companions (run/resume.py); S is the step the run resumes from; `regions`: the checksum regions that
+        companions (control/run/resume.py); S is the step the run resumes from; `regions`: the checksum regions that
         changed ([] for another problem: truncated, non-finite, a missing companion ...)
     {"event": "resume_below", "step": S, "newest": N, "skipped": ["step_000030.bin", ...], "reason": "..."}
         the start resumed from S although checkpoints up to N were on disk: why, in the first skipped one's words
@@ -17,8 +17,8 @@ Built here (plain functions over plain data), appended by their owners:
     {"event": "replica_back", "step": S, "uri": "s3://b/run", "down_s": 9.2, "replica_step": R}
         the store is back and a pass caught up: the replica holds step R again
     {"event": "rank_mismatch", "step": S, "ranks": [1], "digests": ["<xxh3-128 hex>", ...]}
-        under torchrun the ranks' weights differed at the checkpoint of S (parallel/agreement.py, written by
-        run/boundary.py): `ranks` outside the majority, every rank's digest in rank order; the guard's incident and
+        under torchrun the ranks' weights differed at the checkpoint of S (control/parallel/agreement.py, written by
+        control/run/boundary.py): `ranks` outside the majority, every rank's digest in rank order; the guard's incident and
         rollback follow, and the checkpoint of S is never written
 S is the run's header step when the marker is written. `last_of_each` is what `andrea status` shows as
 `incidents`: the newest marker of every kind in KINDS (null for a kind the run never met).

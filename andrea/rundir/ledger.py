@@ -1,6 +1,6 @@
 """The loss ledger `.loss.json`: the run's append-only audit record (docs/formats.md#the-loss-ledger), its
 writer and its reader. The training loop's feed into it (lines batched for the I/O thread, fsynced on a cadence)
-is andrea/run/ledger_feed.py.
+is andrea/control/run/ledger_feed.py.
 
 Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n". Two kinds of line:
 
@@ -14,7 +14,7 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
     tokens     training tokens seen up to and including this update
     time       Unix time at which the control plane recorded the entry
     phase      policy phase (0 until the first pivot)
-    mfu        model-FLOPs utilisation over the last max(log_every, 10) steps (andrea/observe/mfu.py); absent on a device
+    mfu        model-FLOPs utilisation over the last max(log_every, 10) steps (andrea/control/observe/mfu.py); absent on a device
                without a known peak and for a process's first step
 
   marker (has an "event" key; always has "step" and "time"):
@@ -36,12 +36,12 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
     torn_tail  a partial last line left by a crash was cut off at open {"event": "torn_tail", "bytes": k}
     cut_tail   a start resuming from the checkpoint of step S found complete lines that are no ledger entries
                (junk, a crash's NUL-filled line) after the bytes that checkpoint vouches for, and cut the file
-               back to the last entry before the first of them (run/resume.py); the bytes cut are kept in
+               back to the last entry before the first of them (control/run/resume.py); the bytes cut are kept in
                quarantine/  {"event": "cut_tail", "step": S, "at": B, "bytes": k, "lines": n, "kept": "quarantine/..."}
     gap        the run continued past a ledger its checkpoint did not vouch for (`--accept-ledger-gap`)
                {"event": "gap", "step": S, "reason": "...", "recorded_bytes": B, "unreadable_lines": [n, ...]}
                — readers skip the unreadable lines it lists (and only those)
-    incident   the divergence guard (guard/decisions.py) saw the run leave its basin at step T
+    incident   the divergence guard (control/guard/decisions.py) saw the run leave its basin at step T
                {"event": "incident", "step": T, "reason": "loss 9.3 above its band 7.5 (3 of the last 5 steps
                 anomalous)", "loss": 9.3, "grad_norm": 3.0, "attempt": k}   (a non-finite value as a string)
     rollback   the guard went back to its known-good checkpoint and continues from there
@@ -54,9 +54,9 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
                attempt 1                          {"event": "recovered", "step": C}
     guard_stop the divergence persisted after guard.max_attempts rollbacks: the run stopped non-zero
                {"event": "guard_stop", "step": T, "attempts": k, "resume_from": "step_000040.bin" | null}
-    stall      the watchdog (observe/watchdog.py) of rank R (0 in one process) found a component busy without
+    stall      the watchdog (control/observe/watchdog.py) of rank R (0 in one process) found a component busy without
                progress past its limit; the job exits 75 right after. S is the writer's header step; under
-               torchrun rank 0 writes it for whichever rank hung (its stall note, parallel/stall_notes.py), and
+               torchrun rank 0 writes it for whichever rank hung (its stall note, control/parallel/stall_notes.py), and
                only while its I/O thread is alive
                {"event": "stall", "step": S, "component": "train" | "boundary" | "io", "seconds": 12.3,
                 "limit": 10.0, "rank": R}

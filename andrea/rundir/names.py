@@ -6,27 +6,27 @@ integrity checks and a replica agree on them.
     RUN_DIR/
       step_NNNNNN.bin          a checkpoint (rundir/checkpoint.py)
       step_NNNNNN.<kind>.json  its companions: sum (its checksum, rundir/checksum.py), state (the bandit,
-                               rundir/sidecars.py), guard (guard/rollback.py), ledger (the ledger's length
+                               rundir/sidecars.py), guard (control/guard/rollback.py), ledger (the ledger's length
                                and hash as the checkpoint vouches for them, rundir/ledger.py's `seal`)
       spare.ckpt               a released checkpoint whose blocks the next commit overwrites (rundir/spare.py)
       .loss.json               the loss ledger, append-only (rundir/ledger.py)
       .state.json              the data proxy's live state, reset at a pivot (rundir/sidecars.py)
       .samples.json            recent sample audits, reset at a pivot (rundir/sidecars.py)
       run.toml                 the resolved configuration (rundir/sidecars.py writes it atomically)
-      policy.next.toml         a hot pivot's policy, waiting for the trainer (mixture/pivot.py)
+      policy.next.toml         a hot pivot's policy, waiting for the trainer (control/mixture/pivot.py)
       tokenizer.json           the run's BPE tokenizer (data/preparation.py)
       data/                    token files and manifest.json (data/splits.py, data/manifest.py)
       archive/phase-K/         the sidecars of a finished policy phase (rundir/sidecars.py)
       quarantine/              checkpoints that failed validation at a start, with their companions, and
-                               ledger bytes a start cut (.loss.json.cut-at-B) (run/resume.py): evidence,
+                               ledger bytes a start cut (.loss.json.cut-at-B) (control/run/resume.py): evidence,
                                never deleted
-      tb/                      TensorBoard event files when enabled (observe/tensorboard.py)
+      tb/                      TensorBoard event files when enabled (control/observe/tensorboard.py)
       train.lock, train.pid    one trainer per directory (rundir/runlock.py)
       .share-probe.<nonce>     for a moment at a torchrun start: does every rank see this directory
-                               (parallel/sharing.py)
-      .replica.json            the replica's newest step and lag, for `status` (replica/replicator.py through
-                               replica/remote.py, when checkpoint.replica is set)
-      .wandb.json              the W&B run's id and the newest step logged to it (observe/wandb_log.py)
+                               (control/parallel/sharing.py)
+      .replica.json            the replica's newest step and lag, for `status` (control/replica/replicator.py through
+                               control/replica/remote.py, when checkpoint.replica is set)
+      .wandb.json              the W&B run's id and the newest step logged to it (control/observe/wandb_log.py)
       wandb/                   W&B's own files when log.wandb is on (offline runs, logs)
       restore.partial          an `andrea restore` in progress (commands/restore.py): train refuses, restore resumes
 Any file written atomically passes through `<name>.tmp` (rundir/atomic.py, rundir/checkpoint_write.py).

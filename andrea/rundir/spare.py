@@ -21,7 +21,7 @@ The cycle, on the commit's I/O thread (rank 0's in a ZeRO-1 run):
              [0, 8 + 12·n) and sets the length: nothing of the released checkpoint survives. The atomic protocol
              is unchanged (write, fsync, rename, directory fsync); only the `.tmp` starts out allocated. In a
              ZeRO-1 run rank 0 claims before the exchange that starts the commit, and the other ranks open
-             the `.tmp` only after it (andrea/commit/shards.py).
+             the `.tmp` only after it (andrea/control/commit/shards.py).
 Disk space: between commits the spare is one checkpoint more on disk; during a commit it is the `.tmp`, so the
 peak (K checkpoints and the one being written) is what it was without it.
 

@@ -27,14 +27,14 @@ import pytest
 import torch
 
 from andrea.config import load as configload
-from andrea.run import records as records_mod
-from andrea.commit import writer as writer_mod
-from andrea.run.runtime import TrainingRun
-from andrea.commit.shard_layout import ShardImage
-from andrea.parallel.distributed import World
+from andrea.control.run import records as records_mod
+from andrea.control.commit import writer as writer_mod
+from andrea.control.run.runtime import TrainingRun
+from andrea.control.commit.shard_layout import ShardImage
+from andrea.control.parallel.distributed import World
 from andrea.rundir import names
 from andrea.rundir.checkpoint_write import DIRECT_ALIGN, commit_checkpoint, image_bytes
-from andrea.run.trainer import Trainer
+from andrea.control.run.trainer import Trainer
 from tests.runs import ROOT, env
 from tests.disks import Disk, refusal_lines
 from tests.sharding import commit_with_threads

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from andrea.commit import shards
+from andrea.control.commit import shards
 from andrea.rundir import checkpoint as ckpt, checkpoint_write, names
 from tests.runs import (ROOT, TINY, Trainer, andrea, env, free_port, header, launcher_argv, ledger, seed_data,
                         steps_in_ledger, train, tree_digest)
@@ -260,7 +260,7 @@ def test_sigterm_to_the_launcher_then_resume_on_two_ranks_and_on_one_then_two(st
     assert stopped == steps_in_ledger(run)[-1] < TARGET  # ... at the ledger's last step
     assert not list(run.glob("*.tmp")) and all_valid(run)
     for rank in (0, 1):  # every worker finished its stop (and returned 0): no traceback from a worker
-        assert f"andrea.run[{rank}]: stopped at step {stopped} (SIGTERM)" in out, out[-3000:]
+        assert f"andrea.control.run[{rank}]: stopped at step {stopped} (SIGTERM)" in out, out[-3000:]
     assert "andrea: error" not in out
 
     # 2 -> 1: the same stopped run, resumed by one process, follows the references to step 40 ...
@@ -300,7 +300,7 @@ def test_ctl_and_pivot_reach_rank_0_and_a_sigkilled_worker_leaves_valid_checkpoi
         # it at the next boundary and every rank switches policy at the same checkpoint.
         (tmp_path / "p.toml").write_text(POLICY)
         assert andrea("pivot", str(run), "--policy", str(tmp_path / "p.toml")).returncode == 0
-        pivoted = [re.search(r"pivot at step (\d+)", t.wait_for(lambda l, r=r: f"andrea.run[{r}]: pivot at step" in l,
+        pivoted = [re.search(r"pivot at step (\d+)", t.wait_for(lambda l, r=r: f"andrea.control.run[{r}]: pivot at step" in l,
                                                                 60)).group(1) for r in (0, 1)]
         assert pivoted[0] == pivoted[1]
         pivot_step = int(pivoted[0])
@@ -419,7 +419,7 @@ def test_a_global_batch_that_does_not_split_is_one_line(prepared, tmp_path):
 
 def test_ranks_that_disagree_on_the_weights_are_an_incident_rolled_back_to_an_agreed_checkpoint(prepared, tmp_path):
     """Issue 46: a silently corrupted GPU. The test hook flips one mantissa bit of one weight on rank 1 after step 40
-    (parallel/agreement.py): at step 40's checkpoint the ranks' digests differ. That checkpoint is never written;
+    (control/parallel/agreement.py): at step 40's checkpoint the ranks' digests differ. That checkpoint is never written;
     a rank_mismatch marker and notice, the guard's incident and its rollback to step 20 (known-good, committed while
     the ranks agreed) follow, and the run reaches its target with every checkpoint valid."""
     from tests.notices import Inbox

@@ -41,7 +41,7 @@ import pytest
 from andrea import cli
 from andrea.config import schema as config, doc as configdoc
 from andrea.config.corpus import SourceConfig
-from andrea.observe import plots
+from andrea.control.observe import plots
 from andrea.rundir import ledger as ledger_mod
 from andrea.rundir import checkpoint as ckpt, names
 from tests.runs import ROOT, ledger, seed_data, train

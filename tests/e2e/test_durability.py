@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 import torch
 
-from andrea.commit import shards
-from andrea.commit.writer import CheckpointWriter
+from andrea.control.commit import shards
+from andrea.control.commit.writer import CheckpointWriter
 from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars, spare
 from andrea.rundir.checkpoint_write import DirectIO, commit_checkpoint
 from andrea.rundir.names import LEDGER_NAME
@@ -152,7 +152,7 @@ def test_sidecars_write_many_makes_every_file_durable_then_renames_then_fsyncs_e
 
 
 def test_a_replica_download_is_durable_before_its_rename_and_a_refused_piece_changes_nothing(tmp_path):
-    from andrea.replica import remote as rep
+    from andrea.control.replica import remote as rep
     remote = rep.Replica(str(tmp_path / "remote"))  # a plain-path replica: the same download as from S3
     remote.put("step_000010.bin", b"\x01" * 3000)
     dest = tmp_path / "run" / "step_000010.bin"

@@ -27,7 +27,7 @@ from andrea.commands.evaluate import evaluate_run
 from andrea.config.check import ConfigError
 from andrea.config.schema import RunConfig
 from andrea.rundir import names
-from andrea.run.trainer import Trainer
+from andrea.control.run.trainer import Trainer
 from tests.runs import ROOT, seed_data, train
 
 TASKS = ROOT / "tests" / "tasks" / "memorized.jsonl"
@@ -225,11 +225,11 @@ def test_scoring_a_live_trainer_between_steps_changes_none_of_its_training_bytes
 def test_progress_off_a_terminal_is_a_log_line_of_examples_done(monkeypatch, caplog):
     import logging
 
-    from andrea.observe.progress import CountProgress
+    from andrea.control.observe.progress import CountProgress
     monkeypatch.setattr(CountProgress, "LOG_SECONDS", 0.0)
     progress = CountProgress(8, "eval", "examples")  # pytest's stderr is no terminal: no bar
     forward, _ = bigram()
-    with caplog.at_level(logging.INFO, logger="andrea.observe.progress"):
+    with caplog.at_level(logging.INFO, logger="andrea.control.observe.progress"):
         ev.score_tasks(forward, ByteCodec(), varied_tasks(8), 64, batch_size=12, progress=progress)
     progress.close()
     assert progress.bar is None and progress.done == 8

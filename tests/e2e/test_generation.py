@@ -21,7 +21,7 @@ from andrea.config import load as configload
 from andrea.model import generate as generation
 from andrea.data.store import TextCodec
 from andrea.model.gpt import GPT
-from andrea.run.trainer import Trainer
+from andrea.control.run.trainer import Trainer
 from tests.runs import seed_data, train
 
 PROMPTS = [[11, 2, 3], [7], [5, 6, 7, 8, 9, 10, 11]]  # odd, unequal lengths, the longest neither first nor last

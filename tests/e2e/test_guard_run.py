@@ -1,7 +1,7 @@
 """The divergence guard end to end: real `python -m andrea train` processes on the tiny preset.
 
 Two ways to make a run diverge, for two kinds of assertion:
-- `ANDREA_TEST_POISON_STEPS=<n>[,<n>...]` (run/runtime.py's test hook): the step record of step n reads
+- `ANDREA_TEST_POISON_STEPS=<n>[,<n>...]` (control/run/runtime.py's test hook): the step record of step n reads
   loss = NaN the first time the process reaches n, a non-finite incident at exactly that step on every machine.
   The tests that need the guard in one exact situation (the known-good checkpoint a later one than the start,
   the attempts used up) construct it with this hook, so they exercise the same case on every CPU.
@@ -53,7 +53,7 @@ def assert_continuous(run_dir, last: int) -> None:
 @pytest.fixture(scope="module")
 def healthy(prepared, tmp_path_factory):
     """400 steps at the preset's learning rate, cadence 20: the reference the guarded runs are held to. The guard's
-    decisions over ten seeds' first 500 steps are checked on their recording (tests/unit/guard/
+    decisions over ten seeds' first 500 steps are checked on their recording (tests/unit/control/guard/
     test_healthy_series.py) and the whole 2000-step schedule by the slow test below; this run proves that the
     trainer process, which wires them to its checkpoints, raises nothing on a healthy course."""
     run_dir = seed_data(prepared, tmp_path_factory.mktemp("healthy") / "run")
@@ -179,8 +179,8 @@ def test_stop_and_resume_in_the_middle_of_an_incident_is_byte_identical(prepared
 def test_the_issues_healthy_seeds_raise_no_alarm_in_their_warm_up(prepared, tmp_path):
     """Issue 46 (seed 7: the gate shut at step 28, no final checkpoint at 30) and issue 47 case 5 (seed 9: an
     incident at step 29 of a healthy run): bench/guard_series.py trains their first 80 steps in process with
-    run/trainer.py, as a run trains them, and feeds them to the guard's decisions: no incident, the commit gate
-    never shut. The ten seeds' 500 steps are checked on their recording: tests/unit/guard/test_healthy_series.py."""
+    control/run/trainer.py, as a run trains them, and feeds them to the guard's decisions: no incident, the commit gate
+    never shut. The ten seeds' 500 steps are checked on their recording: tests/unit/control/guard/test_healthy_series.py."""
     out = tmp_path / "series.json"
     r = subprocess.run([sys.executable, "bench/guard_series.py", "--preset", "andrea-tiny", "--seeds", "7,9",
                         "--steps", "80", "--data", str(prepared), "--json", str(out)], cwd=ROOT, env=env(),

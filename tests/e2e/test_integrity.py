@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from andrea import cli
-from andrea.commit.writer import CheckpointWriter
+from andrea.control.commit.writer import CheckpointWriter
 from andrea.rundir import checkpoint as ckpt, checksum, names, spare
 from andrea.rundir.checkpoint_write import commit_checkpoint
 from tests.disks import payload
@@ -102,7 +102,7 @@ def committed_with_ledger_records(run_dir, steps, tag: str):
 
 
 def test_a_checkpoint_that_lost_its_checksum_is_unverified_refused_by_verify_and_skipped_at_a_start(tmp_path):
-    from andrea.run import resume
+    from andrea.control.run import resume
     run = committed_with_ledger_records(tmp_path / "run", [10, 20], "a")
     newest = run / names.checkpoint_name(20)
     checksum.sum_path(newest).unlink()
@@ -119,7 +119,7 @@ def test_a_checkpoint_that_lost_its_checksum_is_unverified_refused_by_verify_and
 
 
 def test_another_runs_checkpoint_with_its_checksum_copied_in_is_refused(tmp_path):
-    from andrea.run import resume
+    from andrea.control.run import resume
     mine = committed_with_ledger_records(tmp_path / "mine", [10, 20], "a")
     other = committed_with_ledger_records(tmp_path / "other", [20], "b")
     for name in (names.checkpoint_name(20), "step_000020.sum.json"):  # this run keeps its own ledger record

@@ -31,11 +31,11 @@ from andrea import cli
 from andrea.config import load as configload
 from andrea.model import memory
 from andrea.config.check import ConfigError
-from andrea.parallel.distributed import check_batch
+from andrea.control.parallel.distributed import check_batch
 from andrea.model.gpt import layout_for, n_params
 from andrea.rundir import checkpoint as ckpt, names
 from andrea.rundir.ledger import history
-from andrea.run.trainer import Trainer
+from andrea.control.run.trainer import Trainer
 from tests.runs import ROOT, Trainer as Process, env, launcher_argv, ledger, seed_data, train
 from tests.activations import saved_bytes
 

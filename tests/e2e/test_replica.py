@@ -18,12 +18,12 @@ from andrea import cli
 from andrea.commands.restore import restore
 from andrea.config.keepers import GuardConfig
 from andrea.config.schema import RunConfig
-from andrea.guard.decisions import Guard
-from andrea.replica import admit, plan, replicator as rp
-from andrea.guard import rollback
+from andrea.control.guard.decisions import Guard
+from andrea.control.replica import admit, plan, replicator as rp
+from andrea.control.guard import rollback
 from andrea.rundir import checkpoint as ckpt
 from andrea.rundir.checkpoint_write import commit_checkpoint
-from andrea.replica import remote as rep
+from andrea.control.replica import remote as rep
 from andrea.rundir.ledger import LossLedger, marker
 from andrea.rundir.names import LEDGER_NAME, RESTORING_NAME, checkpoint_name, companion_path
 from tests.runs import andrea_records, wait_until
@@ -128,7 +128,7 @@ def test_a_checkpoint_changed_after_its_commit_is_never_published(tmp_path, capl
     data = bytearray(path.read_bytes())
     data[100] ^= 1
     path.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, "andrea.replica"):
+    with caplog.at_level(logging.WARNING, "andrea.control.replica"):
         assert not replicator(run, remote).pass_once()
     assert not (remote / checkpoint_name(10)).exists() and not (remote / "step_000010.sum.json").exists()
     assert "checksum mismatch in weights" in caplog.text and len(andrea_records(caplog)) == 1
@@ -158,7 +158,7 @@ def test_an_outage_costs_one_line_backs_off_and_catches_up(tmp_path, caplog):
     assert r.pass_once() and r.newest == 10
     store.down = True
     make_run(run, [20, 30])
-    with caplog.at_level(logging.WARNING, "andrea.replica"):
+    with caplog.at_level(logging.WARNING, "andrea.control.replica"):
         for t in (1.0, 2.0, 4.0):
             now[0] = t
             assert not r.pass_once()
@@ -181,7 +181,7 @@ def test_quarantine_reaches_the_replica(tmp_path):
     """A checkpoint quarantined for a checksum mismatch is the evidence of the incident: it must outlive the
     machine (issue 46), so quarantine/ goes to the replica with the run's other files."""
     run, remote = make_run(tmp_path / "run", [10, 20]), tmp_path / "replica"
-    from andrea.run.resume import quarantine
+    from andrea.control.run.resume import quarantine
     quarantine(run, run / checkpoint_name(20))
     assert replicator(run, remote).pass_once()
     for name in ("step_000020.bin", "step_000020.sum.json", "step_000020.ledger.json"):
@@ -194,7 +194,7 @@ def test_the_abandoned_timeline_is_unpublished_and_a_step_trained_again_is_sent_
     r = replicator(run, remote, keep_last=5)
     assert r.pass_once() and make_run(run, [30]) and r.pass_once() and r.pos.steps == [20, 30]
     abandoned = (remote / checkpoint_name(30)).read_bytes()
-    rollback.drop_after(run, 20)  # a guard rollback to 20 (run/boundary.py): 30 is the abandoned timeline's
+    rollback.drop_after(run, 20)  # a guard rollback to 20 (control/run/boundary.py): 30 is the abandoned timeline's
     rollback.write_companion(run, 20, {"incident": 30})  # and 20's guard state rewritten with its decisions
     r.supersede(20)
     assert r.pass_once() and r.pos.steps == [20] and not list(remote.glob("step_000030.*"))  # never restored
@@ -205,7 +205,7 @@ def test_the_abandoned_timeline_is_unpublished_and_a_step_trained_again_is_sent_
     assert r.pass_once() and r.pos.steps == [20, 30]
     assert (remote / checkpoint_name(30)).read_bytes() == (run / checkpoint_name(30)).read_bytes() != abandoned
     rollback.drop_after(run, 10)  # a start that resumes from 10 (20 and 30 failed verification, say)
-    r.supersede(10)  # run/runtime.py: start_for(..., resumed_from=10)
+    r.supersede(10)  # control/run/runtime.py: start_for(..., resumed_from=10)
     r.supersede(20)  # two before a pass: the lower one holds
     assert r.pass_once() and r.pos.steps == [10]
 
@@ -544,7 +544,7 @@ def test_a_full_replica_mid_upload_is_one_line_and_loses_nothing(tmp_path, small
     companion_path(run, 30, "state").write_text("{}")
     commit_checkpoint(run, 30, big)
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != rep.STATUS_NAME}
-    with caplog.at_level(logging.WARNING, "andrea.replica"):
+    with caplog.at_level(logging.WARNING, "andrea.control.replica"):
         assert not r.pass_once() and not r.pass_once()
     assert [rec.message.count("full or over its quota") for rec in caplog.records] == [1], caplog.text
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != rep.STATUS_NAME} == before
@@ -563,7 +563,7 @@ def test_without_the_extra_one_line_says_how_to_get_it(tmp_path, monkeypatch):
 def test_tensorboard_gets_the_lag(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from andrea.observe.tensorboard import TensorBoardLog
+    from andrea.control.observe.tensorboard import TensorBoardLog
     tb = TensorBoardLog(tmp_path, 0, 1.0, 10)
     tb.add_replica(40, 20, 12.5)
     tb.add_replica(50, 0, 0.0)

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from andrea.rundir import checkpoint as ckpt, checksum
-from andrea.replica import remote as rep
+from andrea.control.replica import remote as rep
 from andrea.rundir.names import LEDGER_NAME, checkpoint_name
 from tests.notices import Inbox
 from tests.runs import Trainer, andrea, andrea_here, seed_data, train, wait_until

@@ -22,7 +22,7 @@ import pytest
 
 from andrea import cli
 from andrea.commands.operate import process_state
-from andrea.run import resume
+from andrea.control.run import resume
 from andrea.rundir import checkpoint as ckpt, ledger as L, names
 from tests.runs import ROOT, env, header, seed_data, train, wait_until
 
@@ -83,7 +83,7 @@ def copy_of(trained, tmp_path, name="run"):
 
 
 def next_start_markers(run) -> list[dict]:
-    """What the ledger check every start runs first (run/resume.py) does on the next start from the newest
+    """What the ledger check every start runs first (control/run/resume.py) does on the next start from the newest
     checkpoint: raises LedgerError for a refusal, returns the markers it would append ([]: a clean start)."""
     step, path = ckpt.list_checkpoints(run)[-1]
     return resume.check_ledger(run, ckpt.CheckpointInfo(path, step, header(path)[1]), accept_gap=False)

@@ -70,7 +70,7 @@ def test_tensorboard_scalars_equal_the_ledger_across_a_resume(prepared, tmp_path
 
 
 def test_a_rollback_marker_hides_the_steps_it_supersedes(tmp_path):
-    from andrea.observe.tensorboard import TensorBoardLog
+    from andrea.control.observe.tensorboard import TensorBoardLog
     from andrea.rundir.ledger import marker
 
     def entry(step, loss):

@@ -14,7 +14,7 @@ import struct
 
 import pytest
 
-from andrea.observe.wandb_log import Rows
+from andrea.control.observe.wandb_log import Rows
 from andrea.rundir.ledger import history, marker, read_ledger
 from tests.runs import seed_data, train
 
@@ -24,7 +24,7 @@ QUIET = [a for k in ("loss_sigmas", "loss_margin", "grad_sigmas", "grad_margin")
 FLAGS = ["--checkpoint-every", "20", "--set", "train.eval_every=20", "--set", "log.wandb=true",
          "--set", "guard.confirm_steps=10", *QUIET]
 # Offline as a cluster without internet sets it: in W&B's own environment, which run.toml's empty
-# log.wandb_mode leaves in force (issue 46; observe/wandb_log.py init_settings). Online, these runs would find no
+# log.wandb_mode leaves in force (issue 46; control/observe/wandb_log.py init_settings). Online, these runs would find no
 # server and leave no offline files.
 OFFLINE = {"WANDB_MODE": "offline"}
 
@@ -164,7 +164,7 @@ def view_config(**kw):
 
 
 def test_without_the_sdk_the_run_goes_on_with_one_line(tmp_path, monkeypatch, caplog):
-    from andrea.observe.wandb_log import WandbLog
+    from andrea.control.observe.wandb_log import WandbLog
     monkeypatch.setitem(__import__("sys").modules, "wandb", None)  # `import wandb` raises ImportError
     view = WandbLog(view_config(), tmp_path, {}, log_every=10)
     view.add_records([marker("start", 0)] + [entry(s) for s in range(1, 12)])
@@ -178,7 +178,7 @@ def test_without_the_sdk_the_run_goes_on_with_one_line(tmp_path, monkeypatch, ca
 
 
 def test_rows_held_for_an_unreachable_wandb_are_bounded_and_left_to_the_next_start(tmp_path, monkeypatch, caplog):
-    from andrea.observe.wandb_log import WandbLog
+    from andrea.control.observe.wandb_log import WandbLog
     monkeypatch.setattr(WandbLog, "MAX_PENDING", 5)
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
@@ -199,7 +199,7 @@ def test_an_unreachable_server_costs_no_step_and_the_rows_wait(tmp_path, monkeyp
     gives up after log.wandb_timeout_s (its join is bounded: a hang would fail the generous bound below)."""
     import time
 
-    from andrea.observe.wandb_log import WandbLog
+    from andrea.control.observe.wandb_log import WandbLog
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     view = WandbLog(view_config(wandb_mode="online", timeout=3.0), tmp_path, {}, log_every=10)

@@ -1,8 +1,8 @@
 """The watchdog and the notices end to end: real `python -m andrea train` processes on the tiny preset.
 
-A hung training step and a hung checkpoint write (the test hook ANDREA_TEST_HANG, observe/watchdog.py) end the
+A hung training step and a hung checkpoint write (the test hook ANDREA_TEST_HANG, control/observe/watchdog.py) end the
 process with exit code 75 within the watchdog's limit, every thread's stack in its log, and a restart resumes to
-the same bytes as a run that never hung. Notices (observe/notify.py) reach a loopback HTTP server; a hook command
+the same bytes as a run that never hung. Notices (control/observe/notify.py) reach a loopback HTTP server; a hook command
 that fails does not fail the run.
 """
 
@@ -129,7 +129,7 @@ def test_one_hung_rank_brings_the_whole_torchrun_job_down_within_the_limit_and_o
     the launcher (which ends only when both workers have ended) exits non-zero within the limit. Each step is
     held 1.5 s, as a step of a larger model takes: rank 0 starts waiting a step after rank 1 hung, so rank 1's
     watchdog fires first, and rank 0, which holds the ledger, learns of it from rank 1's stall note
-    (parallel/stall_notes.py): the ledger's `stall` marker names rank 1 (issue 46: it used to be missing)."""
+    (control/parallel/stall_notes.py): the ledger's `stall` marker names rank 1 (issue 46: it used to be missing)."""
     run = seed_data(prepared, tmp_path / "run")
     t = Launched(launcher_argv(run, *STEPS, *FAST_DOG),
                  extra_env={"ANDREA_TEST_HANG": "train@4@1", "ANDREA_TEST_STEP_DELAY": "1.5"})
@@ -155,7 +155,7 @@ def on_host(name: str, argv: list[str]) -> list[str]:
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)")
 def test_a_hung_rank_on_another_host_ends_the_job_on_every_host_and_on_the_record(prepared, tmp_path):
     """Two torchrun launchers as two hosts (node0 holds rank 0, node1 rank 1). Rank 1 hangs after step 4; its
-    watchdog has no rank on its host to end, so only its stall note reaches rank 0 (parallel/stall_notes.py):
+    watchdog has no rank on its host to end, so only its stall note reaches rank 0 (control/parallel/stall_notes.py):
     rank 0 writes the marker naming rank 1 and exits 75 by itself, without waiting for its collective to fail or
     for its own watchdog, and both launchers end within the limit."""
     run = seed_data(prepared, tmp_path / "run")

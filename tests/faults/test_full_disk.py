@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import andrea
-from andrea.commit.writer import CheckpointWriter
+from andrea.control.commit.writer import CheckpointWriter
 from andrea.rundir import checkpoint as ckpt, names
 from andrea.rundir.checkpoint_write import commit_checkpoint
 from tests.faults.conftest import remount_size

@@ -15,12 +15,12 @@ from andrea.errors import UserError
 
 # Exception classes that never reach the command line, each with where it ends.
 INTERNAL = {
-    "andrea.commit.writer.CommitFailed": "a failed commit becomes CommitResult.error (commit/writer.py)",
-    "andrea.commit.shards.ShardFailure": "a CommitFailed",
+    "andrea.control.commit.writer.CommitFailed": "a failed commit becomes CommitResult.error (control/commit/writer.py)",
+    "andrea.control.commit.shards.ShardFailure": "a CommitFailed",
     "andrea.data.encode.Interrupted": "a stop during data preparation: exit 0 with what is done kept",
     "andrea.data.jsonscan.NotJSON": "a bad source line: counted and skipped by data/read.py",
-    "andrea.guard.decisions.GuardStateError": "a bad guard companion: said as a warning by guard/rollback.py",
-    "andrea.observe.delivery.Expired": "a notice past its deadline: logged by observe/notify.py, the run goes on",
+    "andrea.control.guard.decisions.GuardStateError": "a bad guard companion: said as a warning by control/guard/rollback.py",
+    "andrea.control.observe.delivery.Expired": "a notice past its deadline: logged by control/observe/notify.py, the run goes on",
     "andrea.rundir.checkpoint_write._Refused": "O_DIRECT refused: the write goes buffered",
 }
 
@@ -39,7 +39,7 @@ def exception_classes() -> dict[str, type[BaseException]]:
 
 def test_every_error_of_the_package_is_a_user_error_or_named_internal():
     classes = exception_classes()
-    assert "andrea.rundir.ledger.LedgerError" in classes and "andrea.run.boundary.RunFailed" in classes
+    assert "andrea.rundir.ledger.LedgerError" in classes and "andrea.control.run.boundary.RunFailed" in classes
     missed = sorted(name for name, cls in classes.items() if not issubclass(cls, UserError) and name not in INTERNAL)
     assert not missed, f"derive these from andrea.errors.UserError (or list them in INTERNAL, with why): {missed}"
     assert not sorted(set(INTERNAL) - set(classes)), "INTERNAL names a class that no longer exists"

@@ -14,20 +14,20 @@ ROOT = Path(__file__).resolve().parents[2] / "andrea"
 
 # Lower layers never import higher ones. A module's layer is its package's, or its own where it has one.
 LAYERS = [
-    {"andrea.errors", "andrea.mixture.policy", "andrea.config.check",
-     "andrea.observe.mfu", "andrea.run.allocator"},                          # pure: errors; caps, floors; types; MFU;
-                                                                             # the C allocator's settings
+    {"andrea.errors", "andrea.control.mixture.policy", "andrea.config.check",
+     "andrea.control.observe.mfu", "andrea.control.run.allocator"},        # pure: errors; caps, floors; types; MFU;
+                                                                            # the C allocator's settings
     {"andrea.config", "andrea.config.schema", "andrea.config.corpus", "andrea.config.keepers",
-     "andrea.testhooks"},                                                    # the schema; the test hooks
-    {"andrea.rundir", "andrea.replica.remote"},                              # the run directory's files, its replica
-    {"andrea.config.load", "andrea.observe.progress"},                      # TOML layered; progress lines
-    {"andrea.data", "andrea.kernels", "andrea.run.devices", "andrea.model.memory"},
-    {"andrea.model", "andrea.optim", "andrea.parallel.distributed", "andrea.parallel.zero", "andrea.run.trainer",
-     "andrea.evals",
-     "andrea.observe.plots", "andrea.config.doc",
-     "andrea.kernels.compile_check"},                                        # compiles the presets' launches
-    {"andrea.run", "andrea.commit", "andrea.replica", "andrea.parallel", "andrea.mixture", "andrea.guard",
-     "andrea.observe"},                                                      # the control plane
+     "andrea.testhooks"},                                                   # the schema; the test hooks
+    {"andrea.rundir", "andrea.control.replica.remote"},                     # the run directory's files, its replica
+    {"andrea.config.load", "andrea.control.observe.progress"},              # TOML layered; progress lines
+    {"andrea.data", "andrea.kernels", "andrea.control.run.devices", "andrea.model.memory"},
+    {"andrea.model", "andrea.optim", "andrea.control.parallel.distributed", "andrea.control.parallel.zero",
+     "andrea.control.run.trainer", "andrea.evals", "andrea.control.observe.plots", "andrea.config.doc",
+     "andrea.kernels.compile_check"},                                       # compiles the presets' launches
+    {"andrea.control", "andrea.control.run", "andrea.control.commit", "andrea.control.replica",
+     "andrea.control.parallel", "andrea.control.mixture", "andrea.control.guard",
+     "andrea.control.observe"},                                             # the control plane
     {"andrea.commands"},
     {"andrea.cli", "andrea.__main__"},
 ]
@@ -117,7 +117,7 @@ def test_the_graph_sees_deferred_imports():
     # The check is only as good as its reading: an import inside a function must count.
     g = graph()
     assert "andrea.commands.train" in g["andrea.cli"]  # cli imports each command's module inside its dispatch
-    assert "andrea.run.runtime" in g["andrea.commands.train"]  # and train the runtime inside cmd_train
+    assert "andrea.control.run.runtime" in g["andrea.commands.train"]  # and train the runtime inside cmd_train
 
 
 def doc_layers() -> list[set[str]]:

@@ -54,7 +54,7 @@ def test_status_ema_runs_over_the_effective_history():
 
 
 def test_plotted_ema_lies_on_a_linear_curve_instead_of_trailing_it():
-    from andrea.observe.plots import smoothed
+    from andrea.control.observe.plots import smoothed
     steps = list(range(1, 1001))
     loss = [6.0 - 0.002 * s for s in steps]  # a falling stretch: 0.2 nats per 100 steps
     xs, ys = smoothed(steps, loss)
@@ -66,7 +66,7 @@ def test_plotted_ema_lies_on_a_linear_curve_instead_of_trailing_it():
 
 
 def test_plot_draws_only_the_evals_no_later_marker_superseded():
-    from andrea.observe.plots import live_evals
+    from andrea.control.observe.plots import live_evals
     entries = [marker("start", 0), marker("eval", 50, val_loss=5.0), marker("eval", 100, val_loss=4.0),
                marker("resume", 50), marker("pivot", 60), marker("eval", 100, val_loss=3.5)]
     assert [(e["step"], e["val_loss"]) for e in live_evals(entries)] == [(50, 5.0), (100, 3.5)]

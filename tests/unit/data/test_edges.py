@@ -262,7 +262,7 @@ def test_changing_a_prepared_arms_field_is_refused_before_run_toml_changes(tmp_p
 
 
 def test_a_resumed_preparation_reports_progress_from_where_it_stopped(tmp_path, monkeypatch, caplog):
-    from andrea.observe.progress import ByteProgress
+    from andrea.control.observe.progress import ByteProgress
     monkeypatch.setattr(encode, "CHUNK_BYTES", 8192)
     monkeypatch.setattr(encode, "COMMIT_SECONDS", -1.0)
     monkeypatch.setattr(ByteProgress, "LOG_SECONDS", 0.0)
@@ -275,7 +275,7 @@ def test_a_resumed_preparation_reports_progress_from_where_it_stopped(tmp_path, 
     with pytest.raises(Interrupted):
         prepare_run(cfg, tmp_path / "run", VOCAB)
     monkeypatch.delenv("ANDREA_TEST_STOP_AT_COMMIT")
-    with caplog.at_level(logging.INFO, logger="andrea.observe.progress"):
+    with caplog.at_level(logging.INFO, logger="andrea.control.observe.progress"):
         prepare_run(cfg, tmp_path / "run", VOCAB)
     first = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("prepare: "))
     assert int(first.split("(")[1].split()[0]) > 0, first  # "prepare: 0.0 of 0.1 MB (0 %)" before
@@ -295,7 +295,7 @@ def test_cjk_text_cut_into_pieces_tokenizes_exactly_as_the_whole(monkeypatch):
 
 def test_a_sigterm_before_prepare_takes_over_is_a_clean_stop(tmp_path, capsys, cli_logging):
     from andrea import cli
-    from andrea.run import early_signals
+    from andrea.control.run import early_signals
     (tmp_path / "a.txt").write_text(text(1, 200))
     previous = {s: signal.getsignal(s) for s in early_signals.AT_START}
     try:

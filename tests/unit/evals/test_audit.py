@@ -1,4 +1,4 @@
-"""The task audit (evals/audit.py `TaskAudit`) under the watchdog (observe/watchdog.py): an audit that takes longer
+"""The task audit (evals/audit.py `TaskAudit`) under the watchdog (control/observe/watchdog.py): an audit that takes longer
 than watchdog.floor_s in all, but whose every forward is quick, is a run that is moving, not a hang. The audit runs
 as one job of a real WatchedExecutor; each forward costs the watchdog's (fake) clock 6 s against a 10 s floor, and
 the watchdog's tracker polls after each."""
@@ -12,7 +12,7 @@ import torch
 
 from andrea.config.load import load
 from andrea.evals.audit import TaskAudit
-from andrea.observe.watchdog import Beats, Tracker, WatchedExecutor, heartbeat
+from andrea.control.observe.watchdog import Beats, Tracker, WatchedExecutor, heartbeat
 
 FLOOR = 10.0
 FORWARD_S = 6.0  # each forward of the audit, on the watchdog's clock: ten of them take 60 s

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from andrea.config import load as configload
 from andrea.model.gpt import token_cross_entropy
 from andrea.rundir.checkpoint_write import commit_checkpoint
-from andrea.run.trainer import Trainer, lr_at
+from andrea.control.run.trainer import Trainer, lr_at
 
 
 def documented_order(n_layer: int) -> list[str]:
@@ -113,7 +113,7 @@ def test_the_cpu_snapshot_overlaps_the_next_forward_and_backward_and_the_update_
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from andrea.run import trainer as trainer_mod
+    from andrea.control.run import trainer as trainer_mod
 
     t = tiny_trainer()
     before = t.state.buffer.clone()  # state S, what the checkpoint must hold

@@ -21,7 +21,7 @@ from andrea.model.gpt import ModelMath, n_params
 from andrea.config.schema import swiglu_hidden
 from andrea.model.modern import Modern, split_heads
 from andrea.rundir.checkpoint_write import commit_checkpoint
-from andrea.run.trainer import Trainer
+from andrea.control.run.trainer import Trainer
 from tests.activations import saved_bytes
 
 MODEL = {"arch": "modern", "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 300}

@@ -18,8 +18,8 @@ from andrea.kernels import adamw_reference
 from andrea.model import arch
 from andrea.model.gpt import decay_mask, layout_for, n_params
 from andrea.optim.muon import MuonAdamW, adamw_runs, matrix_spans, muon_matrices, polar_express, workspace_bytes
-from andrea.parallel.distributed import shard_bounds, whole_cuts
-from andrea.run.trainer import Trainer, lr_at
+from andrea.control.parallel.distributed import shard_bounds, whole_cuts
+from andrea.control.run.trainer import Trainer, lr_at
 
 CPU = torch.device("cpu")
 HIDDEN = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from andrea.commit.writer import CheckpointWriter, staging_image
+from andrea.control.commit.writer import CheckpointWriter, staging_image
 from andrea.rundir import checkpoint as ckpt, names
 from andrea.rundir.checkpoint_write import (DIRECT_ALIGN, DirectIO, commit_checkpoint, image_bytes, publish_checkpoint,
                                             write_regions)

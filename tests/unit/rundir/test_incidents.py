@@ -1,8 +1,8 @@
 """Incidents on the record (rundir/incidents.py): the markers of a start below the newest checkpoint, the last of
-each kind for `andrea status`, and their notices (observe/notify.py `from_marker`)."""
+each kind for `andrea status`, and their notices (control/observe/notify.py `from_marker`)."""
 
 from andrea.config.keepers import NOTIFY_EVENTS
-from andrea.observe.notify import from_marker
+from andrea.control.observe.notify import from_marker
 from andrea.rundir.incidents import KINDS, last_of_each, regions_named, resume_markers
 
 

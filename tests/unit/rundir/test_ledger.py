@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from andrea.run.ledger_feed import LedgerFeed
+from andrea.control.run.ledger_feed import LedgerFeed
 from andrea.rundir import ledger as L
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from andrea.commit.writer import CheckpointWriter
+from andrea.control.commit.writer import CheckpointWriter
 from andrea.rundir import checkpoint as ckpt, names, spare
 from andrea.rundir.checkpoint_write import commit_checkpoint
 from tests.disks import Disk, payload

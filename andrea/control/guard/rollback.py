@@ -1,0 +1,103 @@
+"""The file side of the divergence guard's decisions (control/guard/decisions.py decides; this carries them out).
+
+Reads and writes, in the run directory:
+    step_NNNNNN.guard.json   the guard's state as of that checkpoint (format: control/guard/decisions.py), written
+                             atomically beside each checkpoint and rewritten on the known-good checkpoint at a
+                             rollback, so a run stopped in the middle of an incident resumes with the decisions
+                             already taken; deleted with its checkpoint by the writer (`step_NNNNNN.*.json`)
+    step_NNNNNN.bin          (deletes) the checkpoints after the known-good one at a rollback: they belong to
+                             the abandoned timeline, and a restart must not resume from them
+Reads the known-good state's payload: a checkpoint, imported --init-from weights, or the seeded initialisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from andrea.config.schema import RunConfig
+from andrea.control.guard.decisions import Guard, GuardStateError, named_checkpoints
+from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars
+
+
+def companion_path(run_dir: Path, step: int) -> Path:
+    return names.companion_path(run_dir, step, "guard")
+
+
+def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
+               init_from: str | None = None,
+               read_json: Callable[[Path], object] = sidecars.read_json,
+               exists: Callable[[Path], bool] = Path.exists) -> tuple[Guard, str | None]:
+    """The guard as of the checkpoint resumed from (its companion), else one whose known-good point is that
+    checkpoint (a run from before the guard, a branch, --init-from) or the initial state; and a warning.
+    A companion whose known-good checkpoint is not in the run directory (a restore from a replica that no longer
+    held it, a hand deletion) cannot be rolled back to: the guard starts afresh from the checkpoint resumed from,
+    said in one line; tentative checkpoints that are gone are dropped (none of them may become the good point).
+    `read_json`, `exists`: how this rank reads the companion and sees a checkpoint (on separate disks, rank 0
+    answers: control/parallel/sharing.py)."""
+    warmup = cfg.train.warmup_steps  # the gradient norm's grace (control/guard/decisions.py)
+    if info is None:
+        return Guard(cfg.guard, init_from=init_from, warmup_steps=warmup), None
+    path = companion_path(info.path.parent, info.step)
+    name = info.path.name if info.path.parent == run_dir else str(info.path.resolve())
+    try:
+        d = read_json(path)
+        if d is not None:
+            guard = Guard.from_state(cfg.guard, d, info.step, str(path), warmup_steps=warmup)
+            gone = {s for s in named_checkpoints(d)
+                    if s != info.step and not exists(run_dir / names.checkpoint_name(s))}
+            if guard.good["step"] in gone and guard.good["path"] is not None:
+                return Guard(cfg.guard, good_step=info.step, good_path=name, warmup_steps=warmup), (
+                    f"{path}: its known-good checkpoint {names.checkpoint_name(guard.good['step'])} is not in "
+                    f"{run_dir} (a rollback could not read it); the guard starts afresh from {name}")
+            guard.tentative = [t for t in guard.tentative if t["step"] not in gone]
+            return guard, None
+    except (sidecars.SidecarError, GuardStateError) as e:
+        return (Guard(cfg.guard, good_step=info.step, good_path=name, warmup_steps=warmup),
+                f"{e}; the guard starts afresh from {name}")
+    return Guard(cfg.guard, good_step=info.step, good_path=name, warmup_steps=warmup), None
+
+
+def good_payload(guard: Guard, run_dir: Path, cfg: RunConfig, trainer) -> torch.Tensor:
+    """[w | m | v] (3n,) fp32 of the known-good point: its checkpoint, else the initial state."""
+    good = guard.good
+    if good["path"] is not None:
+        path = Path(good["path"]) if Path(good["path"]).is_absolute() else run_dir / good["path"]
+        _, payload = ckpt.read_payload(path, trainer.n)
+        return torch.from_numpy(payload)
+    payload = torch.zeros(3 * trainer.n, dtype=torch.float32)
+    if good.get("init_from"):  # weights imported by --init-from: re-read them, m = v = 0 (andrea/model/init_from.py)
+        from andrea.model.init_from import read_weights
+        weights = read_weights(Path(good["init_from"]), trainer.layout, cfg.model.arch)
+        payload[:trainer.n] = torch.from_numpy(np.asarray(weights))
+    else:
+        from andrea.model.arch import init_weights
+        payload[:trainer.n] = init_weights(trainer.layout, cfg.model, cfg.train.seed)
+    return payload
+
+
+def in_run_dir(guard: Guard, run_dir: Path) -> bool:
+    """Whether the known-good point is a checkpoint in this run directory (else it must be written there)."""
+    path = guard.good["path"]
+    return path is not None and not Path(path).is_absolute() and (run_dir / path).exists()
+
+
+def drop_after(run_dir: Path, step: int) -> list[str]:
+    """Delete the checkpoints above `step` with their companions; return their names."""
+    dropped = []
+    for s, path in ckpt.list_checkpoints(run_dir):
+        if s > step:
+            path.unlink(missing_ok=True)
+            for companion in names.companions(run_dir, s):
+                companion.unlink(missing_ok=True)
+            dropped.append(path.name)
+    if dropped:
+        atomic.fsync_dir(run_dir)
+    return dropped
+
+
+def write_companion(run_dir: Path, step: int, state: dict) -> None:
+    sidecars.write_json(companion_path(run_dir, step), state)

@@ -1,0 +1,200 @@
+"""Notices to the operator (`[notify]`): the events they act on, as JSON, to a command and/or an HTTP URL.
+
+Sending never blocks a step and never fails the run: `Notifier.send` puts the event on a bounded queue that the
+`andrea-notify` thread empties; a command or POST that fails or outlasts notify.timeout_s is one warning line, and
+the next notice still goes. How each is sent, bounded in time (the whole exchange), in captured bytes and in the
+processes it leaves (none): control/observe/delivery.py.
+`admit` (the rate limit) and `event` (the format) are plain functions, tested with an injected clock.
+
+The event, one JSON object (UTF-8), the same on a command's stdin and as the POST body:
+    {"event": "rollback", "step": 40, "time": 1764430000.12, "run_dir": "/runs/120m", "host": "gpu7",
+     "pid": 4242, "rank": 0, "message": "guard: rolled back from step 40 to step_000020.bin", ...detail}
+    event       one of config.NOTIFY_EVENTS:
+                incident     the divergence guard saw the run leave its basin (detail: the ledger's incident marker)
+                rollback     it went back to its known-good checkpoint (detail: the ledger's rollback marker)
+                guard_stop   it gave up after guard.max_attempts rollbacks; the run exits 1
+                write_error  a checkpoint could not be written (detail: "error", "disk_full": true on ENOSPC)
+                stall        the watchdog found a hung component and exits 75 (detail: component, seconds, limit)
+                pivot        a hot pivot took effect (detail: phase, caps, floors)
+                finished     the run reached its step target;  stopped  a signal stopped it cleanly;
+                failed       it stopped with an error (detail: "error")
+                quarantine   a start moved a checkpoint that failed validation to quarantine/ (detail: the ledger's
+                             quarantine marker: file, regions, reason; rundir/incidents.py documents each)
+                resume_below a start resumed below the newest checkpoint on disk (detail: newest, skipped, reason)
+                replica_down the replica's store started failing (detail: uri, problem, error)
+                replica_back it is back and the replica caught up (detail: uri, down_s, replica_step)
+                rank_mismatch  under torchrun the ranks' weights differed at a checkpoint (detail: ranks, digests);
+                             the incident and rollback notices follow
+    step        the header step at the event;  time  Unix time;  rank  the torchrun rank (rank 0 sends all but
+                stall, which the hung rank sends)
+    suppressed  (only when > 0) notices of this kind the rate limit dropped since the last one sent
+New kinds are added to config.NOTIFY_EVENTS and sent with `Notifier.send(kind, step, message=..., **detail)`.
+Reads notify.command and notify.url; writes nothing to the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import shlex
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from andrea.config.check import ConfigError
+from andrea.config.keepers import NotifyConfig
+from andrea.control.observe import delivery
+
+log = logging.getLogger("andrea.notify")
+
+HOUR = 3600.0
+LAST_WORDS = ("finished", "stopped", "failed", "stall")  # a process's last notice: never rate-limited
+QUEUE_SIZE = 64
+
+
+def admit(sent: list[float], now: float, per_hour: int, kind: str) -> bool:
+    """Whether a notice of `kind` may go out at `now`, given the times the earlier ones of its kind were sent."""
+    return kind in LAST_WORDS or sum(1 for t in sent if now - t < HOUR) < per_hour
+
+
+def event(kind: str, step: int, *, run_dir: Path, rank: int, now: float, message: str,
+          suppressed: int = 0, **detail: Any) -> dict[str, Any]:
+    """The notice's JSON object (the format above)."""
+    out = {"event": kind, "step": step, "time": round(now, 3), "run_dir": str(run_dir), "host": socket.gethostname(),
+           "pid": os.getpid(), "rank": rank, "message": message, **detail}
+    if suppressed:
+        out["suppressed"] = suppressed
+    return out
+
+
+# The ledger markers an operator acts on, each with its notice's message (the marker's fields: docs/formats.md).
+MARKER_MESSAGES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "incident": lambda e: f"guard: incident at step {e['step']}: {e.get('reason')}",
+    "rollback": lambda e: f"guard: rolled back from step {e.get('from')} to {e.get('checkpoint')}",
+    "guard_stop": lambda e: (f"guard: stopped at step {e['step']} after {e.get('attempts')} rollbacks; resume from "
+                             f"{e.get('resume_from') or 'the initial state'}"),
+    "quarantine": lambda e: f"checkpoint {e.get('file')} failed validation, moved to {e.get('to')}: {e.get('reason')}",
+    "resume_below": lambda e: (f"resumed from step {e['step']} below the newest checkpoint (step {e.get('newest')}): "
+                               f"{e.get('reason')}"),
+    "replica_down": lambda e: f"replica {e.get('uri')}: {e.get('error')}; training goes on, the replica lags",
+    "replica_back": lambda e: (f"replica {e.get('uri')}: reachable again after {e.get('down_s')} s, caught up (holds "
+                               f"step {e.get('replica_step')})"),
+    "rank_mismatch": lambda e: (f"ranks {e.get('ranks')} disagree with the others on the weights at step {e['step']}: "
+                                "not checkpointed, rolling back to a checkpoint the ranks agreed on"),
+}
+
+
+def from_marker(line: dict[str, Any]) -> tuple[str, str] | None:
+    """A ledger marker the operator acts on, as (kind, message); None for every other line."""
+    kind = line.get("event")
+    message = MARKER_MESSAGES.get(kind) if isinstance(kind, str) else None  # a junk line's event may be unhashable
+    return None if message is None else (kind, message(line))
+
+
+def check(cfg: NotifyConfig) -> None:
+    """The command's program exists (refused before the run starts: one line naming the key, exit 2)."""
+    argv = shlex.split(cfg.command)
+    if argv and shutil.which(argv[0]) is None:
+        raise ConfigError(f"notify.command={cfg.command!r}: no program {argv[0]!r} found")
+
+
+class Notifier:
+    """The sender: `send` from any thread (never blocks), delivery on the `andrea-notify` thread."""
+
+    def __init__(self, cfg: NotifyConfig, run_dir: Path, rank: int = 0, clock: Callable[[], float] = time.time):
+        self.cfg, self.run_dir, self.rank, self.clock = cfg, run_dir.resolve(), rank, clock
+        self.argv = shlex.split(cfg.command)
+        self.enabled = bool(self.argv or cfg.url)
+        self.sent: dict[str, list[float]] = {}
+        self.suppressed: dict[str, int] = {}
+        self._q: queue.Queue = queue.Queue(QUEUE_SIZE)
+        self._lock = threading.Lock()  # send() is called from the event loop and from the watchdog's thread
+        self._thread = threading.Thread(target=self._run, name="andrea-notify", daemon=True)
+        if self.enabled:
+            self._thread.start()
+
+    def send(self, kind: str, step: int, *, message: str, **detail: Any) -> None:
+        if not self.enabled or kind not in self.cfg.events or (self.rank != 0 and kind != "stall"):
+            return
+        with self._lock:
+            now = self.clock()
+            sent = [t for t in self.sent.get(kind, []) if now - t < HOUR]
+            if not admit(sent, now, self.cfg.max_per_hour, kind):
+                self.suppressed[kind] = self.suppressed.get(kind, 0) + 1
+                return
+            self.sent[kind] = sent + [now]
+            doc = event(kind, step, run_dir=self.run_dir, rank=self.rank, now=now, message=message,
+                        suppressed=self.suppressed.pop(kind, 0), **detail)
+        try:
+            self._q.put_nowait(doc)
+        except queue.Full:
+            log.warning("notify: %d notices waiting; dropped the %s notice of step %d", QUEUE_SIZE, kind, step)
+
+    def lines(self, lines: list[dict[str, Any]]) -> None:
+        """The ledger lines handed to the I/O thread (LedgerFeed.on_flush): the markers that are notices."""
+        for line in lines:
+            found = from_marker(line)
+            if found is not None:
+                detail = {k: v for k, v in line.items() if k not in ("event", "step", "time")}
+                self.send(found[0], line["step"], message=found[1], **detail)
+
+    def close(self, timeout: float) -> None:
+        """Deliver what is queued, waiting at most `timeout` seconds (then the daemon thread is left behind)."""
+        if self.enabled and self._thread.is_alive():
+            try:
+                self._q.put(None, timeout=timeout)
+            except queue.Full:
+                return
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (doc := self._q.get()) is not None:
+            body = json.dumps(doc).encode()
+            if self.argv:
+                self._command(body, doc["event"])
+            if self.cfg.url:
+                self._post(body, doc["event"])
+
+    def _command(self, body: bytes, kind: str) -> None:
+        try:
+            r = delivery.run_command(self.argv, body, self.cfg.timeout_s)
+        except delivery.Expired:
+            log.warning("notify.command: the %s notice took longer than %g s; abandoned (its process group ended)",
+                        kind, self.cfg.timeout_s)
+        except OSError as e:
+            log.warning("notify.command: the %s notice failed: %s", kind, e)
+        else:
+            if r.returncode != 0:
+                tail = r.stderr_tail.decode(errors="replace").strip().splitlines()[-1:] or [""]
+                log.warning("notify.command: the %s notice exited %d %s", kind, r.returncode, tail[0][:200])
+
+    def _post(self, body: bytes, kind: str) -> None:
+        try:
+            status = delivery.post(self.cfg.url, body, self.cfg.timeout_s,
+                                   {"Content-Type": "application/json", "User-Agent": "andrea"})
+        except delivery.Expired:
+            log.warning("notify.url: the %s notice took longer than %g s (the whole exchange); abandoned", kind,
+                        self.cfg.timeout_s)
+        except Exception as e:  # noqa: BLE001  (refused, reset, TLS: a notice is never the run's)
+            log.warning("notify.url: the %s notice was not delivered: %s", kind, e)
+        else:
+            if status >= 400:
+                log.warning("notify.url: the %s notice was not delivered: HTTP %d", kind, status)
+
+
+def chain(*handlers: Callable[[list], None] | None) -> Callable[[list], None] | None:
+    """One LedgerFeed.on_flush that calls each of `handlers` (None skipped)."""
+    live = [h for h in handlers if h is not None]
+    if not live:
+        return None
+
+    def on_flush(lines: list) -> None:
+        for h in live:
+            h(lines)
+    return on_flush

@@ -1,0 +1,115 @@
+"""Whether a run may use its replica, decided at its start before it writes anything in its run directory, and
+who the replica belongs to (control/replica/remote.py's `replica.json`).
+
+Reads the run's ledger (its `start` marker: `run_record`), the replica's `replica.json` and listing, and the
+devices of the run directory and of a plain-path replica; writes, in the replica only, a test object (put, then
+deleted) and `replica.json`: the run's record, or for a run not started yet a provisional claim
+`{"format": 1, "claimed_by": {"host", "pid", "run_dir"}}` that the replicator's first pass replaces with the record
+(control/replica/replicator.py). The decisions are control/replica/plan.py's (`placement_problem`, `claim_holder`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+from andrea.control.replica import remote as rep
+from andrea.control.replica.plan import claim_holder, placement_problem
+from andrea.rundir.ledger import readable_entries
+from andrea.rundir.names import LEDGER_NAME
+
+
+def run_record(run_dir: Path) -> dict | None:
+    """This run's {"identity", "started", "branched"}: the newest `start` marker of its ledger and the time of the
+    `branch` marker after it (an audit branch carries its parent's start marker, but is another run); None before
+    the run has a start marker. Lines that are no entries are skipped (the start reports them, and a `gap` marker
+    that `--accept-ledger-gap` writes lists them): they never make this run another one."""
+    entries = readable_entries(run_dir / LEDGER_NAME)
+    starts = [i for i, e in enumerate(entries) if e.get("event") == "start"]
+    if not starts:
+        return None
+    start = entries[starts[-1]]
+    branches = [e for e in entries[starts[-1]:] if e.get("event") == "branch"]
+    return {"identity": start.get("identity"), "started": start.get("time"),
+            "branched": branches[-1].get("time") if branches else None}
+
+
+def check_at_start(uri: str, run_dir: Path, has_checkpoints: bool) -> str | None:
+    """Before a start writes anything in the run directory: refuse (ReplicaError, one line) a plain-path replica on
+    the run's own filesystem (`placement_problem`), a replica that holds another run or that another run is
+    claiming at this moment, a store that refuses a test write (a read-only key or path), a missing bucket, refused
+    credentials, or (first start) an unreachable store; a warning line when a run that has checkpoints finds its
+    store unreachable (training goes on, the replica catches up later). Then claims the replica: with the run's
+    record, or provisionally (`claimed_by`) for a run not started yet, so that of two runs started at once on one
+    empty prefix the second is refused here."""
+    if not rep.is_uri(uri):
+        path = Path(uri[len("file://"):] if uri.startswith("file://") else uri).expanduser().resolve()
+        problem = placement_problem(str(path), str(run_dir.resolve()), _device(path), _device(run_dir.resolve()))
+        if problem is not None:
+            raise rep.ReplicaError(f"replica {uri}: {problem}: a replica must be off the run's disk (another disk "
+                                   "or machine, or an object store); nothing was written", "other")
+    try:
+        replica = rep.Replica(uri, timeout_s=15)
+        record = run_record(run_dir) if run_dir.is_dir() else None
+        me = claimant(run_dir)
+        remote = replica.owner()
+        holder = claim_holder(remote, me, _alive(remote))
+        if holder not in ("ours", "stale"):  # a provisional claim of this run directory's, or of a process gone
+            replica.check_owner(record)  # refuses another run (or one starting), or objects that are no replica
+        try:
+            replica.probe()
+        except rep.ReplicaError as e:
+            if e.kind == "unreachable":
+                raise
+            raise rep.ReplicaError(f"{e} (a test write at start): the replica cannot be written; nothing was "
+                                   "written", "readonly") from None
+        provisional = json.dumps({"format": rep.FORMAT, "claimed_by": me}).encode()
+        if record is not None and holder in ("ours", "stale"):
+            replica.put(rep.OWNER_KEY, json.dumps({"format": rep.FORMAT, **record}, indent=1).encode())
+        elif record is not None:
+            replica.claim(record)
+        elif holder in ("ours", "stale"):
+            replica.put(rep.OWNER_KEY, provisional)
+        else:
+            try:
+                replica.put(rep.OWNER_KEY, provisional, create=True)
+            except FileExistsError:  # another start got there between the read and this write
+                replica.check_owner(None)
+    except rep.ReplicaError as e:
+        if e.kind == "unreachable" and has_checkpoints:
+            return f"{e}; training goes on and the replica catches up when the store is back"
+        raise
+    return None
+
+
+def claimant(run_dir: Path) -> dict:
+    """Who makes a provisional claim: this host, this process, this run directory."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "run_dir": str(run_dir.resolve())}
+
+
+def _alive(remote: dict | None) -> bool:
+    """Whether the process that made a provisional claim is still running (on this host: `claim_holder` asks only
+    then)."""
+    claim = (remote or {}).get("claimed_by")
+    pid = claim.get("pid") if isinstance(claim, dict) else None
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: running
+        pass
+    return True
+
+
+def _device(path: Path) -> int | None:
+    """The device of the nearest existing directory at or above `path`."""
+    for p in (path, *path.parents):
+        try:
+            return p.stat().st_dev
+        except OSError:
+            continue
+    return None

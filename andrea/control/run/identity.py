@@ -1,0 +1,124 @@
+"""A run's identity: what its checkpoints' bytes mean, fixed at its first start and checked at every later one.
+
+The model's arch and shape (every field that changes what the flat `[w | m | v]` means, not only n_params), the
+optimizer (`train.optimizer`: what `m` and `v` hold, docs/formats.md), the tokenizer (its file's SHA-256) and the
+seed (initialisation and data order). A resume whose configuration
+would change one of them is refused in one line naming the field and both values, before anything is written;
+deliberate changes keep their ways: `--set` of train-time keys, pivots for the data policy, a new run from a
+checkpoint's weights (`andrea export`, then `train --init-from` the export: m = v = 0) for another optimizer.
+The same identity binds the ways a checkpoint's m and v reach another run directory: `andrea branch`
+(`check_branch`) and `train --init-from` a checkpoint (`check_init_from`).
+
+Reads the ledger's `start` marker (its `identity` field: written by control/run/runtime.py at step 0, append-only,
+so it survives a lost `run.toml`), else `run.toml` for a run started before identities were recorded, and
+`tokenizer.json`. Writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from andrea.config.schema import RunConfig
+from andrea.config.check import ConfigError
+from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir.ledger import readable_entries
+
+MODEL_KEYS = ("arch", "n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+ARCH_KEYS = {"gpt2": ("bias",), "modern": ("rope_base",)}  # what only that model reads (a modern model has no biases)
+# What a record written before a field existed means by its absence: the only value there was then, so a resume
+# that would change it is refused, not let through.
+BEFORE_RECORDED = {"model.arch": "gpt2", "train.optimizer": "adamw"}
+
+
+def identity(cfg: RunConfig, tokenizer_sha256: str | None) -> dict[str, Any]:
+    """The identity of a run trained with `cfg` and the tokenizer whose file hashes to `tokenizer_sha256`:
+    `model.arch`, the shape, `model.bias` of a gpt2 model or `model.rope_base` of a modern one, the optimizer, the
+    seed and the tokenizer. (A record written before a key was dropped still holds it; `changes` skips it.)"""
+    keys = MODEL_KEYS + ARCH_KEYS[cfg.model.arch]
+    out: dict[str, Any] = {f"model.{k}": getattr(cfg.model, k) for k in keys}
+    out["train.optimizer"] = cfg.train.optimizer
+    out["train.seed"] = cfg.train.seed
+    if tokenizer_sha256 is not None:
+        out["tokenizer.sha256"] = tokenizer_sha256
+    return out
+
+
+def changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """One phrase per field whose value differs, in the order of `recorded` (a field either side lacks is not
+    compared: a tokenizer not yet trained, a record from an older version)."""
+    return [f"{key} from {recorded[key]!r} to {current[key]!r}" for key in recorded
+            if key in current and recorded[key] != current[key]]
+
+
+def tokenizer_sha256(run_dir: Path) -> str | None:
+    path = run_dir / names.TOKENIZER_NAME
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def recorded_identity(run_dir: Path) -> dict[str, Any] | None:
+    """The identity the run recorded at its (latest) first step: the newest `start` marker's."""
+    entries = readable_entries(run_dir / names.LEDGER_NAME)  # the start reports a line that is none (control/run/resume.py)
+    starts = [e["identity"] for e in entries if e.get("event") == "start" and isinstance(e.get("identity"), dict)]
+    return starts[-1] if starts else None
+
+
+def check_resume(run_dir: Path, cfg: RunConfig, saved: RunConfig | None) -> None:
+    """Refuse (ConfigError, one line) a start of an existing run that would change its identity, or that has
+    lost its `run.toml`; `saved` is the run's run.toml as read, None when it has none."""
+    if not ckpt.list_checkpoints(run_dir):
+        return  # nothing trained is kept: a start from step 0 is a new run, free to choose
+    if saved is None:
+        raise ConfigError(f"{run_dir / names.CONFIG_NAME}: missing, but the run holds checkpoints: its settings "
+                          "(learning rate, schedule, data) are the run's; restore the file (from a copy, or "
+                          "`andrea restore`) instead of resuming under a preset's")
+    changed = changes(of_run(run_dir, saved), identity(cfg, tokenizer_sha256(run_dir)))
+    if changed:
+        raise ConfigError(f"{run_dir}: resuming would change {'; '.join(changed)}: these fix what the checkpoints "
+                          f"mean and were set at the run's first start ({NEW_RUN})")
+
+
+NEW_RUN = ("a new run from a checkpoint's weights: `andrea export RUN_DIR --step S --out DIR`, then `andrea train "
+           "--init-from DIR` in a new run directory")
+
+
+def of_run(run_dir: Path, saved: RunConfig | None = None) -> dict[str, Any] | None:
+    """What a run directory's checkpoints mean: its recorded identity, else its run.toml's (`saved` when the caller
+    has read it; a run started before identities were recorded), None for a directory that is no run (a checkpoint
+    file kept on its own). A field the record predates reads as BEFORE_RECORDED says."""
+    recorded = recorded_identity(run_dir)
+    if recorded is None:
+        if saved is None and (run_dir / names.CONFIG_NAME).is_file():
+            from andrea.config.load import run_config
+            saved = run_config(run_dir)
+        recorded = identity(saved, None) if saved is not None else None
+    return {**BEFORE_RECORDED, **recorded} if recorded is not None else None
+
+
+def check_branch(parent: Path, cfg: RunConfig) -> None:
+    """Refuse (one line) a branch whose configuration would change its parent's identity: the branch continues the
+    parent's checkpoint and ledger, and its first start would refuse the change (`check_resume`)."""
+    recorded = of_run(parent)
+    changed = changes(recorded, identity(cfg, tokenizer_sha256(parent))) if recorded is not None else []
+    if changed:
+        raise ConfigError(f"branch: would change {'; '.join(changed)}: a branch continues {parent}'s checkpoints, "
+                          f"which these fix ({NEW_RUN})")
+
+
+def check_init_from(init_from: Path, cfg: RunConfig) -> None:
+    """Refuse (one line) `--init-from` a checkpoint whose run meant other things by its bytes: the start continues
+    its w, m and v (control/run/resume.py), so the arch, the shape and the optimizer must be this run's. Its run is the
+    checkpoint's directory; a checkpoint kept outside any run is taken on its parameter count alone. The seed may
+    differ: the new run draws its own data order."""
+    recorded = of_run(init_from.parent)
+    if recorded is None:
+        return
+    recorded.pop("train.seed", None)  # the new run's own
+    changed = changes(recorded, identity(cfg, None))
+    if changed:
+        raise ConfigError(f"{init_from}: --init-from would change {'; '.join(changed)}: its w, m and v mean what "
+                          f"its run's identity says ({NEW_RUN})")

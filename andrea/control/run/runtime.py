@@ -1,0 +1,377 @@
+"""The life of one training process: an asyncio loop that owns signals, checkpoints, the ledger and sidecars.
+
+Threads: the event loop (this module: signals, start-up, data prep, the step loop; control/run/boundary.py: what
+happens at each step boundary); `andrea-train` (model steps, snapshots, evals, samples — the only thread that
+touches the model; on CPU its snapshot copies run on the trainer's own `andrea-snapshot` thread, fenced like a
+CUDA copy stream); `andrea-io` (every file write, in submission order: ledger appends, sidecars, checkpoint
+commits). Single-thread executors keep each resource owned by one thread, so ordering is by construction: a ledger
+append submitted before a commit lands first.
+
+This module is the wiring: the lock and `train.pid`, signals turned into `Requests` (SIGTERM/SIGINT stop, SIGUSR1
+checkpoint, SIGHUP pivot; acted on at the next boundary), the start (trainer, data, --init-from or resume, the
+writer, the guard), then `Boundary.cross` / `Boundary.advance` until a stop, and the clean-up. Under torchrun
+(`self.world`, andrea/control/parallel/distributed.py) every rank runs this loop in lockstep; the model is ZeRO-1 (andrea/control/parallel/zero.py),
+the commit is sharded (control/commit/shards.py); rank 0 alone holds the lock, the ledger, the sidecars and the audits.
+The watchdog (control/observe/watchdog.py) watches the threads while the step loop runs; notices (control/observe/notify.py) go
+out for what an operator acts on. Test hook: `ANDREA_TEST_HANG` (control/observe/watchdog.py).
+Test hooks (andrea/testhooks.py): `ANDREA_TEST_STEP_DELAY` sleeps after each step (a window for signals);
+`ANDREA_TEST_POISON_STEPS` makes the step record of chosen header steps read loss = NaN once (a divergence the
+guard meets as a non-finite incident); `ANDREA_TEST_FLIP_WEIGHT` flips one weight bit on one rank
+(control/parallel/agreement.py). Never in production.
+Reads `run.toml`, checkpoints, `tokenizer.json` and `data/`; writes `train.pid`, `run.toml` and, through the
+boundary, everything listed in sidecars.py, `.loss.json` (control/run/ledger_feed.py) and `step_NNNNNN.bin` (checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from andrea import testhooks
+from andrea.evals import audit
+from andrea.model.init_from import load_init_weights
+from andrea.control.observe import mfu
+from andrea.config.schema import RunConfig
+from andrea.config.check import ConfigError
+from andrea.control.run import identity, resume
+from andrea.control.observe import notify, tensorboard, views, wandb_log, watchdog
+from andrea.control.mixture import pivot
+from andrea.control.parallel import agreement, ranks, sharing
+from andrea.control.replica import replicator
+from andrea.control.guard import rollback
+from andrea.control.commit import shards
+from andrea.control.run.boundary import Boundary, RunFailed
+from andrea.control.run.ledger_feed import LedgerFeed
+from andrea.control.mixture.proxy import Batch, DataProxy
+from andrea.control.run.records import StepRecords
+from andrea.control.run.started import Started
+from andrea.control.run.stalls import Stalls
+from andrea.control.run.early_signals import EarlySignals
+from andrea.control.run.signals import Requests, abort_now, install_handlers, remove_handlers
+from andrea.data.preparation import Interrupted
+from andrea.control.parallel.distributed import World
+from andrea.control.observe.progress import Progress
+from andrea.rundir import atomic, checkpoint as ckpt, incidents, names
+from andrea.rundir.names import LEDGER_NAME
+from andrea.rundir.ledger import LossLedger, marker
+from andrea.rundir.runlock import RunLock
+from andrea.control.run.trainer import Trainer
+from andrea.control.parallel.zero import trainer_for
+
+log = logging.getLogger("andrea.control.run")
+
+
+class TrainingRun:
+    def __init__(self, cfg: RunConfig, run_dir: Path, *, device: torch.device, kernels: str,
+                 init_from: Path | None = None, early: EarlySignals | None = None, world: World | None = None,
+                 accept_ledger_gap: bool = False):
+        self.run_dir = run_dir
+        self.world = world or World()  # torchrun's ranks (andrea/control/parallel/distributed.py); one process: no-ops
+        self.device, self.kernels, self.init_from = device, kernels, init_from
+        self.accept_ledger_gap = accept_ledger_gap  # continue past a ledger the checkpoint does not vouch for
+        self.req = Requests()
+        self.started: Started | None = None  # what `start` built (the trainer, data, writer, guard, ledger)
+        self.boundary: Boundary | None = None  # the run's position once it has started (step, cfg, data)
+        self._cfg, self._resumed = cfg, 0  # until then: the configuration, and the step resumed from
+        # Both threads wait on or launch GPU work: each makes this rank's GPU current first (a thread starts on
+        # device 0; World.device set it for the main thread only).
+        on_device = World.thread_initializer(device)
+        self.beats = watchdog.Beats()  # each job on these threads is progress the watchdog sees
+        self.io = watchdog.WatchedExecutor(self.beats, "io", thread_name_prefix="andrea-io", initializer=on_device)
+        self.train = watchdog.WatchedExecutor(self.beats, "train", thread_name_prefix="andrea-train",
+                                              initializer=on_device)
+        self.notifier = notify.Notifier(cfg.notify, run_dir, self.world.rank)
+        self.views: views.Views | None = None  # log.tensorboard, log.wandb: the ledger's lines as scalars
+        self.replicator: replicator.Replicator | None = None  # checkpoint.replica: copies off the machine
+        self.early = early
+        self.preparing = False  # rank 0 is preparing data (a stop then ends the preparation, not a step)
+        self.skipped: list[str] = []  # newer checkpoints the start skipped as invalid, and why (control/run/resume.py)
+        self.stalls = Stalls(self.world, self.io, self.notifier, lambda: self.step, self._append_marker)
+        self.step_delay = testhooks.step_delay()  # test hook ANDREA_TEST_STEP_DELAY (andrea/testhooks.py)
+        self.poison_steps = testhooks.poison_steps()  # test hook ANDREA_TEST_POISON_STEPS (andrea/testhooks.py)
+        self.flip = testhooks.flip_weight()  # test hook ANDREA_TEST_FLIP_WEIGHT: a rank's weight flipped
+
+    @property
+    def step(self) -> int:
+        """Header step of the state the trainer holds."""
+        return self.boundary.step if self.boundary is not None else self._resumed
+
+    @property
+    def cfg(self) -> RunConfig:
+        """The configuration in force (a pivot replaces its policy)."""
+        return self.boundary.cfg if self.boundary is not None else self._cfg
+
+    # --- signals: each one only records a request, acted on at the next boundary --------------------------------
+    def on_signal(self, sig: signal.Signals) -> None:
+        self.req.received.append(sig.name)
+        ck = self.cfg.checkpoint
+        if sig in (signal.SIGTERM, signal.SIGINT):
+            if self.req.stop is not None and sig == signal.SIGINT:
+                abort_now()
+            self.req.stop = sig.name
+            if self.preparing:
+                log.warning("%s received: stopping data preparation at the next chunk (what is done is kept)",
+                            sig.name)
+                return
+            log.warning("%s received: finishing step %d, then writing its checkpoint and exiting "
+                        "(a SIGINT%s aborts without it)", sig.name, self.step + 1,
+                        " again" if sig == signal.SIGINT else "")
+        elif sig == signal.SIGUSR1:
+            if self.req.ask_checkpoint(self.step, ck.every, ck.usr1):
+                log.info("SIGUSR1 received: checkpoint at step %d, then training continues", self.req.checkpoint_at)
+            else:
+                log.info("SIGUSR1 received: coalesced into the checkpoint of step %d, not yet landed",
+                         self.req.pending_step)
+        elif sig == signal.SIGHUP:
+            self.on_sighup()
+
+    def on_sighup(self) -> None:
+        """Hot pivot: take the policy in RUN_DIR/policy.next.toml at the next (aligned) checkpoint."""
+        path = self.run_dir / names.NEXT_POLICY_NAME
+        if not path.exists():
+            log.warning("SIGHUP received: no %s, nothing to pivot to; training continues", path)
+            return
+        try:
+            self.req.policy = pivot.read_policy(path, self.cfg)
+        except ConfigError as e:
+            log.error("SIGHUP received: refusing the new policy, training continues unchanged: %s", e)
+            return
+        self.req.ask_pivot(self.step, self.cfg.checkpoint.every, self.cfg.checkpoint.usr1)
+        log.warning("SIGHUP received: pivot to %s at the checkpoint of step %d", path.name, self.req.checkpoint_at)
+
+    # --- start -------------------------------------------------------------------------------------------
+    def prepare_data(self) -> tuple:
+        """Rank 0 (on separate disks, the first rank of each) prepares what is not prepared yet, polling for a stop
+        request (ranks.prepare_data)."""
+        self.preparing = ranks.prepares(self.world)
+        try:
+            return ranks.prepare_data(self.world, self.cfg, self.run_dir, should_stop=lambda: self.req.stop is not None)
+        finally:
+            self.preparing = False
+
+    def open_ledger(self, info) -> tuple[LossLedger | ranks.FollowerLedger, LedgerFeed]:
+        """The ledger, checked first against what the checkpoint resumed from recorded of it (rank 0; a refusal
+        leaves the file as it found it), then opened (a crash's torn last line is cut) and fed. The check's
+        markers (`cut_tail`, `gap`) are durable before any other reader (W&B's backfill) reads the file."""
+        repairs = resume.check_ledger(self.run_dir, info, self.accept_ledger_gap) if self.world.leader else []
+        moved = resume.set_aside_newer(self.run_dir, info) if self.world.leader and info is not None else []
+        ledger = (LossLedger if self.world.leader else ranks.FollowerLedger)(self.run_dir / LEDGER_NAME)
+        feed = LedgerFeed(ledger, self.io)
+        if ledger.torn_bytes:
+            log.warning("%s: cut a torn last line of %d bytes left by a crash", LEDGER_NAME, ledger.torn_bytes)
+        if repairs:
+            ledger.append(repairs)
+            ledger.sync()
+        if moved:  # checkpoints quarantined, a resume below the newest: incidents on the record (rundir/incidents.py)
+            feed.lines += incidents.resume_markers(info.step, self.skipped, moved, names.QUARANTINE_DIR)
+        return ledger, feed
+
+    async def start(self) -> Started:
+        """The trainer, the data, the weights (--init-from or the checkpoint resumed from), the ledger, the writer
+        and the guard: everything the step loop needs, built in this order."""
+        loop = asyncio.get_running_loop()
+        trainer = await loop.run_in_executor(self.train, trainer_for, self.world, self.cfg, self.device, self.kernels)
+        codec, arms = await loop.run_in_executor(self.train, self.prepare_data)
+        tasks = self.task_audit(codec) if self.world.leader else None
+        # --init-from weights (safetensors, npz, an exported directory): loaded now, step 0, m = v = 0
+        # (model/init_from.py)
+        imported = await loop.run_in_executor(self.train, load_init_weights, self.init_from, trainer,
+                                              self.run_dir)
+        # rank 0 picks the checkpoint (reading and checking it once) and tells the others which
+        found = resume.resume_point(self.run_dir, self.init_from, trainer.n, self.skipped) \
+            if self.world.leader and not imported else None
+        info = None if imported else self.world.broadcast(found[0] if found is not None else None)
+        ledger, feed = self.open_ledger(info)
+        try:
+            proxy, writer, guard, meter = await self.resume_or_begin(trainer, arms, info, found, imported, feed)
+        except BaseException:
+            ledger.close()  # fsynced and closed as main's clean-up closes a started run's
+            raise
+        return Started(cfg=self.cfg, run_dir=self.run_dir, world=self.world, step=self.step, trainer=trainer,
+                       proxy=proxy, writer=writer, guard=guard, ledger=ledger, feed=feed, codec=codec, tasks=tasks,
+                       meter=meter, train=self.train, io=self.io)
+
+    async def resume_or_begin(self, trainer: Trainer, arms, info, found, imported: dict | None, feed: LedgerFeed):
+        """The start's second half: the first marker (`start`, or `resume` with the checkpoint's weights loaded),
+        then the writer and the guard as the checkpoint left them. Returns (proxy, writer, guard, meter)."""
+        loop = asyncio.get_running_loop()
+        meter = self.mfu_meter(trainer.n)
+        measure = {"flops_per_token": meter.flops_token, "peak_flops": meter.peak.flops,
+                   "peak": meter.peak.source}  # what the step entries' `mfu` is measured against
+        if info is None:
+            proxy = DataProxy(self.cfg, arms)
+            feed.lines.append(marker("start", 0, n_params=trainer.n, seed=self.cfg.train.seed,
+                                     identity=identity.identity(self.cfg, identity.tokenizer_sha256(self.run_dir)),
+                                     **measure, **(imported or {})))
+        else:  # on separate disks rank 0 reads and validates, and sends the others theirs (control/parallel/sharing.py)
+            def read() -> np.ndarray:  # rank 0 has it; another rank of a shared directory reads its own
+                return found[1] if found is not None else ckpt.read_payload(info.path, trainer.n)[1]
+            payload = await sharing.payload_everywhere(self.world, read, trainer.n, self.train)
+            await loop.run_in_executor(self.train, trainer.load, payload)
+            self._resumed = info.step
+            proxy = resume.restore_proxy(self.cfg, self.run_dir, arms, info, sharing.json_reader(self.world))
+            origin = info.path.name if info.path.parent == self.run_dir else str(info.path.resolve())
+            feed.lines.append(marker("resume", info.step, phase=proxy.phase, **measure, **{"from": origin}))
+        writer = shards.writer_for(self.world, self.run_dir, trainer, self.device, self.io,
+                                   keep_last=self.cfg.checkpoint.keep_last, keep_every=self.cfg.checkpoint.keep_every)
+        if info is not None and info.path.parent == self.run_dir:
+            writer.last_committed = self.step
+        guard, warning = rollback.load_guard(self.cfg, info, self.run_dir, (imported or {}).get("from"),
+                                             sharing.json_reader(self.world),
+                                             lambda p: sharing.from_leader(self.world, Path.exists, p))
+        if warning:
+            log.warning("%s", warning)
+        if info is not None and proxy.phase > 0 and proxy.phase_start == self.step:  # resumed at a pivot: as
+            guard.pivot(self.step, names.checkpoint_name(self.step))  # the hot pivot did (idempotent)
+        writer.protected = guard.protected  # retention never deletes the known-good checkpoint
+        trainer.lr_scale, proxy.data_offset = guard.remedy["lr_scale"], guard.remedy["data_offset"]
+        return proxy, writer, guard, meter
+
+    def task_audit(self, codec) -> audit.TaskAudit | None:
+        """eval.tasks, made absolute (run.toml keeps it so, whatever the next start's working directory), read
+        and tokenized now: a missing or bad file refuses the start before a step is trained."""
+        if not self.cfg.eval.tasks:
+            return None
+        path = Path(self.cfg.eval.tasks).expanduser().absolute()
+        self.cfg.eval.tasks = str(path)
+        return audit.TaskAudit(path, codec, self.cfg)
+
+    def mfu_meter(self, n_params: int) -> mfu.Meter:
+        """MFU of this process (andrea/control/observe/mfu.py): the model's FLOPs per token against the peak of every rank's device
+        (bf16: the autocast the trainer runs under on CUDA), over the last `max(train.log_every, 10)` steps."""
+        tc, m = self.cfg.train, self.cfg.model
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else ""
+        peak = mfu.device_peak(self.device.type, name, "bf16", tc.peak_tflops, self.world.size)
+        if peak.flops is None:
+            log.info("MFU is not measured: %s", peak.source)
+        return mfu.Meter(mfu.model_flops_per_token(m, n_params), peak, tc.batch_size * m.block_size,
+                         span=max(tc.log_every, 10))
+
+    # --- the loop ------------------------------------------------------------------------------------------
+    async def main(self, stop_at: int, out=sys.stdout) -> int:
+        loop = asyncio.get_running_loop()
+        lock = RunLock(self.run_dir)
+        if self.world.leader:  # train.pid: rank 0's pid, so `andrea ctl` and SIGHUP reach it directly
+            lock.acquire()
+        install_handlers(loop, self.on_signal)
+        for sig in self.early.received if self.early else ():
+            self.on_signal(sig)
+        try:
+            sharing.probe(self.world, self.run_dir)  # before anything reads the run directory
+            self.stalls.join()  # the ranks on this host and the stall notes (control/run/stalls.py)
+            self._cfg = sharing.from_leader(self.world, lambda: self._cfg)  # separate disks: rank 0's run.toml
+            for stale in ckpt.remove_stale_tmp(self.run_dir) if self.world.view == self.world.rank else ():
+                log.warning("removed %s left by an interrupted write (never read as a checkpoint or sidecar)",
+                            stale.relative_to(self.run_dir))
+            run = self.started = await self.start()
+            if self.world.leader:
+                log_every = self.cfg.train.log_every
+                self.views = views.open_views(
+                    tensorboard.open_log(self.cfg.log, self.run_dir, self.step, log_every),
+                    wandb_log.open_log(self.cfg.log, self.run_dir, self.cfg.to_dict(), log_every))
+                run.feed.on_flush = notify.chain(self.views.add_records if self.views is not None else None,
+                                                 self.notifier.lines)
+                atomic.write_atomic(self.run_dir / names.CONFIG_NAME, self.cfg.to_toml().encode())
+            run.feed.flush(force_sync=True)
+            if self.world.leader:  # after the start marker is durable: the replica is claimed with it
+                self.replicator = replicator.start_for(self.cfg.checkpoint, self.run_dir, run.writer, self.views,
+                                                       resumed_from=self.step,
+                                                       on_incident=self.marker_from_thread(loop, run.feed))
+            print(f"ready pid={os.getpid()} run_dir={self.run_dir} step={self.step} "
+                  f"stop_at={stop_at} device={self.device} kernels={self.kernels}"
+                  + (f" rank={self.world.rank}/{self.world.size}" if self.world.distributed else ""),
+                  file=out, flush=True)
+            return await self.loop(run, stop_at)
+        except Interrupted as e:  # a stop during data preparation: nothing trained, everything prepared kept
+            log.warning("%s", e)
+            return 0
+        except Exception:
+            self.stalls.explain()  # a hung peer's end may be what failed here
+            raise
+        finally:
+            remove_handlers(loop)
+            self.stalls.stop()
+            self.world.quiet()
+            self.train.shutdown(wait=True)
+            self.io.shutdown(wait=True)
+            if self.replicator is not None:  # bounded: checkpoint.replica_wait, then exit all the same
+                self.replicator.finish(self.cfg.checkpoint.replica_wait)
+            if self.views is not None:  # each bounded (log.wandb_timeout_s)
+                self.views.close(self.boundary.settled_step() if self.boundary is not None else None)
+            if self.started is not None:
+                self.started.ledger.close()
+            lock.release()
+            self.notifier.close(self.cfg.notify.timeout_s)
+
+    async def loop(self, run: Started, stop_at: int) -> int:
+        """Boundary, step, boundary, ... until a stop; then everything in flight lands."""
+        tc, trainer = self.cfg.train, run.trainer
+        records = StepRecords(64, tc.batch_size, self.device)
+        progress = Progress(self.step, stop_at, tc.batch_size * self.cfg.model.block_size, tc.log_every)
+        b = self.boundary = Boundary(run, req=self.req, records=records, progress=progress, views=self.views,
+                                     replicator=self.replicator, notify=self.notifier.send)
+        dog = watchdog.Watchdog(self.cfg.watchdog, self.beats, self.stalls.on_stall).start()
+        watched = self.beats.watch
+        try:
+            while not await watched("boundary", b.cross(stop_at)):
+                await watched("boundary", b.advance(lambda batch: self._step(trainer, records, batch)))
+        except RunFailed as e:
+            self.notifier.send("failed", self.step, message=str(e), error=str(e))
+            raise
+        finally:
+            results = await watched("boundary", b.finish())
+            dog.stop()
+        failed = [r for r in results if r.error and r.step == self.step]
+        if failed:
+            self.notifier.send("failed", self.step, message=failed[0].error, error=failed[0].error)
+            raise RunFailed(failed[0].error)
+        self.notifier.send("stopped" if self.req.stop else "finished", self.step,
+                           message=f"stopped at step {self.step} ({self.req.stop or 'step target reached'})",
+                           signal=self.req.stop)
+        log.info("stopped at step %d (%s); newest checkpoint %s", self.step,
+                 self.req.stop or "step target reached", names.checkpoint_name(run.writer.last_committed or 0))
+        return 0
+
+    def marker_from_thread(self, loop: asyncio.AbstractEventLoop, feed: LedgerFeed):
+        """`put(kind, detail)` for another thread (the replicator's outage and catch-up): the marker joins the
+        ledger's lines on the event loop, at the step the run is at then, and goes out at once, fsynced (and so to
+        the notices)."""
+        def on_loop(kind: str, detail: dict) -> None:
+            feed.lines.append(marker(kind, self.step, **detail))
+            feed.flush(force_sync=True)
+
+        def put(kind: str, detail: dict) -> None:
+            try:
+                loop.call_soon_threadsafe(on_loop, kind, detail)
+            except RuntimeError:  # the loop has ended (the process's last pass): the log line is the record
+                log.info("%s after the run's end: not in the ledger (%s)", kind, detail)
+        return put
+
+    def _append_marker(self, line: dict) -> None:
+        """On the I/O thread: one marker appended and fsynced (after everything queued before it)."""
+        self.started.ledger.append([line])
+        self.started.ledger.sync()
+
+    def _step(self, trainer: Trainer, records: StepRecords, batch: Batch) -> int:
+        """One update on the training thread; its record goes to `records` without a sync."""
+        out = trainer.train_step(batch.step, batch.x, batch.y)
+        if out.step in self.poison_steps:  # test hook: once per process (a rollback's replay of n stays healthy)
+            self.poison_steps.discard(out.step)
+            out = dataclasses.replace(out, loss=torch.full_like(out.loss, float("nan")))
+        if self.flip is not None and self.flip == (out.step, self.world.rank):  # test hook: once per process
+            self.flip = None
+            agreement.flip_one_bit(trainer.weights())
+        records.push(out)
+        watchdog.test_hang("train", out.step, self.world.rank)
+        if self.step_delay:
+            time.sleep(self.step_delay)
+        return out.step

@@ -1,0 +1,46 @@
+"""The guard's file side at a start (control/guard/rollback.py): a companion whose known-good checkpoint is not in the run
+directory (a restore from a replica that no longer held it) starts the guard afresh in one line, never a rollback
+that cannot read its checkpoint. Plain files in a temporary directory, no processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from andrea.config.keepers import GuardConfig
+from andrea.config.schema import RunConfig
+from andrea.control.guard import rollback
+from andrea.control.guard.decisions import Guard, named_checkpoints
+from andrea.rundir import checkpoint as ckpt, names
+
+
+def state(good: int | None, tentative: list[int], step: int = 30) -> dict:
+    g = Guard(GuardConfig(), good_step=good or 0, good_path=names.checkpoint_name(good) if good else None)
+    for t in tentative:
+        g.on_checkpoint(t, names.checkpoint_name(t))
+    return g.to_state(step)
+
+
+def test_named_checkpoints_are_the_known_good_and_the_tentative_ones_in_the_run_directory():
+    assert named_checkpoints(state(10, [20, 30])) == [10, 20, 30]
+    assert named_checkpoints(state(None, [20])) == [20]  # the initial state names no checkpoint
+    outside = state(10, [])
+    outside["good"]["path"] = "/elsewhere/step_000010.bin"  # --init-from's: never the run directory's to fetch
+    assert named_checkpoints(outside) == []
+    assert named_checkpoints([]) == [] and named_checkpoints({"good": "x", "tentative": 3}) == []
+
+
+def test_a_missing_known_good_checkpoint_starts_the_guard_afresh_in_one_line(tmp_path):
+    info = ckpt.CheckpointInfo(tmp_path / names.checkpoint_name(30), 30, 64)
+    rollback.write_companion(tmp_path, 30, state(10, [20, 30]))
+    guard, warning = rollback.load_guard(RunConfig(), info, tmp_path)
+    assert guard.good["step"] == 30 and guard.good["path"] == "step_000030.bin"
+    assert "step_000010.bin is not in" in warning and "starts afresh from step_000030.bin" in warning
+    assert "\n" not in warning
+    (tmp_path / names.checkpoint_name(10)).write_bytes(b"")  # there (validity is the rollback's to check)
+    guard, warning = rollback.load_guard(RunConfig(), info, tmp_path)
+    assert warning is None and guard.good["step"] == 10 and [t["step"] for t in guard.tentative] == [30]
+    (tmp_path / names.checkpoint_name(20)).write_bytes(b"")
+    guard, _ = rollback.load_guard(RunConfig(), info, tmp_path, exists=lambda p: Path(p).name != "step_000020.bin")
+    assert [t["step"] for t in guard.tentative] == [30]  # what `exists` (rank 0's view) says is gone is dropped
+    guard, _ = rollback.load_guard(RunConfig(), info, tmp_path)
+    assert [t["step"] for t in guard.tentative] == [20, 30]

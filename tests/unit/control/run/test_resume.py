@@ -1,0 +1,83 @@
+"""Where a run starts again (control/run/resume.py): the data proxy's state as of the checkpoint resumed from, when the
+sidecars holding it are another step's, another run's or garbage. Pure CPU: fake token arrays, no trainer."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from andrea.config.load import load
+from andrea.data.store import ArmTokens
+from andrea.control.mixture.proxy import DataProxy
+from andrea.rundir import checkpoint as ckpt, names
+from andrea.control.run.resume import restore_proxy
+
+STEP = 20
+
+
+def setup(update_every: int = 10):
+    cfg = load(overrides=["train.batch_size=8", "model.block_size=16", f"policy.update_every={update_every}"])
+    rng = np.random.default_rng(0)
+    arms = [ArmTokens(n, rng.integers(0, 300, 4000).astype(np.uint16), rng.integers(0, 300, 400).astype(np.uint16))
+            for n in cfg.data.arm_names()]
+    return cfg, arms
+
+
+def state_at(step: int, update_every: int = 10) -> dict:
+    cfg, arms = setup(update_every)
+    proxy = DataProxy(cfg, arms)
+    for s in range(step):
+        batch = proxy.batch(s)
+        proxy.observe(s + 1, 3.0 - 0.01 * s + 0.1 * batch.arm_ids.astype(np.float64))
+    return json.loads(json.dumps(proxy.state(step)))
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A run directory at STEP whose own step_N.state.json and .state.json are the true state."""
+    state = state_at(STEP)
+    for path in (tmp_path / names.checkpoint_name(STEP).replace(".bin", ".state.json"),
+                 tmp_path / names.STATE_NAME):
+        path.write_text(json.dumps(state))
+    return tmp_path, state
+
+
+def restored(run_dir, caplog) -> tuple[dict, list[str]]:
+    cfg, arms = setup()
+    info = ckpt.CheckpointInfo(run_dir / names.checkpoint_name(STEP), STEP, 0)
+    with caplog.at_level(logging.WARNING, logger="andrea.control.run"):
+        proxy = restore_proxy(cfg, run_dir, arms, info)
+    return proxy.state(STEP), [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_checkpoint_state_swapped_for_another_steps_falls_back_to_the_live_state(run, caplog):
+    run_dir, state = run
+    own = run_dir / names.checkpoint_name(STEP).replace(".bin", ".state.json")
+    own.write_text(json.dumps(state_at(10)))  # another step's, copied over it
+    got, said = restored(run_dir, caplog)
+    assert got == state
+    assert said == [f"{own}: field 'step' is 10, expected {STEP}; the data proxy's state is restored from "
+                    ".state.json instead"]
+
+
+@pytest.mark.parametrize("swap", ["another step's", "another run's (its windows elsewhere)", "garbage"])
+def test_both_states_unusable_is_a_fresh_bandit_and_one_line_never_a_refused_start(swap, run, caplog):
+    run_dir, _ = run
+    own = run_dir / names.checkpoint_name(STEP).replace(".bin", ".state.json")
+    live = run_dir / names.STATE_NAME
+    if swap == "garbage":
+        own.write_text("{not json")
+        live.write_text(json.dumps(state_at(10)))  # another step's: passed over, as before
+    else:
+        foreign = state_at(10) if swap == "another step's" else state_at(STEP) | {"applied_upto": 10}
+        own.write_text(json.dumps(foreign))
+        live.write_text(json.dumps(foreign))
+    got, said = restored(run_dir, caplog)
+    cfg, arms = setup()
+    assert got == DataProxy(cfg, arms, phase_start=STEP).state(STEP)
+    assert len(said) == 1 and said[0].startswith(str(own)), said  # the first problem named, the rest in the line
+    assert said[0].endswith(f"the bandit starts fresh at step {STEP} (data order after this point differs from "
+                            "the original run's)")
