@@ -186,12 +186,26 @@ class Plan:
     lr_scale: float
     reason: str
 
-    def message(self, resume_from: str) -> str:
-        """The one line of the bounded stop."""
+    def message(self, resume_from: str, advice: str) -> str:
+        """The one line of the bounded stop; `advice`: what to change first (`advice` below, for the run's
+        optimizer)."""
         tried = f"{self.attempt} rollback{'s' if self.attempt != 1 else ''}"
         return (f"step {self.incident_step}: the run diverged again after {tried} to step {self.to_step} "
                 f"(data skipped each time, learning-rate scale now {self.lr_scale:g}): {self.reason}; "
-                f"resume from {resume_from} after lowering train.lr or enabling train.grad_clip")
+                f"resume from {resume_from} after {advice}")
+
+
+def advice(optimizer: str, grad_clip: float) -> str:
+    """What the bounded stop tells the operator to change, for the optimizer that diverged: the keys that set its
+    step sizes (the guard's lr scale multiplies each of them: control/run/trainer.py), and clipping only where it is
+    off. Muon's hidden matrices step by train.muon_lr (andrea/optim/muon.py: its orthogonalised update has a fixed
+    size, so clipping the gradient does not bound it); train.lr is AdamW's, on every parameter of an AdamW run and on
+    the embeddings, head and gains of a Muon run."""
+    if optimizer == "muon":
+        keys = "lowering train.muon_lr (Muon's hidden matrices) or train.lr (AdamW's embeddings, head and gains)"
+    else:
+        keys = "lowering train.lr"
+    return keys + (" or enabling train.grad_clip" if not grad_clip else "")
 
 
 class Guard:

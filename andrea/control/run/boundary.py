@@ -40,7 +40,7 @@ from andrea.control.mixture import pivot
 from andrea.control.parallel import agreement, ranks, sharing
 from andrea.control.run import resume
 from andrea.control.guard import rollback
-from andrea.control.guard.decisions import INCIDENT, SUSPECT
+from andrea.control.guard.decisions import INCIDENT, SUSPECT, advice
 from andrea.control.mixture.proxy import Batch, DataProxy
 from andrea.control.run.records import StepRecord, StepRecords
 from andrea.control.run.signals import Requests, boundary_action
@@ -373,7 +373,7 @@ class Boundary:
             if rollback.in_run_dir(g, self.run_dir) and self.world.leader:
                 self.io.submit(rollback.write_companion, self.run_dir, plan.to_step, g.state_after_give_up())
             await self.abandon_after(plan.to_step)
-            raise RunFailed(plan.message(start_from))
+            raise RunFailed(plan.message(start_from, advice(self.cfg.train.optimizer, self.cfg.train.grad_clip)))
         payload = await sharing.payload_everywhere(  # on separate disks: read by rank 0, sent to the others
             self.world, lambda: rollback.good_payload(g, self.run_dir, self.cfg, trainer), trainer.n, self.train)
         await loop.run_in_executor(self.train, trainer.load, payload)

@@ -11,8 +11,8 @@ import pytest
 from andrea.config.check import ConfigError
 from andrea.config.keepers import GuardConfig
 from andrea.config.load import load
-from andrea.control.guard.decisions import (HEALTHY, INCIDENT, SUSPECT, Guard, GuardStateError, band, ledger_summary,
-                                     most_tentative, spacing, thin)
+from andrea.control.guard.decisions import (HEALTHY, INCIDENT, SUSPECT, Guard, GuardStateError, advice, band,
+                                            ledger_summary, most_tentative, spacing, thin)
 from andrea.rundir.checkpoint import retention_victims
 from andrea.rundir.ledger import history
 
@@ -201,10 +201,22 @@ def test_escalation_skip_data_then_lower_lr_then_give_up():
     diverge(g, 11)
     plan = g.plan()
     assert plan.give_up and plan.attempt == 3
-    line = plan.message("step_000010.bin")
+    line = plan.message("step_000010.bin", advice("adamw", 1.0))
     assert "\n" not in line and line.startswith(f"step {g.pending['step']}:") and "step_000010.bin" in line
     assert "3 rollbacks" in line and "0.25" in line
+    assert line.endswith("resume from step_000010.bin after lowering train.lr")  # the advice, as given
     assert g.state_after_give_up()["remedy"]["attempts"] == 0
+
+
+def test_the_advice_names_the_keys_that_set_the_diverged_optimizers_step():
+    # AdamW: train.lr sets every step; clipping is advised only where it is off (the default clips at 1.0)
+    assert advice("adamw", 1.0) == "lowering train.lr"
+    assert advice("adamw", 0.0) == "lowering train.lr or enabling train.grad_clip"
+    # Muon: its matrices step by train.muon_lr, which clipping does not bound; train.lr only moves AdamW's part
+    muon = advice("muon", 1.0)
+    assert "train.muon_lr" in muon and "grad_clip" not in muon
+    assert muon.index("train.muon_lr") < muon.index("train.lr ")
+    assert "enabling train.grad_clip" in advice("muon", 0.0)
 
 
 def test_a_confirmed_checkpoint_past_the_incident_closes_the_series_and_keeps_the_lower_lr():

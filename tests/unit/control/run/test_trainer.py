@@ -78,3 +78,33 @@ def test_the_update_from_a_checkpoint_of_step_s_is_adamw_with_the_bias_correctio
         scale = want.abs().max()
         assert scale > 0, name
         assert (change - want).abs().max() <= 1e-3 * scale, (name, float((change - want).abs().max()), float(scale))
+
+
+@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
+def test_the_guards_lr_scale_reaches_every_update_muons_matrices_included(optimizer):
+    """The guard's remedy (control/guard/decisions.py) multiplies the learning rate of the optimizer that diverged:
+    at lr_scale 0.5 the same step from the same state moves Muon's matrices (train.muon_lr's) and AdamW's
+    parameters half as far. A scale applied to train.lr's AdamW alone would leave Muon's change unchanged."""
+    from andrea.optim.muon import matrix_spans
+    cfg = configload.load(preset="andrea-tiny", overrides=[f"train.optimizer={optimizer}"])
+    changes = []
+    for scale in (1.0, 0.5):
+        trainer = Trainer(cfg, torch.device("cpu"), kernels="torch")
+        state = moments_after(trainer, 40, seed=2)
+        trainer.load(state)
+        trainer.lr_scale = scale
+        x = torch.randint(0, cfg.model.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3))
+        out = trainer.train_step(40, x, torch.roll(x, -1, dims=1))
+        assert out.lr == pytest.approx(lr_at(40, cfg.train) * scale)  # the rate the ledger records
+        changes.append(trainer.state.buffer[:trainer.n] - state[:trainer.n])
+    full, half = changes
+    spans = matrix_spans(trainer.layout)
+    muon = torch.zeros(trainer.n, dtype=torch.bool)
+    for lo, numel in spans:
+        muon[lo:lo + numel] = True
+    parts = (("muon", muon), ("adamw", ~muon)) if optimizer == "muon" else (("adamw", torch.ones_like(muon)),)
+    for name, where in parts:
+        # Muon's change is lr_mu·(O + wd·w) and O does not depend on the rate, so it halves exactly; AdamW's first
+        # update from these moments likewise (m and v of step 40 are the same in both runs)
+        assert full[where].abs().max() > 0, name
+        assert (half[where] - 0.5 * full[where]).abs().max() <= 1e-3 * full[where].abs().max(), name
