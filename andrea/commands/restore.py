@@ -7,8 +7,8 @@ older one is taken, in one warning line, when the newest is corrupt, has a damag
 removed by the run's retention while it was fetched (the replica is listed once more when that leaves none).
 Then the checkpoints its guard state names (control/guard/decisions.py `named_checkpoints`: the known-good point a
 rollback reads, the tentative ones that may become it), each the same way; one the replica does not hold is said
-in one line (the guard then starts afresh from the restored checkpoint, control/guard/rollback.py). Then the sidecars,
-archive/, run.toml, tokenizer.json and data/. Writes them into DIR, each atomically; the restored checkpoint's
+in one line (the guard's known-good point then becomes the restored checkpoint, control/guard/rollback.py). Then the
+sidecars, archive/, run.toml, tokenizer.json and data/. Writes them into DIR, each atomically; the restored checkpoint's
 `.bin` is renamed into place last. Then `andrea train --run-dir DIR` resumes from that checkpoint, to the same
 bytes as a run that never lost its disk, with a guard that can roll back.
 
@@ -89,9 +89,9 @@ def restore(uri: str, run_dir: Path, out=None) -> int:
     good = guard.get("good") if isinstance(guard, dict) else None
     good = good.get("step") if isinstance(good, dict) else None
     if good in lacking:  # the next start then takes the restored checkpoint as the guard's known-good point
-        log.warning("%s's guard state names %s as its known-good point, which does not restore (%s): the guard "
-                    "starts afresh from %s", checkpoint_name(step), checkpoint_name(good), lacking[good],
-                    checkpoint_name(step))
+        log.warning("%s's guard state names %s as its known-good point, which does not restore (%s): the guard's "
+                    "known-good point becomes %s (its data offset and lr scale are kept)", checkpoint_name(step),
+                    checkpoint_name(good), lacking[good], checkpoint_name(step))
     elif lacking:  # tentative ones: the next start drops them from the guard
         log.info("%s's guard state names checkpoints about to be confirmed that do not restore (%s): the guard goes "
                  "on without them", checkpoint_name(step), ", ".join(checkpoint_name(s) for s in lacking))

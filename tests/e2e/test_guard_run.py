@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -199,3 +200,45 @@ def test_defaults_never_trigger_on_the_tiny_whole_schedule():
                        capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "| andrea-tiny | 2000 |" in r.stdout and "| 0 | 0 |" in r.stdout, r.stdout
+
+
+def settled(run_dir) -> list[tuple]:
+    """The ledger's effective step entries as the run trained them (not when: `time` and `mfu` left out)."""
+    return [(e["step"], e["loss"], e["lr"], e["grad_norm"], e["tokens"], e["phase"])
+            for e in history(ledger(run_dir)) if "event" not in e]
+
+
+def test_losing_the_known_good_checkpoint_keeps_the_rollbacks_data_offset_and_lr_scale(prepared, tmp_path):
+    """Issue 55, hole 2: the data offset and lr scale a rollback set belong to the trajectory. Cadence 10,
+    confirm_steps 20, keep_last 2, step 35 poisoned: the rollback to step 10 sets data offset 25. At the stop at
+    60 the disk holds 40 (known-good), 50 and 60; step 50's guard companion names 30 as known-good, long released.
+    One bit of step_000060.bin flipped: the start resumes from 50, whose known-good pointer is gone; the run must
+    still read the data and use the rate it did (the same step_000080.bin and settled ledger as without the flip),
+    and `status` report the offset in force. A branch of the retained step 50 reproduces its parent likewise."""
+    keep = ["--checkpoint-every", "10", "--set", "checkpoint.keep_last=2", "--set", "guard.confirm_steps=20"]
+    ref = seed_data(prepared, tmp_path / "ref")
+    r = train(ref, "--steps", "60", *keep, extra_env=poison(35))
+    assert r.returncode == 0, r.stderr[-4000:]
+    (rb,) = events(ref, "rollback")
+    assert (rb["step"], rb["data_offset"]) == (10, 25), rb
+    assert sorted(p.name for p in ref.glob("step_*.bin")) == ["step_000040.bin", "step_000050.bin",
+                                                             "step_000060.bin"]
+    assert json.loads((ref / "step_000050.guard.json").read_text())["good"]["step"] == 30  # released
+    flipped = tmp_path / "flipped"
+    shutil.copytree(ref, flipped)
+    with open(flipped / "step_000060.bin", "r+b") as f:  # one bit of a weight: a value check cannot see it
+        f.seek(5001)
+        byte = f.read(1)[0]
+        f.seek(5001)
+        f.write(bytes([byte ^ 0x10]))
+    branch = tmp_path / "branch"
+    assert andrea_here("branch", str(ref), "--step", "50", "--to", str(branch)).returncode == 0
+    for run in (ref, flipped, branch):
+        r = train(run, "--steps", "80", *keep)
+        assert r.returncode == 0, r.stderr[-4000:]
+    expected = (ref / "step_000080.bin").read_bytes()
+    for run in (flipped, branch):
+        assert (run / "step_000080.bin").read_bytes() == expected, run.name
+        assert settled(run) == settled(ref), run.name
+    status = json.loads(andrea_here("status", str(flipped)).stdout)
+    assert (status["guard"]["data_offset"], status["guard"]["lr_scale"]) == (25, 1.0)

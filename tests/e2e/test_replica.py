@@ -330,7 +330,7 @@ def test_restore_says_in_one_line_a_known_good_checkpoint_the_replica_no_longer_
         assert restore(str(remote), tmp_path / "restored", out=open(os.devnull, "w")) == 0
     said = [r.message for r in caplog.records]
     assert len(said) == 1 and "step_000010.bin as its known-good point" in said[0], said
-    assert "not in the replica" in said[0] and "starts afresh from step_000040.bin" in said[0]
+    assert "not in the replica" in said[0] and "known-good point becomes step_000040.bin" in said[0]
     assert sorted(p.name for p in (tmp_path / "restored").glob("step_*.bin")) == ["step_000030.bin",
                                                                                    "step_000040.bin"]
 

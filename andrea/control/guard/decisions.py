@@ -14,6 +14,8 @@ decisions. Its whole state is JSON (`Guard.to_state`), saved beside every checkp
      "tentative": [{"step": C, "seen": n, "detector": {...}}],   committed, not yet confirmed good
      "remedy": {"attempts": a, "since": T | null,   rollbacks in the open incident series (opened at step T)
                 "data_offset": o, "lr_scale": s}}   in force: batch t draws stream key t + o; lr = lr_at(t)·s
+                                                    (the trajectory's, not the known-good pointer's: a start
+                                                    whose known-good checkpoint is gone keeps them, `repoint`)
 
 Detection (why robust statistics): a healthy loss is noisy (a batch of 8 sequences moves it by 10-15 %), the
 bandit shifts the mixture every few steps and the gradient norm of a healthy run spikes 4x on single batches.
@@ -66,6 +68,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from andrea.config.keepers import GuardConfig
+from andrea.rundir.ledger import live_markers
 
 VERSION = 1
 TENTATIVE_PER_WINDOW = 8  # tentative checkpoints kept per confirm_steps (`thin`)
@@ -340,6 +343,14 @@ class Guard:
         return {"version": VERSION, "step": self.good["step"], "detector": dict(self.good["detector"]),
                 "good": {k: v for k, v in self.good.items()}, "tentative": [], "remedy": dict(self.good["remedy"])}
 
+    def repoint(self, step: int, path: str) -> None:
+        """The known-good checkpoint is gone (control/guard/rollback.py's `load_guard`): the checkpoint of `step`
+        resumed from, at `path`, becomes the known-good point, with the detector and the remedy as they are. The
+        remedy's data offset and lr scale belong to the trajectory: a rollback to `step` keeps the data and rate
+        the run had there."""
+        self.good = {"step": step, "path": path, "detector": self.detector.to_state(), "remedy": dict(self.remedy)}
+        self.tentative = [t for t in self.tentative if t["step"] > step]
+
     def pivot(self, step: int, path: str) -> None:
         """A pivot changes the data (and so the loss level) on purpose: learn the new level from scratch, and
         take the pivot's checkpoint (committed while quiet, chosen by the operator) as the known-good point,
@@ -417,10 +428,14 @@ def ledger_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
     rollbacks = [e for e in entries if e.get("event") == "rollback"]
     stops = [e for e in entries if e.get("event") == "guard_stop"]
     last = rollbacks[-1] if rollbacks else None
+    # in force: the newest rollback a later start did not supersede (a resume below it runs with its checkpoint's
+    # remedy, recorded before that rollback)
+    live = live_markers(entries, "rollback")
+    force = [e for e in live if "event" not in e and "data_offset" in e]
     keep = ("step", "from", "checkpoint", "attempt", "remedy", "data_offset", "lr_scale")
     return {"incidents": len(incidents), "rollbacks": len(rollbacks),
             "last_incident": {k: incidents[-1].get(k) for k in ("step", "reason")} if incidents else None,
             "last_rollback": {k: last.get(k) for k in keep} if last else None,
-            "lr_scale": last.get("lr_scale", 1.0) if last else 1.0,
-            "data_offset": last.get("data_offset", 0) if last else 0,
+            "lr_scale": force[-1].get("lr_scale", 1.0) if force else 1.0,
+            "data_offset": force[-1].get("data_offset", 0) if force else 0,
             "stopped": {k: stops[-1].get(k) for k in ("step", "attempts", "resume_from")} if stops else None}

@@ -34,8 +34,11 @@ def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
     """The guard as of the checkpoint resumed from (its companion), else one whose known-good point is that
     checkpoint (a run from before the guard, a branch, --init-from) or the initial state; and a warning.
     A companion whose known-good checkpoint is not in the run directory (a restore from a replica that no longer
-    held it, a hand deletion) cannot be rolled back to: the guard starts afresh from the checkpoint resumed from,
-    said in one line; tentative checkpoints that are gone are dropped (none of them may become the good point).
+    held it, a hand deletion, retention after a newer checkpoint was found corrupt, a branch of an older checkpoint)
+    cannot be rolled back to: the checkpoint resumed from becomes the known-good point, said in one line. The rest
+    of the companion is kept: its data offset and lr scale are the trajectory's (the data each later step reads, its
+    learning rate), not the pointer's, so losing the pointer changes neither; tentative checkpoints that are gone
+    are dropped (none of them may become the good point).
     `read_json`, `exists`: how this rank reads the companion and sees a checkpoint (on separate disks, rank 0
     answers: control/parallel/sharing.py)."""
     warmup = cfg.train.warmup_steps  # the gradient norm's grace (control/guard/decisions.py)
@@ -50,14 +53,18 @@ def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
             gone = {s for s in named_checkpoints(d)
                     if s != info.step and not exists(run_dir / names.checkpoint_name(s))}
             if guard.good["step"] in gone and guard.good["path"] is not None:
-                return Guard(cfg.guard, good_step=info.step, good_path=name, warmup_steps=warmup), (
-                    f"{path}: its known-good checkpoint {names.checkpoint_name(guard.good['step'])} is not in "
-                    f"{run_dir} (a rollback could not read it); the guard starts afresh from {name}")
+                lost = names.checkpoint_name(guard.good["step"])
+                guard.repoint(info.step, name)
+                return guard, (f"{path}: its known-good checkpoint {lost} is not in {run_dir} (a rollback could "
+                               f"not read it); the guard's known-good point is now {name}, and the run keeps the "
+                               f"data offset {guard.remedy['data_offset']} and lr scale {guard.remedy['lr_scale']:g} "
+                               "it recorded")
             guard.tentative = [t for t in guard.tentative if t["step"] not in gone]
             return guard, None
     except (sidecars.SidecarError, GuardStateError) as e:
         return (Guard(cfg.guard, good_step=info.step, good_path=name, warmup_steps=warmup),
-                f"{e}; the guard starts afresh from {name}")
+                f"{e}; the guard starts afresh from {name} (data offset 0, lr scale 1: the data and learning rate "
+                "after this point differ from the original run's if it had rolled back)")
     return Guard(cfg.guard, good_step=info.step, good_path=name, warmup_steps=warmup), None
 
 

@@ -1,6 +1,6 @@
 """The guard's file side at a start (control/guard/rollback.py): a companion whose known-good checkpoint is not in the run
-directory (a restore from a replica that no longer held it) starts the guard afresh in one line, never a rollback
-that cannot read its checkpoint. Plain files in a temporary directory, no processes."""
+directory (a restore from a replica that no longer held it) moves the known-good point to the checkpoint resumed
+from in one line, keeping the remedy, never a rollback that cannot read its checkpoint. Plain files in a temporary directory, no processes."""
 
 from __future__ import annotations
 
@@ -29,13 +29,18 @@ def test_named_checkpoints_are_the_known_good_and_the_tentative_ones_in_the_run_
     assert named_checkpoints([]) == [] and named_checkpoints({"good": "x", "tentative": 3}) == []
 
 
-def test_a_missing_known_good_checkpoint_starts_the_guard_afresh_in_one_line(tmp_path):
+def test_a_missing_known_good_checkpoint_moves_the_pointer_and_keeps_the_trajectorys_remedy(tmp_path):
     info = ckpt.CheckpointInfo(tmp_path / names.checkpoint_name(30), 30, 64)
-    rollback.write_companion(tmp_path, 30, state(10, [20, 30]))
+    saved = state(10, [20, 30])
+    # a rollback's remedy in force at step 30: the data and the rate every later step uses (issue 55, hole 2)
+    saved["remedy"] = {"attempts": 2, "since": 12, "data_offset": 25, "lr_scale": 0.5}
+    rollback.write_companion(tmp_path, 30, saved)
     guard, warning = rollback.load_guard(RunConfig(), info, tmp_path)
     assert guard.good["step"] == 30 and guard.good["path"] == "step_000030.bin"
-    assert "step_000010.bin is not in" in warning and "starts afresh from step_000030.bin" in warning
-    assert "\n" not in warning
+    assert "step_000010.bin is not in" in warning and "known-good point is now step_000030.bin" in warning
+    assert "data offset 25 and lr scale 0.5" in warning and "\n" not in warning
+    assert guard.remedy == saved["remedy"] and guard.good["remedy"] == saved["remedy"]
+    assert guard.detector.to_state() == saved["detector"] and guard.tentative == []
     (tmp_path / names.checkpoint_name(10)).write_bytes(b"")  # there (validity is the rollback's to check)
     guard, warning = rollback.load_guard(RunConfig(), info, tmp_path)
     assert warning is None and guard.good["step"] == 10 and [t["step"] for t in guard.tentative] == [30]
