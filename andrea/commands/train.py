@@ -38,7 +38,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             log.warning("%s", warning)
     init_from = Path(args.init_from) if args.init_from else None
     # Everything that can be refused is refused before the run directory is created or written to.
-    check_init_from(init_from, cfg)
+    check_init_from(init_from, cfg, run_dir)
     from andrea.data.preparation import anchor_paths
     anchor_paths(cfg.data, run_dir / names.DATA_DIR)  # run.toml records where a new source is, absolutely
     from andrea.control.observe import notify
@@ -73,10 +73,11 @@ def check_existing(run_dir: Path, cfg) -> None:
         check_resume(run_dir, cfg, configload.run_config(run_dir) if saved.exists() else None)
 
 
-def check_init_from(path: Path | None, cfg) -> None:
+def check_init_from(path: Path | None, cfg, run_dir: Path) -> None:
     """--init-from names a file, or an exported directory holding weights (model/init_from.py); checked before the
     run directory is touched: the weights' config.json describes this run's model, a checkpoint's run means by
-    its bytes what this run does (control/run/identity.py). The tensors themselves are read when the run starts."""
+    its bytes what this run does, its tokenizer too where this run's is known yet (control/run/identity.py; one
+    trained at the start is checked there). The tensors themselves are read when the run starts."""
     if path is None:
         return
     from andrea.model.init_from import check_config, is_weights, weights_file
@@ -85,8 +86,8 @@ def check_init_from(path: Path | None, cfg) -> None:
     elif not path.is_file():
         raise FileNotFoundError(f"{path}: --init-from: {'not a file' if path.exists() else 'no such file'}")
     else:
-        from andrea.control.run.identity import check_init_from as same_identity
-        same_identity(path, cfg)
+        from andrea.control.run.identity import check_init_from as same_identity, run_tokenizer_sha256
+        same_identity(path, cfg, run_tokenizer_sha256(run_dir, cfg))
 
 
 def run_async(coro) -> int:

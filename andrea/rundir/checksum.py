@@ -8,7 +8,7 @@ Format (JSON, one object; format 1):
 
     {"format": 1, "algorithm": "xxh3_128", "step": 200, "n_params": 169728, "bytes": 2036744,
      "regions": {"header": "<32 hex digits>", "weights": "...", "m": "...", "v": "..."},
-     "ledger": "<32 hex digits>"}
+     "ledger": "<32 hex digits>", "run": "<32 hex digits>"}
 
     format      1; a reader refuses a format it does not know (named, not guessed)
     algorithm   xxh3_128 (the xxhash library): ~4 GB/s on one core of a loaded 2-core machine, against
@@ -22,6 +22,12 @@ Format (JSON, one object; format 1):
                 commit): the hash of every byte of the run's ledger when it committed, so this checksum belongs
                 to this run's history. Absent for a checkpoint committed without a ledger record (a tool's,
                 a test's, one from before ledger records existed)
+    run         the run's id, as its ledger record holds it (the `run` of the ledger's newest `start` marker when
+                the checkpoint committed: rundir/ledger.py): the checkpoint belongs to that run. Every reader
+                compares it with the id of the run directory it finds the checkpoint in (`check_companions`): a
+                complete set of another run's files copied in (its `.bin`, checksum and ledger record agree with
+                each other) is refused as another run's, never resumed from. Absent where the ledger record
+                names no run (a run started before ids were recorded) or there is no ledger record
 
 Written atomically (rundir/atomic.py) after the `.tmp` image is durable and before the rename that commits the
 checkpoint: a committed `.bin` always has its checksum. Deleted with its checkpoint by retention, copied with it by
@@ -42,7 +48,8 @@ import xxhash
 from andrea.errors import UserError
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.jsonfile import read_json
-from andrea.rundir.names import companion_path, step_of
+from andrea.rundir.ledger import run_id
+from andrea.rundir.names import LEDGER_NAME, companion_path, step_of
 
 FORMAT = 1
 ALGORITHM = "xxh3_128"
@@ -111,36 +118,45 @@ def file_digests(path: Path, n_params: int) -> dict[str, str]:
     return hasher.digests()
 
 
-def record(step: int, n_params: int, digests: dict[str, str], ledger: str | None = None) -> dict:
+def record(step: int, n_params: int, digests: dict[str, str], ledger: str | None = None,
+           run: str | None = None) -> dict:
     out = {"format": FORMAT, "algorithm": ALGORITHM, "step": step, "n_params": n_params,
            "bytes": HEADER_BYTES + 12 * n_params, "regions": digests}
-    return out if ledger is None else {**out, "ledger": ledger}
+    out = out if ledger is None else {**out, "ledger": ledger}
+    return out if run is None else {**out, "run": run}
 
 
 def write(checkpoint: Path, step: int, n_params: int, digests: dict[str, str]) -> Path:
     """Write the checksum of the checkpoint that is about to be renamed onto `checkpoint`, durably, bound to the
-    ledger record its commit wrote before it (when there is one)."""
+    ledger record its commit wrote before it (when there is one) and to the run that record names."""
     path = sum_path(checkpoint)
-    body = record(step, n_params, digests, _ledger_digest(companion_path(checkpoint.parent, step, "ledger")))
+    ledger = _ledger_record(companion_path(checkpoint.parent, step, "ledger"))
+    body = record(step, n_params, digests, *ledger)
     write_atomic(path, (json.dumps(body, indent=1) + "\n").encode())
     return path
 
 
-def _ledger_digest(path: Path) -> str | None:
-    """The `xxh3_128` a ledger record holds; None when there is none or it cannot be read."""
+def _ledger_record(path: Path) -> tuple[str | None, str | None]:
+    """The `xxh3_128` and the `run` a ledger record holds; None for each it has not or when it cannot be read."""
     try:
-        digest = json.loads(path.read_bytes()).get("xxh3_128")
+        body = json.loads(path.read_bytes())
+        digest, run = body.get("xxh3_128"), body.get("run")
     except (OSError, ValueError, AttributeError):
-        return None
-    return digest if isinstance(digest, str) else None
+        return None, None
+    return (digest if isinstance(digest, str) else None), (run if isinstance(run, str) else None)
+
+
+def _ledger_digest(path: Path) -> str | None:
+    return _ledger_record(path)[0]
 
 
 def companion_problem(recorded: dict | None, has_ledger_record: bool, ledger_digest: str | None,
-                      older_has_checksum: bool) -> str | None:
+                      older_has_checksum: bool, run: str | None = None) -> str | None:
     """Why a checkpoint cannot be verified by its companions, in words; None when it can (or when it predates
     checksums, as every checkpoint beside it does). `recorded`: its `.sum.json` (None: absent);
     `has_ledger_record`, `ledger_digest`: whether its `.ledger.json` exists and the hash it holds;
-    `older_has_checksum`: whether an older checkpoint in the same directory has a `.sum.json`."""
+    `older_has_checksum`: whether an older checkpoint in the same directory has a `.sum.json`; `run`: the id of
+    the run whose directory holds it (None: unknown, a run from before ids)."""
     if recorded is None:
         if has_ledger_record:
             return "its checksum (step_NNNNNN.sum.json) is missing, though it has a ledger record, which only " \
@@ -149,6 +165,11 @@ def companion_problem(recorded: dict | None, has_ledger_record: bool, ledger_dig
             return "its checksum (step_NNNNNN.sum.json) is missing, though older checkpoints beside it have one: " \
                    "unverified"
         return None
+    owner = recorded.get("run")
+    if run is not None and owner is not None and owner != run:
+        return (f"another run's checkpoint (its checksum names run {owner}, this run directory's ledger run {run}): "
+                "never resumed here (a start sets it aside in quarantine/; to continue from it, `andrea train "
+                "--init-from` it in a new run directory)")
     bound = recorded.get("ledger")
     if bound is None:
         return None
@@ -167,7 +188,8 @@ def check_companions(checkpoint: Path, recorded: dict | None) -> str | None:
     older = recorded is None and any(
         (s := step_of(p.name[:-len(".sum.json")] + ".bin")) is not None and s < step
         for p in checkpoint.parent.glob("step_*.sum.json"))
-    problem = companion_problem(recorded, ledger.exists(), _ledger_digest(ledger), older)
+    problem = companion_problem(recorded, ledger.exists(), _ledger_digest(ledger), older,
+                                run_id(checkpoint.parent / LEDGER_NAME) if recorded is not None else None)
     return None if problem is None else problem.replace("step_NNNNNN", checkpoint.name[:-len(".bin")])
 
 

@@ -18,7 +18,12 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
                without a known peak and for a process's first step
 
   marker (has an "event" key; always has "step" and "time"):
-    start   a new run began at step 0            {"event": "start", "step": 0, "n_params": ..., "seed": ...}
+    start   a new run began at step 0            {"event": "start", "step": 0, "n_params": ..., "seed": ...,
+                                                  "identity": {...} (control/run/identity.py), "run": ID}
+            — "run": the run's id (32 hex digits, random), which every checkpoint of the run names (its ledger
+              record, `seal`, and its checksum, rundir/checksum.py): the newest start marker's is the run's
+            — or at step N from `--init-from step_N.bin` (a new run continuing that checkpoint's w, m and v:
+              "step": N, "from": "/abs/step_N.bin", "phase": k), or from imported weights ("from", "weights_only")
     resume  training continues from a checkpoint {"event": "resume", "step": 40, "from": "step_000040.bin"}
             — both also say what `mfu` is measured against: {"flops_per_token": F, "peak_flops": P | null,
               "peak": "NVIDIA H200 bf16 989.4 TFLOP/s x 1" | "cpu: no peak to measure against (...)"}
@@ -75,9 +80,11 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from functools import lru_cache
 from typing import Any
 
 import xxhash
@@ -105,7 +112,8 @@ class LossLedger:
 
     `seal()` is what a checkpoint records of the ledger (rundir/checksum.py's hash of every byte so far), so a
     start can tell a ledger cut short or changed inside its history from a crash's torn tail
-    (`ledger_problem`).
+    (`ledger_problem`), and the run's id (`run`: the newest `start` marker's, `run_id`), which binds the
+    checkpoint to this run.
     """
 
     def __init__(self, path: str | Path):
@@ -119,6 +127,7 @@ class LossLedger:
                 self._hash.update(piece)
         self.size = os.fstat(self._fd).st_size
         self.last_step = tail_step(self.path)
+        self.run = run_id(self.path)  # the run's id: the newest start marker's (updated by an appended one)
         os.fsync(self._fd)  # what a previous process appended is durable from here on
         self._synced_size = self.size
         self._unsynced = bytearray()  # appended since the last good fsync: rewritten if an fsync fails
@@ -143,6 +152,9 @@ class LossLedger:
             raise
         steps = [r["step"] for r in self._backlog if "event" not in r]
         self.last_step = steps[-1] if steps else self.last_step
+        for r in self._backlog:
+            if r.get("event") == "start":
+                self.run = r.get("run") if isinstance(r.get("run"), str) else None
         self._backlog = []
         self._hash.update(data)
         self._unsynced += data
@@ -174,8 +186,9 @@ class LossLedger:
 
     def seal(self) -> dict[str, Any]:
         """What a checkpoint records of the ledger when it commits (after `sync`): its length, the hash of
-        every byte of it, and its last step entry."""
-        return {"bytes": self.size, "xxh3_128": self._hash.hexdigest(), "last_step": self.last_step}
+        every byte of it, its last step entry, and the run's id (absent for a run started before ids)."""
+        out = {"bytes": self.size, "xxh3_128": self._hash.hexdigest(), "last_step": self.last_step}
+        return out if self.run is None else {**out, "run": self.run}
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -184,6 +197,39 @@ class LossLedger:
             finally:
                 os.close(self._fd)
                 self._fd = -1
+
+
+def run_id(path: Path) -> str | None:
+    """The run's id: the `run` of the newest `start` marker in the ledger at `path`; None when it has none (a run
+    started before ids were recorded), or when the file is absent or no regular file (never opened: a FIFO would
+    block). Cached per (path, size, mtime): a reader checking many checkpoints reads the file once."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _run_id(str(path), st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None
+
+
+@lru_cache(maxsize=8)
+def _run_id(path: str, size: int, mtime_ns: int) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(size)
+    except OSError:
+        return None
+    found, at = None, data.find(b'"start"')
+    while at >= 0:  # only the lines that can be start markers are parsed
+        lo, hi = data.rfind(b"\n", 0, at) + 1, data.find(b"\n", at)
+        if hi < 0:
+            break  # a torn last line: no marker
+        try:
+            e = json.loads(data[lo:hi])
+        except ValueError:
+            e = None
+        if isinstance(e, dict) and e.get("event") == "start":
+            found = e.get("run") if isinstance(e.get("run"), str) else None
+        at = data.find(b'"start"', hi)
+    return found
 
 
 def prefix_digest(path: Path, size: int) -> str:

@@ -139,3 +139,35 @@ def test_sigterm_with_the_store_unreachable_trains_on_and_exits_0_within_the_bou
     assert "stopping after 2s without it" in out and waited < 2 + 20, (waited, out[-2000:])
     assert sum("cannot be reached" in line for line in out.splitlines()) == 2  # at the start, then once by the thread
     assert ckpt.validate(run / checkpoint_name(max(s for s, _ in ckpt.list_checkpoints(run))), deep=True)
+
+
+def test_a_run_started_with_init_from_a_checkpoint_is_replicated_and_restored(s3, prepared, tmp_path):
+    """Issue 55, hole 1: `--init-from step_N.bin` wrote only a `resume` marker, so the replicator, which claims its
+    prefix with the run's `start` marker, replicated nothing and `restore` found no checkpoint. Such a start is a
+    new run: its `start` marker (at step N) records the identity, the tokenizer's included, and the replica holds
+    its checkpoints; `restore` brings back the newest, byte for byte. Another tokenizer is refused before the run
+    directory is touched."""
+    uri = f"s3://{BUCKET}/init-from"
+    source = seed_data(prepared, tmp_path / "source")
+    assert train(source, "--steps", "10", *EVERY).returncode == 0
+    run = seed_data(prepared, tmp_path / "run")
+    r = train(run, "--init-from", str(source / checkpoint_name(10)), "--steps", "20", *EVERY,
+              "--set", f'checkpoint.replica="{uri}"', extra_env=s3.env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    (start,) = [e for e in map(json.loads, (run / LEDGER_NAME).read_text().splitlines()) if e.get("event") == "start"]
+    assert start["step"] == 10 and start["from"] == str((source / checkpoint_name(10)).resolve())
+    assert start["identity"]["tokenizer.sha256"] == json.loads((source / LEDGER_NAME).read_text().splitlines()[0]
+                                                               )["identity"]["tokenizer.sha256"]
+    restored = andrea("restore", uri, "--run-dir", str(tmp_path / "restored"), extra_env=s3.env())
+    assert restored.returncode == 0 and "restored step 20" in restored.stdout, restored.stdout + restored.stderr
+    assert (tmp_path / "restored" / checkpoint_name(20)).read_bytes() == (run / checkpoint_name(20)).read_bytes()
+
+    other = seed_data(prepared, tmp_path / "other")  # the same tokenizer, serialised otherwise: other bytes
+    tokenizer = other / "tokenizer.json"
+    tokenizer.write_text(json.dumps(json.loads(tokenizer.read_text()), indent=1))
+    before = sorted(p.name for p in other.iterdir())
+    r = train(other, "--init-from", str(source / checkpoint_name(10)), "--steps", "20", *EVERY)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("andrea: error:")]
+    assert r.returncode != 0 and len(errors) == 1 and "tokenizer.sha256 from" in errors[0], r.stderr[-3000:]
+    assert f"data.tokenizer={source / 'tokenizer.json'}" in errors[0]
+    assert sorted(p.name for p in other.iterdir()) == before

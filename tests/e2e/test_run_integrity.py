@@ -93,6 +93,38 @@ def error_lines(result) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.startswith("andrea: error:")]
 
 
+def test_another_runs_checkpoint_copied_in_is_refused_by_train_verify_and_accept_ledger_gap(trained, prepared,
+                                                                                            tmp_path):
+    """Issue 55, hole 3: another seed's complete step_000050.* set copied into a run whose newest is 40. Its
+    `.bin`, checksum and ledger record agree with each other, so `verify` said ok, `train` blamed `.loss.json`
+    ("cut short", try --accept-ledger-gap) and the flag then resumed from the foreign weights. Its checksum names
+    its run: every reader says it is another run's, and every start (with the flag too) sets it aside and resumes
+    from 40, as if it had never been copied in."""
+    other = seed_data(prepared, tmp_path / "other")
+    assert train(other, "--steps", "50", "--checkpoint-every", "50", "--seed", "7").returncode == 0
+    reference = copy_of(trained, tmp_path, "reference")
+    assert train(reference, "--steps", "60").returncode == 0
+    for flags in ((), ("--accept-ledger-gap",)):
+        run = copy_of(trained, tmp_path, f"run{len(flags)}")
+        for f in other.glob("step_000050.*"):
+            shutil.copy(f, run / f.name)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            assert cli.main(["verify", str(run)]) == 1
+        [bad] = [line for line in out.getvalue().splitlines() if line.startswith("bad ")]
+        assert "step_000050.bin" in bad and "another run's checkpoint" in bad and "--init-from" in bad
+        r = train(run, "--steps", "60", *flags)
+        assert r.returncode == 0, r.stderr[-3000:]
+        said = [line for line in r.stderr.splitlines() if "step_000050.bin" in line]
+        assert any("another run's checkpoint" in line for line in said), r.stderr[-3000:]
+        assert not any("cut short" in line or "--accept-ledger-gap" in line for line in said)
+        assert (run / names.QUARANTINE_DIR / "step_000050.bin").exists()
+        markers = [e for e in L.read_ledger(run / names.LEDGER_NAME).entries if "event" in e]
+        assert [m["from"] for m in markers if m["event"] == "resume"][-1] == "step_000040.bin"
+        assert not [m for m in markers if m["event"] == "gap"]
+        assert (run / "step_000060.bin").read_bytes() == (reference / "step_000060.bin").read_bytes()
+
+
 @pytest.mark.parametrize("damage", ["cut", "cut mid-line", "garbage"])
 def test_a_damaged_ledger_is_refused_untouched_then_continued_past_with_a_gap_marker(trained, tmp_path, damage):
     run = copy_of(trained, tmp_path)

@@ -9,9 +9,9 @@ checkpoint's weights (`andrea export`, then `train --init-from` the export: m = 
 The same identity binds the ways a checkpoint's m and v reach another run directory: `andrea branch`
 (`check_branch`) and `train --init-from` a checkpoint (`check_init_from`).
 
-Reads the ledger's `start` marker (its `identity` field: written by control/run/runtime.py at step 0, append-only,
-so it survives a lost `run.toml`), else `run.toml` for a run started before identities were recorded, and
-`tokenizer.json`. Writes nothing.
+Reads the ledger's `start` marker (its `identity` field: written by control/run/runtime.py at every kind of start,
+append-only, so it survives a lost `run.toml`), else `run.toml` for a run started before identities were recorded,
+and `tokenizer.json` (or the file `data.tokenizer` names). Writes nothing.
 """
 
 from __future__ import annotations
@@ -57,6 +57,17 @@ def tokenizer_sha256(run_dir: Path) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except FileNotFoundError:
+        return None
+
+
+def run_tokenizer_sha256(run_dir: Path, cfg: RunConfig) -> str | None:
+    """The SHA-256 of the tokenizer the run trains with: the file `data.tokenizer` names, else the run's own
+    `tokenizer.json`; None while neither exists (a tokenizer not yet trained)."""
+    if cfg.data.tokenizer == "bpe":
+        return tokenizer_sha256(run_dir)
+    try:
+        return hashlib.sha256(Path(cfg.data.tokenizer).expanduser().read_bytes()).hexdigest()
+    except OSError:
         return None
 
 
@@ -109,16 +120,34 @@ def check_branch(parent: Path, cfg: RunConfig) -> None:
                           f"which these fix ({NEW_RUN})")
 
 
-def check_init_from(init_from: Path, cfg: RunConfig) -> None:
+def check_init_from(init_from: Path, cfg: RunConfig, tokenizer: str | None = None) -> None:
     """Refuse (one line) `--init-from` a checkpoint whose run meant other things by its bytes: the start continues
-    its w, m and v (control/run/resume.py), so the arch, the shape and the optimizer must be this run's. Its run is the
-    checkpoint's directory; a checkpoint kept outside any run is taken on its parameter count alone. The seed may
-    differ: the new run draws its own data order."""
+    its w, m and v (control/run/resume.py), so the arch, the shape, the optimizer and the tokenizer (its embedding
+    rows are token ids) must be this run's; `tokenizer`: this run's tokenizer's SHA-256 where it is known yet
+    (`run_tokenizer_sha256`; a tokenizer trained at the start is checked once it is, `check_init_from_tokenizer`).
+    Its run is the checkpoint's directory; a checkpoint kept outside any run is taken on its parameter count alone.
+    The seed may differ: the new run draws its own data order. (Weights imported from an export are a deliberate
+    new start: model/init_from.py warns of another tokenizer there, and checks their shape.)"""
     recorded = of_run(init_from.parent)
     if recorded is None:
         return
     recorded.pop("train.seed", None)  # the new run's own
-    changed = changes(recorded, identity(cfg, None))
+    _refuse(init_from, changes(recorded, identity(cfg, tokenizer)))
+
+
+def check_init_from_tokenizer(init_from: Path, tokenizer: str | None) -> None:
+    """At the start, once the run's tokenizer exists (trained or read): `check_init_from`'s tokenizer check for
+    `--init-from` a checkpoint (`step_NNNNNN.bin`; weights are model/init_from.py's). ConfigError, one line."""
+    recorded = of_run(init_from.parent) if names.step_of(init_from) is not None and tokenizer is not None else None
+    key = "tokenizer.sha256"
+    if recorded is not None and key in recorded:
+        _refuse(init_from, changes({key: recorded[key]}, {key: tokenizer}))
+
+
+def _refuse(init_from: Path, changed: list[str]) -> None:
     if changed:
+        theirs = init_from.parent / names.TOKENIZER_NAME
+        advice = (f"train with its tokenizer (--set data.tokenizer={theirs}) in a fresh run directory"
+                  if any(c.startswith("tokenizer.sha256 ") for c in changed) else NEW_RUN)
         raise ConfigError(f"{init_from}: --init-from would change {'; '.join(changed)}: its w, m and v mean what "
-                          f"its run's identity says ({NEW_RUN})")
+                          f"its run's identity says ({advice})")

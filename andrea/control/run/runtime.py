@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -181,6 +182,8 @@ class TrainingRun:
         loop = asyncio.get_running_loop()
         trainer = await loop.run_in_executor(self.train, trainer_for, self.world, self.cfg, self.device, self.kernels)
         codec, arms = await loop.run_in_executor(self.train, self.prepare_data)
+        if self.init_from is not None and self.world.leader:  # the tokenizer is the run's now: the checkpoint's?
+            identity.check_init_from_tokenizer(self.init_from, identity.run_tokenizer_sha256(self.run_dir, self.cfg))
         tasks = self.task_audit(codec) if self.world.leader else None
         # --init-from weights (safetensors, npz, an exported directory): loaded now, step 0, m = v = 0
         # (model/init_from.py)
@@ -207,11 +210,15 @@ class TrainingRun:
         meter = self.mfu_meter(trainer.n)
         measure = {"flops_per_token": meter.flops_token, "peak_flops": meter.peak.flops,
                    "peak": meter.peak.source}  # what the step entries' `mfu` is measured against
+        # A new run (step 0, weights imported, or --init-from a checkpoint: its step) records its identity in a
+        # `start` marker: what every later identity check, the replica's claim and the run's binding read.
+        start = lambda step, **extra: marker(  # noqa: E731
+            "start", step, n_params=trainer.n, seed=self.cfg.train.seed,
+            identity=identity.identity(self.cfg, identity.tokenizer_sha256(self.run_dir)), **measure, **extra,
+            run=uuid.uuid4().hex)  # the run's id: every checkpoint names it (rundir/checksum.py)
         if info is None:
             proxy = DataProxy(self.cfg, arms)
-            feed.lines.append(marker("start", 0, n_params=trainer.n, seed=self.cfg.train.seed,
-                                     identity=identity.identity(self.cfg, identity.tokenizer_sha256(self.run_dir)),
-                                     **measure, **(imported or {})))
+            feed.lines.append(start(0, **(imported or {})))
         else:  # on separate disks rank 0 reads and validates, and sends the others theirs (control/parallel/sharing.py)
             def read() -> np.ndarray:  # rank 0 has it; another rank of a shared directory reads its own
                 return found[1] if found is not None else ckpt.read_payload(info.path, trainer.n)[1]
@@ -219,8 +226,10 @@ class TrainingRun:
             await loop.run_in_executor(self.train, trainer.load, payload)
             self._resumed = info.step
             proxy = resume.restore_proxy(self.cfg, self.run_dir, arms, info, sharing.json_reader(self.world))
-            origin = info.path.name if info.path.parent == self.run_dir else str(info.path.resolve())
-            feed.lines.append(marker("resume", info.step, phase=proxy.phase, **measure, **{"from": origin}))
+            if info.path.parent == self.run_dir:
+                feed.lines.append(marker("resume", info.step, phase=proxy.phase, **measure, **{"from": info.path.name}))
+            else:  # --init-from a checkpoint: a new run, continuing that one's w, m and v from its step
+                feed.lines.append(start(info.step, phase=proxy.phase, **{"from": str(info.path.resolve())}))
         writer = shards.writer_for(self.world, self.run_dir, trainer, self.device, self.io,
                                    keep_last=self.cfg.checkpoint.keep_last, keep_every=self.cfg.checkpoint.keep_every)
         if info is not None and info.path.parent == self.run_dir:

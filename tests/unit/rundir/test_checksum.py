@@ -16,3 +16,48 @@ def test_a_checksum_bound_to_another_ledger_or_to_a_lost_one_is_refused():
     assert "another run" in companion_problem(SUM, True, "bb", False)
     assert "ledger record" in companion_problem(SUM, False, None, True)
     assert companion_problem({"regions": {}}, False, None, True) is None  # a checksum from before the binding
+
+
+def test_a_checksum_that_names_another_run_is_refused_whatever_its_ledger_record_says():
+    """Issue 55, hole 3: another run's complete set (`.bin`, checksum, ledger record) agrees with itself; the run
+    its checksum names is what tells it from this run's. A run or a checksum from before ids is not compared."""
+    ours, theirs = "1" * 32, "2" * 32
+    bound = {**SUM, "run": theirs}
+    problem = companion_problem(bound, True, "aa", False, run=ours)
+    assert "another run's checkpoint" in problem and theirs in problem and ours in problem
+    assert "--init-from" in problem and "--accept-ledger-gap" not in problem
+    assert companion_problem(bound, True, "aa", False, run=theirs) is None
+    assert companion_problem(bound, True, "aa", False, run=None) is None  # this run predates ids
+    assert companion_problem(SUM, True, "aa", False, run=ours) is None  # the checkpoint predates them
+
+
+def test_a_checkpoint_names_the_run_of_the_ledger_it_was_committed_on(tmp_path):
+    """The run's id travels start marker -> ledger record (`seal`) -> checksum (`write`), and every reader
+    compares it with the id of the directory it finds the checkpoint in (`check_companions`)."""
+    import json
+
+    import numpy as np
+
+    from andrea.rundir import checksum, names
+    from andrea.rundir.ledger import LossLedger, run_id
+    from andrea.rundir.checkpoint_write import commit_checkpoint
+
+    def start(run_dir, run):
+        led = LossLedger(run_dir / names.LEDGER_NAME)
+        led.append([{"event": "start", "step": 0, "time": 0.0, "run": run}, {"step": 1, "loss": 1.0}])
+        led.sync()
+        (run_dir / "step_000001.ledger.json").write_text(json.dumps(led.seal()))
+        led.close()
+        commit_checkpoint(run_dir, 1, np.zeros(3, dtype=np.float32))
+
+    for name, run in (("ours", "1" * 32), ("theirs", "2" * 32)):
+        (tmp_path / name).mkdir()
+        start(tmp_path / name, run)
+        assert run_id(tmp_path / name / names.LEDGER_NAME) == run
+        assert checksum.read(tmp_path / name / "step_000001.bin")["run"] == run
+        assert checksum.check_companions(tmp_path / name / "step_000001.bin",
+                                         checksum.read(tmp_path / name / "step_000001.bin")) is None
+    for f in (tmp_path / "theirs").glob("step_000001.*"):  # the complete set copied over ours
+        (tmp_path / "ours" / f.name).write_bytes(f.read_bytes())
+    copied = tmp_path / "ours" / "step_000001.bin"
+    assert "another run's checkpoint" in checksum.check_companions(copied, checksum.read(copied))

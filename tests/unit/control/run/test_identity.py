@@ -108,6 +108,40 @@ def test_init_from_a_checkpoint_of_a_run_that_meant_other_bytes_is_refused(tmp_p
     identity.check_init_from(alone / checkpoint.name, cfg())
 
 
+def test_init_from_a_checkpoint_of_a_run_with_another_tokenizer_is_refused(tmp_path):
+    """Issue 55, hole 1: a checkpoint's embedding rows are its tokenizer's ids; `--init-from` it under another
+    tokenizer trained on garbage without a word. Refused in one line that names the file to train with instead,
+    whether this run's tokenizer is known before the start (data.tokenizer, a prepared run) or trained by it."""
+    source = tmp_path / "source"
+    source.mkdir()
+    run_with_a_checkpoint(source)
+    theirs, ours = "a" * 64, "b" * 64
+    start = {"event": "start", "step": 0, "time": 0.0, "identity": identity.identity(cfg(), theirs)}
+    (source / names.LEDGER_NAME).write_text(json.dumps(start) + "\n")
+    checkpoint = source / names.checkpoint_name(1)
+    identity.check_init_from(checkpoint, cfg(), theirs)  # the same tokenizer
+    identity.check_init_from(checkpoint, cfg(), None)  # not known yet: checked at the start
+    identity.check_init_from_tokenizer(checkpoint, theirs)
+    for check in (lambda: identity.check_init_from(checkpoint, cfg(), ours),
+                  lambda: identity.check_init_from_tokenizer(checkpoint, ours)):
+        with pytest.raises(ConfigError) as e:
+            check()
+        line = str(e.value)
+        assert f"tokenizer.sha256 from '{theirs}' to '{ours}'" in line and "\n" not in line
+        assert f"data.tokenizer={source / names.TOKENIZER_NAME}" in line
+    # this run's tokenizer: the file data.tokenizer names, else its own tokenizer.json
+    run = tmp_path / "run"
+    run.mkdir()
+    assert identity.run_tokenizer_sha256(run, cfg()) is None
+    (run / names.TOKENIZER_NAME).write_bytes(b"ours")
+    given = tmp_path / "given.json"
+    given.write_bytes(b"given")
+    import hashlib
+    assert identity.run_tokenizer_sha256(run, cfg()) == hashlib.sha256(b"ours").hexdigest()
+    named = configload.from_dict({"model": SHAPE, "data": {"tokenizer": str(given)}})
+    assert identity.run_tokenizer_sha256(run, named) == hashlib.sha256(b"given").hexdigest()
+
+
 def test_a_modern_run_is_not_held_to_a_bias_it_does_not_have(tmp_path):
     """model.bias means nothing to the modern model: a modern run recorded with the default (true), as every run
     before this rule was, resumes with bias = false; a gpt2 run does not."""
