@@ -204,18 +204,22 @@ class TrainingRun:
                        meter=meter, train=self.train, io=self.io)
 
     async def resume_or_begin(self, trainer: Trainer, arms, info, found, imported: dict | None, feed: LedgerFeed):
-        """The start's second half: the first marker (`start`, or `resume` with the checkpoint's weights loaded),
-        then the writer and the guard as the checkpoint left them. Returns (proxy, writer, guard, meter)."""
+        """The start's second half: the first marker (`start`, or `resume` from this run's checkpoint; the weights of
+        either checkpoint loaded), then the writer and the guard as the checkpoint left them. Returns (proxy, writer,
+        guard, meter)."""
         loop = asyncio.get_running_loop()
         meter = self.mfu_meter(trainer.n)
         measure = {"flops_per_token": meter.flops_token, "peak_flops": meter.peak.flops,
                    "peak": meter.peak.source}  # what the step entries' `mfu` is measured against
-        # A new run (step 0, weights imported, or --init-from a checkpoint: its step) records its identity in a
-        # `start` marker: what every later identity check, the replica's claim and the run's binding read.
-        start = lambda step, **extra: marker(  # noqa: E731
-            "start", step, n_params=trainer.n, seed=self.cfg.train.seed,
-            identity=identity.identity(self.cfg, identity.tokenizer_sha256(self.run_dir)), **measure, **extra,
-            run=uuid.uuid4().hex)  # the run's id: every checkpoint names it (rundir/checksum.py)
+
+        def start(step: int, **extra) -> dict:
+            """A new run's marker (from step 0, imported weights, or --init-from a checkpoint: at its step): its
+            identity, which every later identity check and the replica's claim read, and its id, which every
+            checkpoint of the run names (rundir/checksum.py)."""
+            return marker("start", step, n_params=trainer.n, seed=self.cfg.train.seed,
+                          identity=identity.identity(self.cfg, identity.tokenizer_sha256(self.run_dir)), **measure,
+                          **extra, run=uuid.uuid4().hex)
+
         if info is None:
             proxy = DataProxy(self.cfg, arms)
             feed.lines.append(start(0, **(imported or {})))
