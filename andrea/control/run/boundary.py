@@ -81,6 +81,7 @@ class Boundary:
         self.batch: Batch | None = None  # what the next update trains on (drawn while the previous one runs)
         self.trainer, self.writer, self.guard, self.feed = run.trainer, run.writer, run.guard, run.feed
         self.codec, self.tasks, self.meter = run.codec, run.tasks, run.meter
+        self.heldout = run.heldout  # control/run/heldout.py: each eval recorded, cut back at a rollback
         self.train, self.io = run.train, run.io  # the training thread (the model's only user) and the FIFO I/O thread
         self.req, self.records, self.progress = req, records, progress
         self.views = views  # control/observe/views.py: TensorBoard and W&B, when on
@@ -321,6 +322,7 @@ class Boundary:
             val = sum(losses.values()) / len(losses)
             target = audit.target_loss(losses, dict(zip(self.proxy.names, self.proxy.policy.target_weights())))
             self.feed.lines.append(marker("eval", step, val_loss=val, target_loss=target, arms=losses))
+            self.heldout.record(step, val)
             log.info("step %d val_loss %.4f (%s)", step, val, ", ".join(f"{k} {v:.3f}" for k, v in losses.items()))
         every = cfg.sample.every or cfg.checkpoint.every
         if step > 0 and step % every == 0 and self.codec is not None and cfg.sample.prompts:
@@ -335,7 +337,9 @@ class Boundary:
 
     async def abandon_after(self, step: int) -> list[str]:
         """The abandoned timeline's checkpoints (above `step`): deleted on rank 0's disk after the FIFO I/O thread's
-        earlier work, then unpublished from the replica at its next pass. Returns the names deleted."""
+        earlier work, then unpublished from the replica at its next pass; their evals leave the held-out history.
+        Returns the names deleted."""
+        self.heldout.cut(step)
         dropped = (await asyncio.get_running_loop().run_in_executor(self.io, rollback.drop_after, self.run_dir, step)
                    if self.world.leader else [])
         if self.replicator is not None:

@@ -50,6 +50,7 @@ from andrea.control.replica import replicator
 from andrea.control.guard import rollback
 from andrea.control.commit import shards
 from andrea.control.run.boundary import Boundary, RunFailed
+from andrea.control.run.heldout import HeldOut
 from andrea.control.run.ledger_feed import LedgerFeed
 from andrea.control.mixture.proxy import Batch, DataProxy
 from andrea.control.run.records import StepRecords
@@ -63,6 +64,7 @@ from andrea.control.observe.progress import Progress
 from andrea.rundir import atomic, checkpoint as ckpt, incidents, names
 from andrea.rundir.names import LEDGER_NAME
 from andrea.rundir.ledger import LossLedger, marker
+from andrea.rundir.retention import Retention
 from andrea.rundir.runlock import RunLock
 from andrea.control.run.trainer import Trainer
 from andrea.control.parallel.zero import trainer_for
@@ -192,17 +194,19 @@ class TrainingRun:
         info = None if imported else self.world.broadcast(found[0] if found is not None else None)
         ledger, feed = self.open_ledger(info)
         try:
-            proxy, writer, guard, meter = await self.resume_or_begin(trainer, arms, info, found, imported, feed)
+            proxy, writer, guard, meter, heldout, retention = await self.resume_or_begin(trainer, arms, info, found,
+                                                                                         imported, feed)
         except BaseException:
             ledger.close()  # fsynced and closed as main's clean-up closes a started run's
             raise
         return Started(cfg=self.cfg, run_dir=self.run_dir, world=self.world, step=self.step, trainer=trainer,
                        proxy=proxy, writer=writer, guard=guard, ledger=ledger, feed=feed, codec=codec, tasks=tasks,
-                       meter=meter, train=self.train, io=self.io)
+                       meter=meter, train=self.train, io=self.io, heldout=heldout, retention=retention)
 
     async def resume_or_begin(self, trainer: Trainer, arms, info, found, imported: dict | None, feed: LedgerFeed):
         """The start's second half: the first marker (`start`, or `resume` with the checkpoint's weights loaded),
-        then the writer and the guard as the checkpoint left them. Returns (proxy, writer, guard, meter)."""
+        then the guard as the checkpoint left it, the held-out history, the retention policy and the writer.
+        Returns (proxy, writer, guard, meter, heldout, retention)."""
         loop = asyncio.get_running_loop()
         meter = self.mfu_meter(trainer.n)
         measure = {"flops_per_token": meter.flops_token, "peak_flops": meter.peak.flops,
@@ -221,10 +225,6 @@ class TrainingRun:
             proxy = resume.restore_proxy(self.cfg, self.run_dir, arms, info, sharing.json_reader(self.world))
             origin = info.path.name if info.path.parent == self.run_dir else str(info.path.resolve())
             feed.lines.append(marker("resume", info.step, phase=proxy.phase, **measure, **{"from": origin}))
-        writer = shards.writer_for(self.world, self.run_dir, trainer, self.device, self.io,
-                                   keep_last=self.cfg.checkpoint.keep_last, keep_every=self.cfg.checkpoint.keep_every)
-        if info is not None and info.path.parent == self.run_dir:
-            writer.last_committed = self.step
         guard, warning = rollback.load_guard(self.cfg, info, self.run_dir, (imported or {}).get("from"),
                                              sharing.json_reader(self.world),
                                              lambda p: sharing.from_leader(self.world, Path.exists, p))
@@ -232,9 +232,15 @@ class TrainingRun:
             log.warning("%s", warning)
         if info is not None and proxy.phase > 0 and proxy.phase_start == self.step:  # resumed at a pivot: as
             guard.pivot(self.step, names.checkpoint_name(self.step))  # the hot pivot did (idempotent)
-        writer.protected = guard.protected  # retention never deletes the known-good checkpoint
+        # the held-out history (rank 0 audits) and the one retention policy, built before the writer that uses it
+        heldout = HeldOut.seeded(self.run_dir / LEDGER_NAME, self.step) if self.world.leader else HeldOut()
+        retention = Retention.of(self.cfg.checkpoint, heldout.losses)
+        retention.spare("guard", guard.protected)  # retention never deletes the known-good checkpoint
+        writer = shards.writer_for(self.world, self.run_dir, trainer, self.device, self.io, retention=retention)
+        if info is not None and info.path.parent == self.run_dir:
+            writer.last_committed = self.step
         trainer.lr_scale, proxy.data_offset = guard.remedy["lr_scale"], guard.remedy["data_offset"]
-        return proxy, writer, guard, meter
+        return proxy, writer, guard, meter, heldout, retention
 
     def task_audit(self, codec) -> audit.TaskAudit | None:
         """eval.tasks, made absolute (run.toml keeps it so, whatever the next start's working directory), read
@@ -283,7 +289,7 @@ class TrainingRun:
                 atomic.write_atomic(self.run_dir / names.CONFIG_NAME, self.cfg.to_toml().encode())
             run.feed.flush(force_sync=True)
             if self.world.leader:  # after the start marker is durable: the replica is claimed with it
-                self.replicator = replicator.start_for(self.cfg.checkpoint, self.run_dir, run.writer, self.views,
+                self.replicator = replicator.start_for(self.cfg.checkpoint, self.run_dir, run.retention, self.views,
                                                        resumed_from=self.step,
                                                        on_incident=self.marker_from_thread(loop, run.feed))
             print(f"ready pid={os.getpid()} run_dir={self.run_dir} step={self.step} "

@@ -20,6 +20,7 @@ from andrea.config.keepers import GuardConfig
 from andrea.control.guard.decisions import INCIDENT, Guard
 from andrea.control.commit.writer import CheckpointWriter
 from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir.retention import Policy, Retention
 
 N = 64  # parameters per checkpoint: 8 + 12·64 bytes, enough to tell the files apart
 HEALTHY = (5.0, 1.0)  # (loss, grad norm): a flat healthy record, never anomalous
@@ -31,15 +32,17 @@ def payload(step: int) -> np.ndarray:
 
 
 class Run:
-    """A Guard and a CheckpointWriter wired as control/run/runtime.py wires them (writer.protected = guard.protected),
+    """A Guard and a CheckpointWriter wired as control/run/runtime.py wires them (the guard spares its steps in the
+    run's one retention policy, handed to the writer),
     stepped by hand: `records(a, b)` feeds healthy records a..b, `commit(s)` commits step s through the gate."""
 
     def __init__(self, run_dir, cfg: GuardConfig, *, wired: bool = True):
         self.run_dir, self.guard = run_dir, Guard(cfg)
         self.io = ThreadPoolExecutor(1)
-        self.writer = CheckpointWriter(run_dir, N, torch.device("cpu"), self.io, keep_last=1, keep_every=0)
+        retention = Retention(Policy(keep_last=1))
         if wired:
-            self.writer.protected = self.guard.protected
+            retention.spare("guard", self.guard.protected)
+        self.writer = CheckpointWriter(run_dir, N, torch.device("cpu"), self.io, retention=retention)
 
     def records(self, first: int, last: int) -> None:
         for step in range(first, last + 1):

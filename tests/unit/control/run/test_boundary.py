@@ -25,6 +25,7 @@ from andrea.config import schema as config, load as configload
 from andrea.control.guard import rollback
 from andrea.control.run.boundary import Boundary, RunFailed
 from andrea.control.guard.decisions import Guard
+from andrea.control.run.heldout import HeldOut
 from andrea.control.run.ledger_feed import LedgerFeed
 from andrea.control.mixture.proxy import DataProxy
 from andrea.control.run.records import StepRecords
@@ -36,6 +37,7 @@ from andrea.control.observe import watchdog
 from andrea.control.observe.progress import Progress
 from andrea.rundir import checkpoint as ckpt, names, sidecars
 from andrea.rundir.checkpoint_write import commit_checkpoint
+from andrea.rundir.retention import Policy, Retention
 from andrea.control.run.trainer import StepOutput
 from tests.sharding import run_ranks
 
@@ -103,7 +105,6 @@ class Writer:
         self.staging = [torch.zeros(3 * N) for _ in range(2)]
         self.last_committed, self.first_error = None, None
         self.stall_seconds: list[float] = []
-        self.protected = tuple
         self._busy: list = []
 
     async def free_slot(self) -> int:
@@ -168,7 +169,8 @@ def make_boundary(tmp_path: Path, cfg: config.RunConfig, *, step: int = 0, nan_a
     run = Started(cfg=cfg, run_dir=tmp_path, world=world or World(), step=step, trainer=trainer,
                   proxy=DataProxy(cfg, arms, phase_start=step), writer=Writer(tmp_path, io, events, set(fail), writes, hold),
                   guard=Guard(cfg.guard, good_step=step), ledger=ledger, feed=LedgerFeed(ledger, io), codec=None,
-                  tasks=None, meter=None, train=train, io=io)
+                  tasks=None, meter=None, train=train, io=io, heldout=HeldOut(),
+                  retention=Retention(Policy(cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)))
     b = Boundary(run, req=Requests(), records=records, progress=Progress(step, 10_000, 1, 10_000), **kw)
     b.events = events
     return b
