@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
+from andrea.control.run.observers import Observer
 from andrea.rundir.ledger import live_markers
 
 
@@ -49,8 +50,9 @@ def read_markers(path: Path) -> list[dict]:
     return out
 
 
-class HeldOut:
-    """The validation losses by step (plain floats), in the order the evals ran."""
+class HeldOut(Observer):
+    """The validation losses by step (plain floats), in the order the evals ran; told of each eval and rollback by
+    the boundary (control/run/observers.py)."""
 
     def __init__(self, losses: Mapping[int, float] | None = None):
         self._losses: Mapping[int, float] = MappingProxyType(dict(sorted((losses or {}).items())))
@@ -81,3 +83,8 @@ class HeldOut:
         b = self.best()
         return len(self._losses) if b is None else sum(1 for s in self._losses if s > b[0])
 
+    def on_eval(self, step: int, val_loss: float) -> None:
+        self.record(step, val_loss)
+
+    def on_rollback(self, step: int) -> None:
+        self.cut(step)

@@ -52,6 +52,7 @@ from andrea.control.commit import shards
 from andrea.control.run.boundary import Boundary, RunFailed
 from andrea.control.run.heldout import HeldOut
 from andrea.control.run.ledger_feed import LedgerFeed
+from andrea.control.run.observers import Observer, ToNotices, ToReplica, ToViews
 from andrea.control.mixture.proxy import Batch, DataProxy
 from andrea.control.run.records import StepRecords
 from andrea.control.run.started import Started
@@ -318,13 +319,21 @@ class TrainingRun:
             lock.release()
             self.notifier.close(self.cfg.notify.timeout_s)
 
+    def observers(self, run: Started) -> list[Observer]:
+        """What the boundary tells of its evals, commits, rollbacks and pivots besides the guard and the held-out
+        history (control/run/observers.py): the views, the replica, the notices."""
+        subscribers: list[Observer] = [ToViews(self.views)] if self.views is not None else []
+        if self.replicator is not None:
+            subscribers.append(ToReplica(self.replicator))
+        return [*subscribers, ToNotices(self.notifier.send)]
+
     async def loop(self, run: Started, stop_at: int) -> int:
         """Boundary, step, boundary, ... until a stop; then everything in flight lands."""
         tc, trainer = self.cfg.train, run.trainer
         records = StepRecords(64, tc.batch_size, self.device)
         progress = Progress(self.step, stop_at, tc.batch_size * self.cfg.model.block_size, tc.log_every)
-        b = self.boundary = Boundary(run, req=self.req, records=records, progress=progress, views=self.views,
-                                     replicator=self.replicator, notify=self.notifier.send)
+        b = self.boundary = Boundary(run, req=self.req, records=records, progress=progress,
+                                     observers=self.observers(run))
         dog = watchdog.Watchdog(self.cfg.watchdog, self.beats, self.stalls.on_stall).start()
         watched = self.beats.watch
         try:

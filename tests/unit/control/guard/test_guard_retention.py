@@ -143,21 +143,25 @@ def test_a_checkpoint_whose_commit_failed_never_becomes_the_known_good_point(mak
 
 
 def test_the_boundary_tells_the_guard_of_a_failed_commit():
+    """The guard's subscription to the boundary's commits (control/run/observers.py `GuardCommits`, which every
+    Boundary subscribes first): a landed commit stays a candidate, a failed one is dropped."""
     from types import SimpleNamespace
 
-    from andrea.control.run.boundary import Boundary
-    run = Boundary.__new__(Boundary)  # only the commit callback: no loop, no trainer
-    run.guard = Guard(GuardConfig(confirm_steps=5))
-    run.notify = lambda kind, step, **detail: None  # the operator's notices (control/observe/notify.py): not this test's
-    run.guard.on_checkpoint(20, names.checkpoint_name(20))
+    from andrea.control.run.observers import GuardCommits
+    guard = Guard(GuardConfig(confirm_steps=5))
+    observer = GuardCommits(guard)
+    guard.on_checkpoint(20, names.checkpoint_name(20))
     loop = asyncio.new_event_loop()
+
+    async def commit(error):
+        fut = loop.create_future()
+        observer.on_commit(20, fut, {}, 0.0)
+        fut.set_result(SimpleNamespace(error=error))
+        await asyncio.sleep(0)  # the done-callbacks run on the loop
     try:
-        landed, failed = loop.create_future(), loop.create_future()
-        landed.set_result(SimpleNamespace(error=None))
-        run._landed(landed, 20)
-        assert [t["step"] for t in run.guard.tentative] == [20]
-        failed.set_result(SimpleNamespace(error="step_000020.bin: checkpoint write failed: No space left on device"))
-        run._landed(failed, 20)
-        assert run.guard.tentative == []
+        loop.run_until_complete(commit(None))
+        assert [t["step"] for t in guard.tentative] == [20]
+        loop.run_until_complete(commit("step_000020.bin: checkpoint write failed: No space left on device"))
+        assert guard.tentative == []
     finally:
         loop.close()

@@ -27,6 +27,7 @@ from andrea.control.run.boundary import Boundary, RunFailed
 from andrea.control.guard.decisions import Guard
 from andrea.control.run.heldout import HeldOut
 from andrea.control.run.ledger_feed import LedgerFeed
+from andrea.control.run.observers import ToNotices, ToReplica, ToViews
 from andrea.control.mixture.proxy import DataProxy
 from andrea.control.run.records import StepRecords
 from andrea.control.run.signals import Requests
@@ -228,7 +229,7 @@ def test_the_views_never_settle_a_step_past_the_newest_checkpoint_on_disk(tmp_pa
     # then a SIGKILL resumes from the start, and W&B must not yet have shown steps that run would supersede.
     slow = threading.Event()
     views = SettleViews()
-    b = make_boundary(tmp_path, make_cfg(checkpoint={"every": 5}), hold={5: slow}, views=views)
+    b = make_boundary(tmp_path, make_cfg(checkpoint={"every": 5}), hold={5: slow}, observers=[ToViews(views)])
     views.writer = b.writer
     seen_good = []
 
@@ -257,7 +258,14 @@ def test_a_stop_request_checkpoints_the_step_it_arrives_in_and_stops_there(tmp_p
 
 
 def test_a_non_finite_step_shuts_the_gate_and_the_rollback_reloads_the_known_good_state(tmp_path, monkeypatch):
-    b = make_boundary(tmp_path, make_cfg(checkpoint={"every": 5, "keep_last": 10}), nan_at={12})
+    class Replicator:  # control/replica/replicator.py as the boundary sees it: told of commits and of the rollback
+        def notify(self, *_) -> None:
+            pass
+
+        def supersede(self, step: int) -> None:
+            b.events.append(("supersede", step))
+    b = make_boundary(tmp_path, make_cfg(checkpoint={"every": 5, "keep_last": 10}), nan_at={12},
+                      observers=[ToReplica(Replicator())])
     for name in ("write_companion", "drop_after"):  # the rollback's file side, observed in the event order
         real = getattr(rollback, name)
 
@@ -267,14 +275,6 @@ def test_a_non_finite_step_shuts_the_gate_and_the_rollback_reloads_the_known_goo
             return result
 
         monkeypatch.setattr(rollback, name, observed)
-
-    class Replicator:  # control/replica/replicator.py as the boundary sees it: told of commits and of the rollback
-        def notify(self, *_) -> None:
-            pass
-
-        def supersede(self, step: int) -> None:
-            b.events.append(("supersede", step))
-    b.replicator = Replicator()
     asyncio.run(drive(b, 20))
     incident = b.events.index(("line", "incident", 12))
     assert all(e[1] < 12 for e in b.events[:incident] if e[0] == "commit")  # the gate shut at the NaN
@@ -378,7 +378,8 @@ def test_on_separate_disks_rank_1_takes_rank_0s_rollback_state_and_policy_and_ne
 def test_a_failed_write_and_a_pivot_are_notices(tmp_path):
     sent = []
     cfg = make_cfg(checkpoint={"every": 4, "usr1": "step"})
-    b = make_boundary(tmp_path, cfg, fail={4}, notify=lambda kind, step, **detail: sent.append((kind, step, detail)))
+    b = make_boundary(tmp_path, cfg, fail={4},
+                      observers=[ToNotices(lambda kind, step, **detail: sent.append((kind, step, detail)))])
     new = configload.from_dict({**cfg.to_dict(), "policy": {"caps": {cfg.data.arms[0]: 0.2}}})
 
     def ask(b):
