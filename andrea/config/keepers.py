@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from andrea import notices
 from andrea.config.check import ConfigError
 
 
@@ -61,10 +62,8 @@ class GuardConfig:
             raise ConfigError(f"guard.lr_factor={self.lr_factor} must be in (0, 1)")
 
 
-NOTIFY_EVENTS = ("incident", "rollback", "guard_stop", "write_error", "stall", "pivot", "finished", "stopped",
-                 "failed", "quarantine", "resume_below", "replica_down", "replica_back", "rank_mismatch")
-"""The events a notice is sent for (andrea/control/observe/notify.py documents each one's JSON); a new kind is added here
-and emitted where it happens."""
+NOTIFY_EVENTS = tuple(notices.NOTICE_KINDS)
+"""The events a notice is sent for: the kinds of the registry andrea/notices.py (a new kind is a row there)."""
 STALL_EXIT_CODE = 75
 """The trainer's exit status when the watchdog ends a hung run (EX_TEMPFAIL: try again; docs/operating.md)."""
 
@@ -123,10 +122,9 @@ class NotifyConfig:
     stdin, e.g. `"/usr/local/bin/page-oncall --team ml"`; empty: none."""
     url: str = ""
     """An http:// or https:// URL the event's JSON is POSTed to (Content-Type: application/json); empty: none."""
-    events: list[str] = field(default_factory=lambda: list(NOTIFY_EVENTS))
-    """The kinds sent: any of incident, rollback, guard_stop, write_error, stall, pivot, finished, stopped,
-    failed, quarantine, resume_below, replica_down, replica_back, rank_mismatch (a run.toml written before a kind existed lists the
-    kinds of its day: add the new ones with --set)."""
+    events: list[str] = field(default_factory=lambda: [notices.ALL])
+    """The kinds sent: `["all"]`, every kind (those a later version adds too: run.toml records the intent, not
+    today's list), or a list of kinds from docs/operating.md's table of notices."""
     timeout_s: float = 10.0
     """The longest a command or a POST may take, the whole exchange, before it is abandoned with a warning (a
     command's whole process group is ended then; control/observe/delivery.py)."""
@@ -151,8 +149,12 @@ class NotifyConfig:
                 _ = parts.port  # a port that is not a number raises
             except ValueError:
                 raise ConfigError(f"notify.url={self.url!r}: bad port") from None
-        unknown = [e for e in self.events if e not in NOTIFY_EVENTS]
+        unknown = notices.unknown(self.events)
         if unknown:
-            raise ConfigError(f"notify.events: unknown event {unknown[0]!r} (known: {', '.join(NOTIFY_EVENTS)})")
+            raise ConfigError(f"notify.events: unknown event {unknown[0]!r} (known: {notices.known()})")
         if not self.timeout_s > 0 or self.max_per_hour < 1:
             raise ConfigError("notify.timeout_s must be > 0 and notify.max_per_hour >= 1")
+
+    def sends(self, kind: str) -> bool:
+        """Whether notices of `kind` are sent ("all" names every kind, a later version's too)."""
+        return notices.wanted(self.events, kind)

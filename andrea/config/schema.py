@@ -198,6 +198,10 @@ class CheckpointConfig:
     10 at every = 1, andrea/control/guard/decisions.py)."""
     keep_every: int = 10_000
     """Checkpoints at multiples of this are "major" and never deleted; 0 disables."""
+    keep_best: int = 0
+    """The checkpoints with the K lowest held-out losses are never deleted, locally and in the replica (0: none).
+    A candidate is a checkpoint whose step had an eval (a multiple of train.eval_every; at a rollback the
+    abandoned timeline's evals no longer count); rundir/retention.py."""
     usr1: str = "step"
     """step: SIGUSR1 checkpoints the step in flight; cadence: the next multiple of `every` (the pivot sequence)."""
     on_write_error: str = "retry"
@@ -219,8 +223,8 @@ class CheckpointConfig:
     it to yours; it bounds `replica_wait`."""
 
     def __post_init__(self) -> None:
-        if self.every < 1 or self.keep_last < 1 or self.keep_every < 0:
-            raise ConfigError("checkpoint.every and keep_last must be >= 1, keep_every >= 0")
+        if self.every < 1 or self.keep_last < 1 or self.keep_every < 0 or self.keep_best < 0:
+            raise ConfigError("checkpoint.every and keep_last must be >= 1, keep_every and keep_best >= 0")
         if self.usr1 not in ("step", "cadence"):
             raise ConfigError(f"checkpoint.usr1={self.usr1!r} must be 'step' or 'cadence'")
         if self.on_write_error not in ("retry", "stop"):

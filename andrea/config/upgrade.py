@@ -11,8 +11,12 @@ writes nothing. docs/operating.md#upgrading-andrea-under-a-running-run lists the
 |----------------------------|--------------------------------------------------------------|------------------|
 | checkpoint.replica_wait    | 120.0 in a run.toml without `checkpoint.stop_grace_s`          | today's default  |
 |                            | (before the stop's grace period existed)                     |                  |
-| notify.events              | exactly the nine kinds before the incident markers           | today's default  |
-|                            | (incident … failed, in that order)                           | (every kind)     |
+| notify.events              | every kind of a version that recorded the list, not "all":   | today's default  |
+|                            | the nine before the incident markers (incident … failed), or | (["all"]: every  |
+|                            | the fourteen before "all" (… rank_mismatch), in any order    | kind, new ones)  |
+
+Since "all" (andrea/notices.py), run.toml records the intent: a new notice kind needs no row here. The two lists
+below are history, frozen: the defaults of the versions that wrote today's kinds out one by one.
 """
 
 from __future__ import annotations
@@ -23,6 +27,15 @@ from typing import Any
 OLD_REPLICA_WAIT = 120.0
 OLD_NOTIFY_EVENTS = ["incident", "rollback", "guard_stop", "write_error", "stall", "pivot", "finished", "stopped",
                      "failed"]
+LISTED_NOTIFY_EVENTS = [*OLD_NOTIFY_EVENTS, "quarantine", "resume_below", "replica_down", "replica_back",
+                        "rank_mismatch"]  # the last default that listed the kinds
+OLD_NOTIFY_DEFAULTS = (frozenset(OLD_NOTIFY_EVENTS), frozenset(LISTED_NOTIFY_EVENTS))
+
+
+def meant_every_kind(events: Any) -> bool:
+    """Whether a recorded notify.events is a former default: every kind its version knew, in any order."""
+    return (isinstance(events, list) and all(isinstance(e, str) for e in events)
+            and len(events) == len(set(events)) and frozenset(events) in OLD_NOTIFY_DEFAULTS)
 
 
 def upgrade_run_toml(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -36,8 +49,8 @@ def upgrade_run_toml(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         notes.append(f"checkpoint.replica_wait={OLD_REPLICA_WAIT:g} is the default of the version that started this "
                      "run: today's default applies (it must fit checkpoint.stop_grace_s)")
     notify = out.get("notify")
-    if isinstance(notify, dict) and notify.get("events") == OLD_NOTIFY_EVENTS:
+    if isinstance(notify, dict) and meant_every_kind(notify.get("events")):
         del notify["events"]
-        notes.append("notify.events is the default of the version that started this run: today's default applies "
-                     "(every kind, the incident markers' included)")
+        notes.append("notify.events lists every kind of the version that started this run: read as \"all\" "
+                     "(today's default: every kind, those added since included)")
     return out, notes

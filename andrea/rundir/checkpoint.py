@@ -1,4 +1,5 @@
-"""The checkpoint file `step_NNNNNN.bin`: its format, its validation, its listing and its retention.
+"""The checkpoint file `step_NNNNNN.bin`: its format, its validation and its listing (which ones a run keeps:
+rundir/retention.py).
 
 Format (docs/formats.md, fixed: other tools read it). Five contiguous regions, little-endian, no padding, no metadata:
 
@@ -31,7 +32,6 @@ from __future__ import annotations
 import os
 import stat
 import struct
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,13 +219,3 @@ def remove_stale_tmp(run_dir: str | Path) -> list[Path]:
     for p in stale:
         p.unlink(missing_ok=True)
     return stale
-
-
-def retention_victims(steps: Iterable[int], keep_last: int, keep_every: int,
-                      protect: Iterable[int] = ()) -> list[int]:
-    """Steps to delete: all but the newest `keep_last`, sparing multiples of `keep_every` (major checkpoints)
-    and the `protect`ed steps (the divergence guard's known-good checkpoint, control/guard/decisions.py)."""
-    ordered = sorted(set(steps))
-    recent = set(ordered[-keep_last:]) if keep_last > 0 else set()
-    spared = recent | set(protect)
-    return [s for s in ordered if s not in spared and not (keep_every and s % keep_every == 0)]

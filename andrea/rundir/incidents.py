@@ -1,7 +1,7 @@
 """Incidents besides the divergence guard's, as ledger markers, and `andrea status`'s last incident of each kind.
 
 Every incident an operator of a long run must be able to reconstruct afterwards is a marker in `.loss.json`
-(rundir/ledger.py `marker`; docs/formats.md's ledger section) and, from it, a notice (control/observe/notify.py
+(rundir/ledger.py `marker`; registered in rundir/markers.py) and, from it, a notice (control/observe/notify.py
 `from_marker`); the markers reach the replica with the ledger, and so does `quarantine/` (control/replica/remote.py).
 Built here (plain functions over plain data), appended by their owners:
 
@@ -31,9 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from andrea.rundir.ledger import marker
-
-KINDS = ("incident", "rollback", "guard_stop", "gap", "stall", "quarantine", "resume_below", "replica_down",
-         "replica_back", "rank_mismatch")
+from andrea.rundir.markers import INCIDENTS as KINDS  # the markers whose `incident` is set (rundir/markers.py)
 
 
 def regions_named(reason: str) -> list[str]:

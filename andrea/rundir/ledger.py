@@ -17,7 +17,7 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
     mfu        model-FLOPs utilisation over the last max(log_every, 10) steps (andrea/control/observe/mfu.py); absent on a device
                without a known peak and for a process's first step
 
-  marker (has an "event" key; always has "step" and "time"):
+  marker (has an "event" key; always has "step" and "time"; each a row of rundir/markers.py's registry):
     start   a new run began at step 0            {"event": "start", "step": 0, "n_params": ..., "seed": ...,
                                                   "identity": {...} (control/run/identity.py), "run": ID}
             — "run": the run's id (32 hex digits, random), which every checkpoint of the run names (its ledger
@@ -90,6 +90,7 @@ from typing import Any
 import xxhash
 
 from andrea.errors import UserError
+from andrea.rundir.markers import RESETS
 
 
 
@@ -391,7 +392,7 @@ def history(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     kept: list[dict[str, Any]] = []
     for e in entries:
-        if e.get("event") in ("start", "resume", "branch", "rollback"):
+        if e.get("event") in RESETS:
             kept = [k for k in kept if k["step"] <= e["step"]]
         elif "event" not in e:
             kept.append(e)

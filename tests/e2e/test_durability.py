@@ -32,6 +32,7 @@ from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars, spare
 from andrea.rundir.checkpoint_write import DirectIO, commit_checkpoint
 from andrea.rundir.names import LEDGER_NAME
 from andrea.rundir.ledger import LossLedger
+from andrea.rundir.retention import Policy, Retention
 from tests import sharding
 from tests.disks import refuse_o_direct_on_setfl
 from tests.oscalls import OsCalls
@@ -237,7 +238,7 @@ def test_the_writer_runs_before_commit_to_completion_before_the_bin_is_renamed(t
     """The runtime's before_commit (ledger sync, companions) runs on the I/O thread ahead of the commit."""
     ledger = LossLedger(tmp_path / LEDGER_NAME)
     io = ThreadPoolExecutor(1)
-    writer = CheckpointWriter(tmp_path, N, torch.device("cpu"), io, keep_last=5, keep_every=0)
+    writer = CheckpointWriter(tmp_path, N, torch.device("cpu"), io, retention=Retention(Policy(5, 0)))
     companion = sidecars.checkpoint_state_path(tmp_path, 40)
 
     def before_commit() -> None:

@@ -25,6 +25,7 @@ from andrea import cli
 from andrea.control.commit.writer import CheckpointWriter
 from andrea.rundir import checkpoint as ckpt, checksum, names, spare
 from andrea.rundir.checkpoint_write import commit_checkpoint
+from andrea.rundir.retention import Policy, Retention
 from tests.disks import payload
 from tests.notices import Inbox
 from tests.runs import seed_data, train
@@ -174,7 +175,7 @@ def test_verify_racing_retention_reports_no_false_failure(tmp_path, monkeypatch)
 def commits(run_dir, steps, keep_last=2):
     """Commit `steps` through the trainer's writer (its retention included)."""
     pool = ThreadPoolExecutor(1)
-    writer = CheckpointWriter(run_dir, N, torch.device("cpu"), pool, keep_last=keep_last, keep_every=0)
+    writer = CheckpointWriter(run_dir, N, torch.device("cpu"), pool, retention=Retention(Policy(keep_last, 0)))
 
     async def go():
         for step in steps:

@@ -26,6 +26,7 @@ from andrea.rundir.checkpoint_write import commit_checkpoint
 from andrea.control.replica import remote as rep
 from andrea.rundir.ledger import LossLedger, marker
 from andrea.rundir.names import LEDGER_NAME, RESTORING_NAME, checkpoint_name, companion_path
+from andrea.rundir.retention import Policy, Retention, victims
 from tests.runs import andrea_records, wait_until
 from tests.s3server import BUCKET, S3Server
 
@@ -39,11 +40,12 @@ def test_retry_delay_doubles_and_is_capped():
 
 
 def test_upload_plan_is_the_newest_and_the_milestones_the_replica_lacks():
-    assert plan.upload_plan([10, 20, 30, 40], [10], keep_every=0) == [40]  # 20, 30: superseded before a pass came
-    assert plan.upload_plan([10, 20, 30], [10, 20, 30], 0) == [] and plan.upload_plan([], [10], 0) == []
-    assert plan.upload_plan([100, 150, 200, 250], [250], keep_every=100) == [200, 100]  # milestones, kept for good
-    assert plan.upload_plan([100, 150, 200, 250], [], keep_every=100) == [250, 200, 100]
-    assert plan.remote_victims([10, 20, 30], 2, 0) == [10]
+    two, every100 = Policy(keep_last=2), Policy(keep_last=2, keep_every=100)
+    assert plan.upload_plan([10, 20, 30, 40], [10], two) == [40]  # 20, 30: superseded before a pass came
+    assert plan.upload_plan([10, 20, 30], [10, 20, 30], two) == [] and plan.upload_plan([], [10], two) == []
+    assert plan.upload_plan([100, 150, 200, 250], [250], every100) == [200, 100]  # milestones, kept for good
+    assert plan.upload_plan([100, 150, 200, 250], [], every100) == [250, 200, 100]
+    assert victims([10, 20, 30], two) == [10]
 
 
 def test_superseded_is_what_lies_above_the_step_the_run_went_back_to():
@@ -91,7 +93,8 @@ def make_run(run_dir: Path, steps: list[int], seed: int = 0) -> Path:
 
 
 def replicator(run_dir: Path, uri: Path, **kw) -> rp.Replicator:
-    return rp.Replicator(str(uri), run_dir, keep_last=kw.pop("keep_last", 2), keep_every=kw.pop("keep_every", 0), **kw)
+    policy = Policy(kw.pop("keep_last", 2), kw.pop("keep_every", 0), kw.pop("keep_best", 0))
+    return rp.Replicator(str(uri), run_dir, retention=Retention(policy, kw.pop("scores", dict)), **kw)
 
 
 def test_a_pass_publishes_each_checkpoint_whole_with_companions_ledger_and_files(tmp_path):
@@ -226,7 +229,7 @@ def test_retention_spares_the_newest_replicated_checkpoint(tmp_path):
     run = make_run(tmp_path / "run", [10, 20, 30])
     r = replicator(run, tmp_path / "replica", keep_last=5)
     r.pos.steps = [10]  # the replica holds 10 only (the store was down since)
-    assert ckpt.retention_victims([10, 20, 30], keep_last=1, keep_every=0, protect=r.protected()) == [20]
+    assert victims([10, 20, 30], Policy(keep_last=1), r.protected()) == [20]
 
 
 def test_finish_waits_for_a_pass_that_covers_every_commit(tmp_path):
@@ -296,14 +299,28 @@ def guarded_run(run_dir: Path, remote: Path, steps: list[int], good: int, keep_l
 
 
 def test_the_guards_known_good_checkpoint_is_sent_and_kept_by_the_replicas_retention(tmp_path):
-    assert plan.upload_plan([10, 20, 30, 40], [], keep_every=0, guard=[20]) == [40, 20]
-    assert plan.upload_plan([10, 30, 40], [], keep_every=0, guard=[20]) == [40]  # not here to send
-    assert plan.remote_victims([10, 20, 30, 40], 1, 0, guard=[20]) == [10, 30]
+    one = Policy(keep_last=1)
+    assert plan.upload_plan([10, 20, 30, 40], [], one, spared=[20]) == [40, 20]
+    assert plan.upload_plan([10, 30, 40], [], one, spared=[20]) == [40]  # not here to send
+    assert victims([10, 20, 30, 40], one, [20]) == [10, 30]
     run, remote = tmp_path / "run", tmp_path / "replica"
     r = guarded_run(run, remote, [10, 20, 30], good=10, keep_last=1)
     assert r.pos.steps == [10, 30]  # keep_last = 1, and the known-good point a rollback reads
     (remote / "step_000010.sum.json").unlink()  # unpublished meanwhile (an older version's retention)
     assert r.pass_once() and r.pos.steps == [10, 30]  # sent again
+
+
+def test_keep_best_sends_and_keeps_the_best_held_out_checkpoints_in_the_replica(tmp_path):
+    scores = {10: 3.0, 20: 2.0, 30: 2.5, 40: 2.9}
+    best = Policy(keep_last=1, keep_best=1)
+    assert plan.upload_plan([10, 20, 30, 40], [], best, scores=scores) == [40, 20]  # landed faster than a pass
+    run, remote = tmp_path / "run", tmp_path / "replica"
+    r = replicator(make_run(run, []), remote, keep_last=1, keep_best=1, scores=lambda: scores)
+    for step in (10, 20, 30, 40):
+        make_run(run, [step])
+        assert r.pass_once()
+    assert r.pos.steps == [20, 40]  # keep_last = 1, and the best held-out loss
+    assert sorted(p.name for p in remote.glob("step_*.bin")) == ["step_000020.bin", "step_000040.bin"]
 
 
 def test_restore_brings_the_checkpoints_the_guard_state_names(tmp_path, capsys):

@@ -25,6 +25,7 @@ import andrea
 from andrea.control.commit.writer import CheckpointWriter
 from andrea.rundir import checkpoint as ckpt, names
 from andrea.rundir.checkpoint_write import commit_checkpoint
+from andrea.rundir.retention import Policy, Retention
 from tests.faults.conftest import remount_size
 from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, first_line_with, last_error_line,
                                   newest_committed, stale_tmp)
@@ -206,7 +207,7 @@ def test_enospc_at_the_write_call_fails_the_commit_cleanly_and_the_next_commit_s
 
     async def commit(*steps: int):
         """One writer committing `steps` in turn, each awaited (the callbacks that record a result run)."""
-        writer = CheckpointWriter(tmp_path, n, torch.device("cpu"), io, keep_last=5, keep_every=0)
+        writer = CheckpointWriter(tmp_path, n, torch.device("cpu"), io, retention=Retention(Policy(5, 0)))
         for step in steps:
             writer.staging[0].copy_(torch.from_numpy(_payload(n, step)))
             await writer.start_commit(0, step, None)

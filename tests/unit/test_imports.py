@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2] / "andrea"
 # Lower layers never import higher ones. A module's layer is its package's, or its own where it has one.
 LAYERS = [
     {"andrea.errors", "andrea.control.mixture.policy", "andrea.config.check",
-     "andrea.control.observe.mfu", "andrea.control.run.allocator"},        # pure: errors; caps, floors; types; MFU;
+     "andrea.control.observe.mfu", "andrea.control.run.allocator",
+     "andrea.notices"},                                                     # pure: errors; caps, floors; types; MFU;
                                                                             # the C allocator's settings
     {"andrea.config", "andrea.config.schema", "andrea.config.corpus", "andrea.config.keepers",
      "andrea.testhooks"},                                                   # the schema; the test hooks
@@ -24,6 +25,7 @@ LAYERS = [
     {"andrea.data", "andrea.kernels", "andrea.control.run.devices", "andrea.model.memory"},
     {"andrea.model", "andrea.optim", "andrea.control.parallel.distributed", "andrea.control.parallel.zero",
      "andrea.control.run.trainer", "andrea.evals", "andrea.control.observe.plots", "andrea.config.doc",
+     "andrea.docblocks",
      "andrea.kernels.compile_check"},                                       # compiles the presets' launches
     {"andrea.control", "andrea.control.run", "andrea.control.commit", "andrea.control.replica",
      "andrea.control.parallel", "andrea.control.mixture", "andrea.control.guard",

@@ -27,6 +27,7 @@ import torch
 from andrea.control.commit.writer import CheckpointWriter, CommitFailed, aligned_host_buffer
 from andrea.control.parallel.distributed import World
 from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir.retention import Retention
 
 
 def image_views(image: torch.Tensor, n: int, lo: int, hi: int) -> tuple[torch.Tensor, ...]:
@@ -53,13 +54,12 @@ class GatheredCheckpointWriter(CheckpointWriter):
     """CheckpointWriter whose snapshot is this rank's slices and whose commit gathers them on rank 0."""
 
     def __init__(self, run_dir: Path, n: int, world: World, device: torch.device, io, *,
-                 keep_last: int, keep_every: int, direct: bool = True):
+                 retention: Retention, direct: bool = True):
         lo, hi = world.shard_bounds(n)  # the ZeroTrainer's slice (the run's cuts, if any)
         pinned = device.type == "cuda"
         # Rank 0: the base's two whole images. The others: a 1-parameter placeholder (one 4 KiB page) keeps the
         # base's bookkeeping (slots, results, back-pressure) without a whole image.
-        super().__init__(run_dir, n if world.leader else 1, device, io, keep_last=keep_last,
-                         keep_every=keep_every, direct=direct)
+        super().__init__(run_dir, n if world.leader else 1, device, io, retention=retention, direct=direct)
         self.total_n, self.world, self.rank, self.owns_files = n, world, world.rank, world.leader
         if world.leader:
             self.staging = [image_views(image, n, lo, hi) for image in self.images]

@@ -48,6 +48,7 @@ from andrea.control.commit.shard_layout import ShardImage
 from andrea.control.commit.writer import CheckpointWriter, CommitFailed
 from andrea.control.parallel.distributed import World
 from andrea.rundir import checkpoint as ckpt, checkpoint_write, checksum, names, spare
+from andrea.rundir.retention import Retention
 
 log = logging.getLogger("andrea.shards")
 
@@ -159,10 +160,10 @@ class ShardedCheckpointWriter(CheckpointWriter):
     """CheckpointWriter (slots, back-pressure, results, retention) whose commit is `commit_shards`."""
 
     def __init__(self, run_dir: Path, n: int, world: World, device: torch.device, io, *,
-                 keep_last: int, keep_every: int, direct: bool = True):
+                 retention: Retention, direct: bool = True):
         # The base's whole-file images are not used here: a 1-parameter placeholder (one 4 KiB page) keeps
-        # its bookkeeping (slots, results, retention, protected steps) without allocating a second state.
-        super().__init__(run_dir, 1, device, io, keep_last=keep_last, keep_every=keep_every, direct=direct)
+        # its bookkeeping (slots, results, retention) without allocating a second state.
+        super().__init__(run_dir, 1, device, io, retention=retention, direct=direct)
         self.total_n, self.world, self.rank, self.owns_files = n, world, world.rank, world.leader
         # This rank's slice bounds are the ZeroTrainer's: both are world.shard_bounds(n) (the run's cuts, if any).
         self.images = [ShardImage(n, world.size, world.rank, pinned=device.type == "cuda", cuts=world.cuts)

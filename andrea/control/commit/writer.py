@@ -1,7 +1,7 @@
 """Asynchronous checkpoints: snapshot `[w | m | v]` into a staging buffer, commit it on the I/O thread.
 
 Writes `step_NNNNNN.bin` (format: andrea/rundir/checkpoint.py; its write and commit: rundir/checkpoint_write.py)
-and removes what retention releases, with each checkpoint's companion files (`step_NNNNNN.*.json`, written by
+and removes what retention releases (the run's one policy, rundir/retention.py, handed in at construction), with each checkpoint's companion files (`step_NNNNNN.*.json`, written by
 `before_commit`): a released `.bin` becomes `spare.ckpt`, whose blocks the next commit overwrites (rundir/spare.py).
 `CheckpointWriter._commit` is the frame every writer's commit shares (fence, timing, retention, `CommitResult`,
 companions removed on failure); the sharded and gathered writers (control/commit/shards.py, control/commit/gathered.py) replace
@@ -32,7 +32,7 @@ import logging
 import mmap
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +44,7 @@ import torch
 from andrea import testhooks
 from andrea.control.observe.watchdog import test_hang
 from andrea.rundir import checkpoint as ckpt, checkpoint_write, names, spare
+from andrea.rundir.retention import Retention
 
 if TYPE_CHECKING:
     from andrea.control.run.trainer import Fence  # a CUDA event or a HostCopy
@@ -123,11 +124,11 @@ class CheckpointWriter:
     rank = 0  # this process's rank (the ANDREA_TEST_HANG hook names one)
     owns_files = True  # this rank writes the run directory: retention and companions are its to remove
 
-    def __init__(self, run_dir: Path, n: int, device: torch.device, io: Executor, *, keep_last: int,
-                 keep_every: int, direct: bool = True):
+    def __init__(self, run_dir: Path, n: int, device: torch.device, io: Executor, *, retention: Retention,
+                 direct: bool = True):
         self.run_dir = run_dir
         self.io = io
-        self.keep_last, self.keep_every = keep_last, keep_every
+        self.retention = retention  # keep_last, keep_every, keep_best and the spared steps, read at each retention
         self.n = n
         self.images = [staging_image(n, pinned=device.type == "cuda") for _ in range(2)]
         self.staging = [image[ckpt.HEADER.size:ckpt.HEADER.size + 12 * n].view(torch.float32)
@@ -141,8 +142,6 @@ class CheckpointWriter:
         self.first_error: str | None = None
         self.stall_seconds: list[float] = []
         self.delay = testhooks.commit_delay()  # test hook ANDREA_TEST_COMMIT_DELAY (andrea/testhooks.py)
-        # Steps retention must never delete (the divergence guard's known-good checkpoint); read at retention.
-        self.protected: Callable[[], Iterable[int]] = tuple
 
     async def free_slot(self) -> int:
         """Index of a staging buffer no commit is using; waits (back-pressure) when both are busy."""
@@ -230,7 +229,7 @@ class CheckpointWriter:
                 self._reported.add(problem)
                 log.warning("%s", problem)
         steps = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
-        for step in ckpt.retention_victims(steps, self.keep_last, self.keep_every, self.protected()):
+        for step in self.retention.victims(steps):
             spare.retire(self.run_dir / names.checkpoint_name(step))  # each replaces the one before
             self._remove_companions(step)
 

@@ -9,26 +9,13 @@ processes it leaves (none): control/observe/delivery.py.
 The event, one JSON object (UTF-8), the same on a command's stdin and as the POST body:
     {"event": "rollback", "step": 40, "time": 1764430000.12, "run_dir": "/runs/120m", "host": "gpu7",
      "pid": 4242, "rank": 0, "message": "guard: rolled back from step 40 to step_000020.bin", ...detail}
-    event       one of config.NOTIFY_EVENTS:
-                incident     the divergence guard saw the run leave its basin (detail: the ledger's incident marker)
-                rollback     it went back to its known-good checkpoint (detail: the ledger's rollback marker)
-                guard_stop   it gave up after guard.max_attempts rollbacks; the run exits 1
-                write_error  a checkpoint could not be written (detail: "error", "disk_full": true on ENOSPC)
-                stall        the watchdog found a hung component and exits 75 (detail: component, seconds, limit)
-                pivot        a hot pivot took effect (detail: phase, caps, floors)
-                finished     the run reached its step target;  stopped  a signal stopped it cleanly;
-                failed       it stopped with an error (detail: "error")
-                quarantine   a start moved a checkpoint that failed validation to quarantine/ (detail: the ledger's
-                             quarantine marker: file, regions, reason; rundir/incidents.py documents each)
-                resume_below a start resumed below the newest checkpoint on disk (detail: newest, skipped, reason)
-                replica_down the replica's store started failing (detail: uri, problem, error)
-                replica_back it is back and the replica caught up (detail: uri, down_s, replica_step)
-                rank_mismatch  under torchrun the ranks' weights differed at a checkpoint (detail: ranks, digests);
-                             the incident and rollback notices follow
+    event       a kind of andrea/notices.py's registry (docs/operating.md's table of notices: when each is sent,
+                its detail); a ledger marker's notice carries the marker's fields (rundir/markers.py)
     step        the header step at the event;  time  Unix time;  rank  the torchrun rank (rank 0 sends all but
                 stall, which the hung rank sends)
     suppressed  (only when > 0) notices of this kind the rate limit dropped since the last one sent
-New kinds are added to config.NOTIFY_EVENTS and sent with `Notifier.send(kind, step, message=..., **detail)`.
+A new kind is a row of andrea/notices.py, sent with `Notifier.send(kind, step, message=..., **detail)` (or, for
+a ledger marker, a message in rundir/markers.py: `lines` sends it as the marker reaches the I/O thread).
 Reads notify.command and notify.url; writes nothing to the run directory.
 """
 
@@ -50,11 +37,13 @@ from typing import Any
 from andrea.config.check import ConfigError
 from andrea.config.keepers import NotifyConfig
 from andrea.control.observe import delivery
+from andrea.notices import NOTICE_KINDS
+from andrea.rundir.markers import notice_message
 
 log = logging.getLogger("andrea.notify")
 
 HOUR = 3600.0
-LAST_WORDS = ("finished", "stopped", "failed", "stall")  # a process's last notice: never rate-limited
+LAST_WORDS = tuple(k.name for k in NOTICE_KINDS.values() if k.last_word)  # a process's last: never rate-limited
 QUEUE_SIZE = 64
 
 
@@ -73,28 +62,10 @@ def event(kind: str, step: int, *, run_dir: Path, rank: int, now: float, message
     return out
 
 
-# The ledger markers an operator acts on, each with its notice's message (the marker's fields: docs/formats.md).
-MARKER_MESSAGES: dict[str, Callable[[dict[str, Any]], str]] = {
-    "incident": lambda e: f"guard: incident at step {e['step']}: {e.get('reason')}",
-    "rollback": lambda e: f"guard: rolled back from step {e.get('from')} to {e.get('checkpoint')}",
-    "guard_stop": lambda e: (f"guard: stopped at step {e['step']} after {e.get('attempts')} rollbacks; resume from "
-                             f"{e.get('resume_from') or 'the initial state'}"),
-    "quarantine": lambda e: f"checkpoint {e.get('file')} failed validation, moved to {e.get('to')}: {e.get('reason')}",
-    "resume_below": lambda e: (f"resumed from step {e['step']} below the newest checkpoint (step {e.get('newest')}): "
-                               f"{e.get('reason')}"),
-    "replica_down": lambda e: f"replica {e.get('uri')}: {e.get('error')}; training goes on, the replica lags",
-    "replica_back": lambda e: (f"replica {e.get('uri')}: reachable again after {e.get('down_s')} s, caught up (holds "
-                               f"step {e.get('replica_step')})"),
-    "rank_mismatch": lambda e: (f"ranks {e.get('ranks')} disagree with the others on the weights at step {e['step']}: "
-                                "not checkpointed, rolling back to a checkpoint the ranks agreed on"),
-}
-
-
 def from_marker(line: dict[str, Any]) -> tuple[str, str] | None:
     """A ledger marker the operator acts on, as (kind, message); None for every other line."""
-    kind = line.get("event")
-    message = MARKER_MESSAGES.get(kind) if isinstance(kind, str) else None  # a junk line's event may be unhashable
-    return None if message is None else (kind, message(line))
+    message = notice_message(line)
+    return None if message is None else (line["event"], message)
 
 
 def check(cfg: NotifyConfig) -> None:
@@ -120,7 +91,7 @@ class Notifier:
             self._thread.start()
 
     def send(self, kind: str, step: int, *, message: str, **detail: Any) -> None:
-        if not self.enabled or kind not in self.cfg.events or (self.rank != 0 and kind != "stall"):
+        if not self.enabled or not self.cfg.sends(kind) or (self.rank != 0 and not NOTICE_KINDS[kind].any_rank):
             return
         with self._lock:
             now = self.clock()

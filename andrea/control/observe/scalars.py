@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-RESETS = ("start", "resume", "branch", "rollback")  # markers after which the step can go back (ledger.history)
+from andrea.rundir.markers import RESETS  # markers after which the step can go back (ledger.history)
 
 
 class LedgerScalars:

@@ -3,21 +3,23 @@ checkpoints a pass sends, which of the replica's it drops, and what to say; and 
 (control/replica/admit.py carries it out): whether it is off the run's disk, and who holds its claim. Plain functions over
 plain data and an injected clock; reads and writes nothing.
 
-A pass sends the newest local checkpoint and every keep_every milestone the replica lacks (`upload_plan`): at a
-real cadence (one checkpoint per pass) that is every checkpoint; when they land faster than the store takes them
-(a slow uplink, an outage) the store's time goes to the newest state, not to copies the replica's retention
-(`remote_victims`, the run's own keep_last / keep_every) would delete at the next pass. The divergence guard's
-known-good checkpoint is sent and kept like a milestone: a run restored from the replica can roll back to it.
+A pass sends the newest local checkpoint and every one the run keeps for good that the replica lacks
+(`upload_plan`: the keep_every milestones, the keep_best ones, the spared ones such as the divergence guard's
+known-good point, which a run restored from the replica rolls back to): at a real cadence (one checkpoint per
+pass) that is every checkpoint; when they land faster than the store takes them (a slow uplink, an outage) the
+store's time goes to the newest state, not to copies the replica's retention (the run's own policy,
+rundir/retention.py, over the replica's checkpoints) would delete at the next pass.
 A rollback or a resume to step S abandons the replica's checkpoints above S (`superseded`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from andrea.rundir import checkpoint as ckpt
 from andrea.control.replica.remote import ReplicaError
+from andrea.rundir import retention
+from andrea.rundir.retention import Policy
 
 
 def retry_delay(failures: int, base: float = 1.0, cap: float = 60.0) -> float:
@@ -25,25 +27,20 @@ def retry_delay(failures: int, base: float = 1.0, cap: float = 60.0) -> float:
     return 0.0 if failures <= 0 else min(cap, base * 2.0 ** min(failures - 1, 30))
 
 
-def upload_plan(local: Iterable[int], remote: Iterable[int], keep_every: int, guard: Iterable[int] = ()) -> list[int]:
-    """Local checkpoints to upload, newest first: the newest one, every keep_every milestone (those the run
-    keeps for good) and the divergence guard's known-good one (`guard`: a rollback after a restore reads it), when
-    the replica lacks them. A checkpoint that a newer one superseded before a pass reached it is not sent (module
+def upload_plan(local: Iterable[int], remote: Iterable[int], policy: Policy, spared: Iterable[int] = (),
+                scores: Mapping[int, float] | None = None) -> list[int]:
+    """Local checkpoints to upload, newest first: the newest one and those the policy keeps for good (milestones,
+    the best, `spared`: the guard's known-good one, which a rollback after a restore reads), when the replica
+    lacks them. A checkpoint that a newer one superseded before a pass reached it is not sent (module
     docstring)."""
     local = sorted(set(local))
-    wanted = {s for s in local if keep_every and s % keep_every == 0} | set(local[-1:]) | (set(guard) & set(local))
+    wanted = set(local[-1:]) | retention.kept_for_good(local, policy, spared, scores)
     return sorted(wanted - set(remote), reverse=True)
 
 
 def superseded(remote: Iterable[int], step: int) -> list[int]:
     """The replica's checkpoints of an abandoned timeline: those above the step the run went back to."""
     return sorted(s for s in remote if s > step)
-
-
-def remote_victims(remote: Iterable[int], keep_last: int, keep_every: int, guard: Iterable[int] = ()) -> list[int]:
-    """The replica's retention: the run's own rule over its published checkpoints, sparing the guard's known-good
-    one as the run's own retention does."""
-    return ckpt.retention_victims(remote, keep_last, keep_every, protect=guard)
 
 
 @dataclass

@@ -24,13 +24,14 @@ One pass (`sync`), in order: the owner check and claim of the replica (control/r
 anything else is written), the abandoned timeline's checkpoints unpublished, run.toml, tokenizer.json, the
 sidecars, archive/, quarantine/ and data/ (a file there already at its size is never sent again), the checkpoints
 of the plan (each: `.bin` verified on the way and read back, companions, the ledger, then its `.sum.json`), the
-ledger, the replica's retention (the run's keep_last / keep_every over its published checkpoints), and the objects of
+ledger, the replica's retention (the run's one policy, rundir/retention.py, over its published checkpoints), and the objects of
 checkpoints never published (an upload a kill interrupted). Then `RUN_DIR/.replica.json` (`andrea status`) and
 TensorBoard's `replica/lag_steps` and `replica/lag_s`.
 
-Retention with a replica: `protected()` names the newest replicated checkpoint and the one being uploaded; the
-writer's retention spares them (with the divergence guard's known-good checkpoint, control/run/runtime.py), so the
-newest checkpoint the replica holds is never deleted locally before a newer one is replicated.
+Retention with a replica: `protected()` names the newest replicated checkpoint and the one being uploaded; they
+are one of the parts the run's retention spares (`start_for`: `retention.spare("replica", ...)`, beside the
+divergence guard's points and keep_best), so the newest checkpoint the replica holds is never deleted locally
+before a newer one is replicated.
 
 At a stop `finish(timeout)` asks for one last pass and waits for it at most `checkpoint.replica_wait` seconds; an
 upload still in flight then is abandoned (the store publishes nothing half-written) and the next start finishes it.
@@ -52,10 +53,11 @@ from pathlib import Path
 from andrea import testhooks
 from andrea.control.guard.decisions import named_checkpoints
 from andrea.control.replica.admit import claimant, run_record
-from andrea.control.replica.plan import Health, remote_victims, superseded, upload_plan
+from andrea.control.replica.plan import Health, superseded, upload_plan
 from andrea.rundir import checkpoint as ckpt, checksum
 from andrea.control.replica import remote as rep
 from andrea.rundir.names import LEDGER_NAME, checkpoint_name, companion_path
+from andrea.rundir.retention import Retention
 
 log = logging.getLogger("andrea.control.replica")
 MIN_INTERVAL = 2.0  # seconds between the starts of two passes: commits landing faster coalesce into one pass
@@ -82,13 +84,13 @@ class Position:
 
 
 class Replicator:
-    def __init__(self, uri: str, run_dir: Path, *, keep_last: int, keep_every: int,
+    def __init__(self, uri: str, run_dir: Path, *, retention: Retention,
                  clock: Callable[[], float] = time.monotonic, on_lag: Callable[[int, int, float], None] | None = None,
                  base_delay: float = 1.0, max_delay: float = 60.0, replica: rep.Replica | None = None,
                  min_interval: float = MIN_INTERVAL, on_incident: Callable[[str, dict], None] | None = None):
         self.uri, self.run_dir = uri, run_dir
         self.on_incident = on_incident  # (kind, detail): replica_down / replica_back, from this thread
-        self.keep_last, self.keep_every = keep_last, keep_every
+        self.retention = retention  # the run's one policy (rundir/retention.py), the local writer's too
         self.clock, self.on_lag = clock, on_lag
         self.health = Health(base_delay, max_delay)
         self.replica = replica
@@ -274,8 +276,8 @@ class Replicator:
     def _upload_checkpoints(self) -> None:
         """The checkpoints of the plan, newest first (`upload_plan`); one retention took meanwhile is skipped."""
         local = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
-        guard = self._guard_good(local)
-        for step in upload_plan(local, self.pos.steps, self.keep_every, guard):
+        spared = self.retention.spared() | set(self._guard_good(local))
+        for step in upload_plan(local, self.pos.steps, self.retention.policy, spared, self.retention.scores()):
             self.uploading = step
             if not (self.run_dir / checkpoint_name(step)).exists():
                 continue  # retention took it meanwhile
@@ -290,10 +292,11 @@ class Replicator:
         self.uploading = None
 
     def _retain(self, listing: dict[str, int]) -> None:
-        """The replica's retention (the run's keep_last / keep_every, sparing the guard's known-good checkpoint),
-        then the objects of checkpoints never published (an upload a kill interrupted: never restored)."""
+        """The replica's retention (the run's one policy, sparing what the local retention spares and the known-good
+        checkpoint the newest guard state names), then the objects of checkpoints never published (an upload a
+        kill interrupted: never restored)."""
         guard = self._guard_good([s for s, _ in ckpt.list_checkpoints(self.run_dir)])
-        for step in remote_victims(self.pos.steps, self.keep_last, self.keep_every, guard):
+        for step in self.retention.victims(self.pos.steps, also=guard):
             self._unpublish(step, listing)
         for step in rep.unpublished_steps(listing, self.pos.steps):
             rep.remove_checkpoint(self.replica, step, listing)
@@ -362,12 +365,12 @@ class Replicator:
             self.on_lag(newest_local, lag_steps, lag_s)
 
 
-def start_for(cfg, run_dir: Path, writer, views=None, resumed_from: int = 0,
+def start_for(cfg, run_dir: Path, retention: Retention, views=None, resumed_from: int = 0,
               on_incident: Callable[[str, dict], None] | None = None) -> Replicator | None:
     """The run's replicator when `checkpoint.replica` is set (rank 0): started, told that the run goes on from step
-    `resumed_from` (the replica's checkpoints above it belong to an abandoned timeline), and wired into the writer's
-    retention (the newest replicated checkpoint and the one uploading are spared). `on_incident(kind, detail)`:
-    where an outage and its catch-up go (the ledger's markers, rundir/incidents.py)."""
+    `resumed_from` (the replica's checkpoints above it belong to an abandoned timeline), applying the run's one
+    retention policy to the replica and sparing in it the newest replicated checkpoint and the one uploading.
+    `on_incident(kind, detail)`: where an outage and its catch-up go (the ledger's markers, rundir/incidents.py)."""
     if not cfg.replica:
         return None
 
@@ -376,9 +379,8 @@ def start_for(cfg, run_dir: Path, writer, views=None, resumed_from: int = 0,
             views.add_replica(step, lag_steps, lag_s)
         except RuntimeError:  # TensorBoard already closed at the end of the run
             pass
-    r = Replicator(cfg.replica, run_dir, keep_last=cfg.keep_last, keep_every=cfg.keep_every,
+    r = Replicator(cfg.replica, run_dir, retention=retention,
                    on_lag=on_lag if views is not None else None, base_delay=BACKOFF_BASE, on_incident=on_incident)
-    spared = writer.protected
-    writer.protected = lambda: (*spared(), *r.protected())
+    retention.spare("replica", r.protected)
     r.supersede(resumed_from)
     return r.start()

@@ -17,8 +17,10 @@ proxy and the next batch — and at each boundary (`cross`) does, in this order:
 Between boundaries `advance` launches step S + 1 on the training thread and meanwhile takes finished records and
 draws the batch after it. Every decision is a pure function elsewhere; this class only sequences them and carries
 them out through its collaborators: the trainer (its thread: snapshots, loads, audits), the checkpoint writer
-(control/commit/writer.py, shards.py), the ledger feed (control/run/ledger_feed.py) and the I/O thread. control/run/runtime.py builds
-it once the run has started and wires it to the event loop.
+(control/commit/writer.py, shards.py), the ledger feed (control/run/ledger_feed.py) and the I/O thread. What reacts
+to an eval, a commit, a rollback, a pivot or the settled step subscribes to it (control/run/observers.py: the
+guard's failed commits, the held-out history, the views, the replica, the notices, the plateau); control/run/runtime.py
+builds the boundary with its observers once the run has started and wires it to the event loop.
 Writes (through the I/O thread): `.loss.json` lines, the checkpoint companions and `.state.json`
 (rundir/sidecars.py), `.samples.json`, `run.toml` after `micro_batch_size = "auto"` decided, and at a pivot or
 rollback what control/mixture/pivot.py and control/guard/rollback.py document.
@@ -29,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 
 import numpy as np
@@ -42,6 +44,7 @@ from andrea.control.run import resume
 from andrea.control.guard import rollback
 from andrea.control.guard.decisions import INCIDENT, SUSPECT, advice
 from andrea.control.mixture.proxy import Batch, DataProxy
+from andrea.control.run.observers import GuardCommits, Observer, Observers
 from andrea.control.run.records import StepRecord, StepRecords
 from andrea.control.run.signals import Requests, boundary_action
 from andrea.control.run.started import Started
@@ -72,9 +75,9 @@ class Boundary:
     sequence at each of its step boundaries. The collaborators come in the started run (control/run/started.py) and beside
     it, so the order can be tested with fakes (tests/unit/control/run/test_boundary.py)."""
 
-    def __init__(self, run: Started, *, req: Requests, records: StepRecords, progress: Progress, views=None,
-                 replicator=None, notify: Callable[..., None] = lambda kind, step, **detail: None,
-                 evaluate: Callable = audit.evaluate, sample: Callable = audit.sample_audits):
+    def __init__(self, run: Started, *, req: Requests, records: StepRecords, progress: Progress,
+                 observers: Iterable[Observer] = (), evaluate: Callable = audit.evaluate,
+                 sample: Callable = audit.sample_audits):
         self.cfg, self.run_dir, self.world = run.cfg, run.run_dir, run.world
         self.step, self.proxy = run.step, run.proxy
         self.start = run.step  # the audits of this step ran before: in the previous process, or the first timeline
@@ -83,9 +86,9 @@ class Boundary:
         self.codec, self.tasks, self.meter = run.codec, run.tasks, run.meter
         self.train, self.io = run.train, run.io  # the training thread (the model's only user) and the FIFO I/O thread
         self.req, self.records, self.progress = req, records, progress
-        self.views = views  # control/observe/views.py: TensorBoard and W&B, when on
-        self.replicator = replicator  # control/replica/replicator.py: told of each commit, uploads on its own thread
-        self.notify = notify  # control/observe/notify.py: Notifier.send (a pivot, a failed write)
+        # told of each eval, commit, rollback, pivot and settled step (control/run/observers.py): the guard's
+        # failed commits and the held-out history first, then what the runtime subscribes (views, replica, notices)
+        self.observers = Observers([GuardCommits(run.guard), run.heldout, *observers])
         self.evaluate, self.sample = evaluate, sample
 
     # --- the sequence ------------------------------------------------------------------------------------
@@ -123,8 +126,7 @@ class Boundary:
                 await self.pivot()
             if self.step != self.start:
                 await self.audit()
-            if self.views is not None:
-                self.views.settle(self.settled_step())
+            self.observers.on_settle(self.settled_step())
             if action.stop:
                 return True
             if self.req.failed:
@@ -228,8 +230,6 @@ class Boundary:
         fence = await asyncio.get_running_loop().run_in_executor(self.train, self.trainer.snapshot,
                                                                  writer.staging[slot])
         writer.stall_seconds.append(time.perf_counter() - t0)
-        if self.views is not None:
-            self.views.add_checkpoint(step, state, writer.stall_seconds[-1])
 
         def before_commit() -> None:  # on the I/O thread: what the `.bin` vouches for is durable before it
             self.feed.ledger.sync()
@@ -242,11 +242,7 @@ class Boundary:
                                    sidecars.json_bytes(self.feed.ledger.seal())})
 
         commit = writer.start_commit(slot, step, fence, before_commit)
-        commit.add_done_callback(lambda fut: self._landed(fut, step))
-        if self.views is not None:
-            commit.add_done_callback(self.views.on_commit)
-        if self.replicator is not None:
-            commit.add_done_callback(self.replicator.notify)
+        self.observers.on_commit(step, commit, state, writer.stall_seconds[-1])
         if self.req.checkpoint_at is not None and step >= self.req.checkpoint_at:
             self.req.checkpoint_at, self.req.landing = None, step
             commit.add_done_callback(lambda _: setattr(self.req, "landing", None))
@@ -276,13 +272,6 @@ class Boundary:
         self.guard.declare(step, f"the ranks disagree on the weights: {reason}")
         return False
 
-    def _landed(self, fut: asyncio.Future, step: int) -> None:
-        """A commit's outcome, on the loop thread: a failed one is never confirmed as the guard's good point."""
-        if fut.cancelled() or fut.exception() is not None or fut.result().error is not None:
-            self.guard.on_commit_failed(step)
-            error = str(fut.exception() or fut.result().error) if not fut.cancelled() else "cancelled"
-            self.notify("write_error", step, message=error, error=error, disk_full="No space left" in error)
-
     # --- pivots (docs/operating.md) ----------------------------------------------------------------------------------
     async def pivot(self) -> None:
         """At the pivot checkpoint: the archive, queued after that checkpoint's commit on the FIFO I/O thread and
@@ -305,8 +294,7 @@ class Boundary:
         self.proxy = DataProxy(new_cfg, self.proxy.arms, phase=phase, phase_start=step)
         self.guard.pivot(step, names.checkpoint_name(step))
         self.proxy.data_offset = self.guard.remedy["data_offset"]
-        self.notify("pivot", step, message=f"pivot at step {step}: phase {phase}", phase=phase,
-                    caps=new_cfg.policy.caps, floors=new_cfg.policy.floors)
+        self.observers.on_pivot(step, phase, new_cfg)
         self.batch = self.proxy.batch(step)
 
     # --- audits --------------------------------------------------------------------------------------------
@@ -321,6 +309,7 @@ class Boundary:
             val = sum(losses.values()) / len(losses)
             target = audit.target_loss(losses, dict(zip(self.proxy.names, self.proxy.policy.target_weights())))
             self.feed.lines.append(marker("eval", step, val_loss=val, target_loss=target, arms=losses))
+            self.observers.on_eval(step, val)
             log.info("step %d val_loss %.4f (%s)", step, val, ", ".join(f"{k} {v:.3f}" for k, v in losses.items()))
         every = cfg.sample.every or cfg.checkpoint.every
         if step > 0 and step % every == 0 and self.codec is not None and cfg.sample.prompts:
@@ -335,11 +324,11 @@ class Boundary:
 
     async def abandon_after(self, step: int) -> list[str]:
         """The abandoned timeline's checkpoints (above `step`): deleted on rank 0's disk after the FIFO I/O thread's
-        earlier work, then unpublished from the replica at its next pass. Returns the names deleted."""
+        earlier work; then the observers are told (the replica unpublishes them at its next pass, their evals leave
+        the held-out history). Returns the names deleted."""
         dropped = (await asyncio.get_running_loop().run_in_executor(self.io, rollback.drop_after, self.run_dir, step)
                    if self.world.leader else [])
-        if self.replicator is not None:
-            self.replicator.supersede(step)
+        self.observers.on_rollback(step)
         return dropped
 
     def _write_audits(self, audits: list[dict]) -> None:

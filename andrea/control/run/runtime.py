@@ -51,7 +51,9 @@ from andrea.control.replica import replicator
 from andrea.control.guard import rollback
 from andrea.control.commit import shards
 from andrea.control.run.boundary import Boundary, RunFailed
+from andrea.control.run.heldout import HeldOut
 from andrea.control.run.ledger_feed import LedgerFeed
+from andrea.control.run.observers import Observer, ToNotices, ToReplica, ToViews
 from andrea.control.mixture.proxy import Batch, DataProxy
 from andrea.control.run.records import StepRecords
 from andrea.control.run.started import Started
@@ -64,6 +66,7 @@ from andrea.control.observe.progress import Progress
 from andrea.rundir import atomic, checkpoint as ckpt, incidents, names
 from andrea.rundir.names import LEDGER_NAME
 from andrea.rundir.ledger import LossLedger, marker
+from andrea.rundir.retention import Retention
 from andrea.rundir.runlock import RunLock
 from andrea.control.run.trainer import Trainer
 from andrea.control.parallel.zero import trainer_for
@@ -195,18 +198,19 @@ class TrainingRun:
         info = None if imported else self.world.broadcast(found[0] if found is not None else None)
         ledger, feed = self.open_ledger(info)
         try:
-            proxy, writer, guard, meter = await self.resume_or_begin(trainer, arms, info, found, imported, feed)
+            proxy, writer, guard, meter, heldout, retention = await self.resume_or_begin(trainer, arms, info, found,
+                                                                                         imported, feed)
         except BaseException:
             ledger.close()  # fsynced and closed as main's clean-up closes a started run's
             raise
         return Started(cfg=self.cfg, run_dir=self.run_dir, world=self.world, step=self.step, trainer=trainer,
                        proxy=proxy, writer=writer, guard=guard, ledger=ledger, feed=feed, codec=codec, tasks=tasks,
-                       meter=meter, train=self.train, io=self.io)
+                       meter=meter, train=self.train, io=self.io, heldout=heldout, retention=retention)
 
     async def resume_or_begin(self, trainer: Trainer, arms, info, found, imported: dict | None, feed: LedgerFeed):
         """The start's second half: the first marker (`start`, or `resume` from this run's checkpoint; the weights of
-        either checkpoint loaded), then the writer and the guard as the checkpoint left them. Returns (proxy, writer,
-        guard, meter)."""
+        either checkpoint loaded), then the guard as the checkpoint left it, the held-out history, the retention
+        policy and the writer. Returns (proxy, writer, guard, meter, heldout, retention)."""
         loop = asyncio.get_running_loop()
         meter = self.mfu_meter(trainer.n)
         measure = {"flops_per_token": meter.flops_token, "peak_flops": meter.peak.flops,
@@ -234,10 +238,6 @@ class TrainingRun:
                 feed.lines.append(marker("resume", info.step, phase=proxy.phase, **measure, **{"from": info.path.name}))
             else:  # --init-from a checkpoint: a new run, continuing that one's w, m and v from its step
                 feed.lines.append(start(info.step, phase=proxy.phase, **{"from": str(info.path.resolve())}))
-        writer = shards.writer_for(self.world, self.run_dir, trainer, self.device, self.io,
-                                   keep_last=self.cfg.checkpoint.keep_last, keep_every=self.cfg.checkpoint.keep_every)
-        if info is not None and info.path.parent == self.run_dir:
-            writer.last_committed = self.step
         guard, warning = rollback.load_guard(self.cfg, info, self.run_dir, (imported or {}).get("from"),
                                              sharing.json_reader(self.world),
                                              lambda p: sharing.from_leader(self.world, Path.exists, p))
@@ -245,9 +245,15 @@ class TrainingRun:
             log.warning("%s", warning)
         if info is not None and proxy.phase > 0 and proxy.phase_start == self.step:  # resumed at a pivot: as
             guard.pivot(self.step, names.checkpoint_name(self.step))  # the hot pivot did (idempotent)
-        writer.protected = guard.protected  # retention never deletes the known-good checkpoint
+        # the held-out history (rank 0 audits) and the one retention policy, built before the writer that uses it
+        heldout = HeldOut.seeded(self.run_dir / LEDGER_NAME, self.step) if self.world.leader else HeldOut()
+        retention = Retention.of(self.cfg.checkpoint, heldout.losses)
+        retention.spare("guard", guard.protected)  # retention never deletes the known-good checkpoint
+        writer = shards.writer_for(self.world, self.run_dir, trainer, self.device, self.io, retention=retention)
+        if info is not None and info.path.parent == self.run_dir:
+            writer.last_committed = self.step
         trainer.lr_scale, proxy.data_offset = guard.remedy["lr_scale"], guard.remedy["data_offset"]
-        return proxy, writer, guard, meter
+        return proxy, writer, guard, meter, heldout, retention
 
     def task_audit(self, codec) -> audit.TaskAudit | None:
         """eval.tasks, made absolute (run.toml keeps it so, whatever the next start's working directory), read
@@ -296,7 +302,7 @@ class TrainingRun:
                 atomic.write_atomic(self.run_dir / names.CONFIG_NAME, self.cfg.to_toml().encode())
             run.feed.flush(force_sync=True)
             if self.world.leader:  # after the start marker is durable: the replica is claimed with it
-                self.replicator = replicator.start_for(self.cfg.checkpoint, self.run_dir, run.writer, self.views,
+                self.replicator = replicator.start_for(self.cfg.checkpoint, self.run_dir, run.retention, self.views,
                                                        resumed_from=self.step,
                                                        on_incident=self.marker_from_thread(loop, run.feed))
             print(f"ready pid={os.getpid()} run_dir={self.run_dir} step={self.step} "
@@ -325,13 +331,21 @@ class TrainingRun:
             lock.release()
             self.notifier.close(self.cfg.notify.timeout_s)
 
+    def observers(self, run: Started) -> list[Observer]:
+        """What the boundary tells of its evals, commits, rollbacks and pivots besides the guard and the held-out
+        history (control/run/observers.py): the views, the replica, the notices."""
+        subscribers: list[Observer] = [ToViews(self.views)] if self.views is not None else []
+        if self.replicator is not None:
+            subscribers.append(ToReplica(self.replicator))
+        return [*subscribers, ToNotices(self.notifier.send)]
+
     async def loop(self, run: Started, stop_at: int) -> int:
         """Boundary, step, boundary, ... until a stop; then everything in flight lands."""
         tc, trainer = self.cfg.train, run.trainer
         records = StepRecords(64, tc.batch_size, self.device)
         progress = Progress(self.step, stop_at, tc.batch_size * self.cfg.model.block_size, tc.log_every)
-        b = self.boundary = Boundary(run, req=self.req, records=records, progress=progress, views=self.views,
-                                     replicator=self.replicator, notify=self.notifier.send)
+        b = self.boundary = Boundary(run, req=self.req, records=records, progress=progress,
+                                     observers=self.observers(run))
         dog = watchdog.Watchdog(self.cfg.watchdog, self.beats, self.stalls.on_stall).start()
         watched = self.beats.watch
         try:

@@ -21,9 +21,11 @@ if TYPE_CHECKING:
     from andrea.control.observe.mfu import Meter
     from andrea.control.parallel.distributed import World
     from andrea.control.parallel.ranks import FollowerLedger
+    from andrea.control.run.heldout import HeldOut
     from andrea.control.run.ledger_feed import LedgerFeed
     from andrea.control.run.trainer import Trainer
     from andrea.rundir.ledger import LossLedger
+    from andrea.rundir.retention import Retention
 
 
 @dataclass
@@ -46,3 +48,5 @@ class Started:
     meter: Meter | None  # tokens/s and MFU over the last steps (control/observe/mfu.py)
     train: Executor  # the training thread: the model's only user
     io: Executor  # the FIFO I/O thread: every file write, in submission order
+    heldout: HeldOut  # the validation losses of the effective timeline (control/run/heldout.py; empty off rank 0)
+    retention: Retention  # the one retention policy, the writer's and the replica's (rundir/retention.py)

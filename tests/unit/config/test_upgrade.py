@@ -9,7 +9,7 @@ import pytest
 from andrea.config.check import ConfigError
 from andrea.config.keepers import NOTIFY_EVENTS
 from andrea.config.load import load
-from andrea.config.upgrade import OLD_NOTIFY_EVENTS, OLD_REPLICA_WAIT, upgrade_run_toml
+from andrea.config.upgrade import LISTED_NOTIFY_EVENTS, OLD_NOTIFY_EVENTS, OLD_REPLICA_WAIT, upgrade_run_toml
 
 REPLICA = "s3://bucket/run"
 
@@ -30,8 +30,22 @@ def test_an_older_run_with_a_replica_starts_again_under_todays_grace_period():
 
 def test_an_older_runs_default_events_become_every_kind_of_today():
     cfg = load(preset="andrea-tiny", base=older_run_toml())
-    assert set(cfg.notify.events) == set(NOTIFY_EVENTS)
-    assert {"quarantine", "resume_below", "replica_down", "replica_back", "rank_mismatch"} <= set(cfg.notify.events)
+    assert cfg.notify.events == ["all"] and all(cfg.notify.sends(kind) for kind in NOTIFY_EVENTS)
+
+
+def test_a_run_toml_listing_every_kind_of_its_day_means_all_and_gets_kinds_added_since(monkeypatch):
+    """The last version that listed the kinds wrote these fourteen into every run.toml: in any order they meant
+    "all", and a kind added after them (a row of andrea/notices.py) reaches the run without a list here."""
+    from andrea import notices
+    monkeypatch.setitem(notices.NOTICE_KINDS, "later_kind", notices.Kind("later_kind", "added by a later version"))
+    for events in (list(LISTED_NOTIFY_EVENTS), list(reversed(LISTED_NOTIFY_EVENTS))):
+        cfg = load(preset="andrea-tiny", base={"notify": {"events": events}})
+        assert cfg.notify.events == ["all"] and cfg.notify.sends("later_kind")
+    fewer = [e for e in LISTED_NOTIFY_EVENTS if e != "pivot"]  # the operator left one out: their choice
+    cfg = load(preset="andrea-tiny", base={"notify": {"events": fewer}})
+    assert cfg.notify.events == fewer and not cfg.notify.sends("later_kind") and not cfg.notify.sends("pivot")
+    doubled = [*LISTED_NOTIFY_EVENTS, "incident"]
+    assert load(preset="andrea-tiny", base={"notify": {"events": doubled}}).notify.events == doubled
 
 
 def test_an_operators_own_values_are_kept():

@@ -91,17 +91,6 @@ def test_failed_commit_leaves_previous_checkpoint_and_no_tmp(tmp_path, monkeypat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000100.bin", "step_000100.sum.json"]
 
 
-@pytest.mark.parametrize("steps, keep_last, keep_every, victims", [
-    ([100, 200, 300, 400, 500, 600, 700], 5, 10_000, [100, 200]),
-    ([9900, 10000, 10100, 10200], 2, 10_000, [9900]),
-    ([10000, 20000, 20100], 1, 10_000, []),
-    ([100, 200, 300], 5, 0, []),
-    ([100, 200, 300], 1, 0, [100, 200]),
-])
-def test_retention_keeps_recent_and_major(steps, keep_last, keep_every, victims):
-    assert ckpt.retention_victims(steps, keep_last, keep_every) == victims
-
-
 def test_a_fifo_at_a_checkpoints_name_is_refused_not_waited_on(tmp_path):
     """Opening a FIFO for reading blocks until a writer comes: `verify step_N.bin` on one used to hang."""
     fifo = tmp_path / names.checkpoint_name(40)

@@ -23,6 +23,7 @@ from andrea.control.commit.writer import CheckpointWriter, staging_image
 from andrea.rundir import checkpoint as ckpt, names
 from andrea.rundir.checkpoint_write import (DIRECT_ALIGN, DirectIO, commit_checkpoint, image_bytes, publish_checkpoint,
                                             write_regions)
+from andrea.rundir.retention import Policy, Retention
 from tests.disks import Disk, payload, refusal_lines
 
 # 8 + 12n: 12,020 bytes (padded to 12,288 for the O_DIRECT write), and 8,192 bytes exactly (no padding at all)
@@ -65,7 +66,7 @@ def test_the_writer_stages_the_snapshot_at_byte_8_of_an_aligned_image_and_commit
     io = ThreadPoolExecutor(1)
 
     async def commit(direct: bool, run_dir: Path):
-        writer = CheckpointWriter(run_dir, n, torch.device("cpu"), io, keep_last=5, keep_every=0, direct=direct)
+        writer = CheckpointWriter(run_dir, n, torch.device("cpu"), io, retention=Retention(Policy(5, 0)), direct=direct)
         writer.staging[1].copy_(torch.from_numpy(payload(n)))  # what Trainer.snapshot does on CPU
         assert writer.staging[1].data_ptr() == writer.images[1].data_ptr() + 8
         return writer, await writer.start_commit(1, 40, None)
@@ -135,7 +136,7 @@ def test_enospc_on_the_o_direct_path_removes_the_tmp_keeps_older_checkpoints_and
     old_bytes = old.read_bytes()
     disk = Disk(monkeypatch, full_after=2 * DIRECT_ALIGN)  # the disk fills two blocks into the new file
     io = ThreadPoolExecutor(1)
-    writer = CheckpointWriter(tmp_path, n, torch.device("cpu"), io, keep_last=5, keep_every=0)
+    writer = CheckpointWriter(tmp_path, n, torch.device("cpu"), io, retention=Retention(Policy(5, 0)))
 
     async def commit(step: int):
         writer.staging[step // 10 % 2].copy_(torch.from_numpy(payload(n, step)))

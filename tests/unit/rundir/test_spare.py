@@ -19,6 +19,7 @@ import torch
 from andrea.control.commit.writer import CheckpointWriter
 from andrea.rundir import checkpoint as ckpt, names, spare
 from andrea.rundir.checkpoint_write import commit_checkpoint
+from andrea.rundir.retention import Policy, Retention
 from tests.disks import Disk, payload
 
 N = 1001  # 8 + 12n = 12,020 bytes: the O_DIRECT image is padded past the end, then truncated
@@ -34,7 +35,7 @@ def reference(tmp_path, step: int) -> bytes:
 def commits(run_dir, steps, keep_last=1):
     """Commit `steps` through the trainer's writer (retention keep_last, no major checkpoints)."""
     io = ThreadPoolExecutor(1)
-    writer = CheckpointWriter(run_dir, N, torch.device("cpu"), io, keep_last=keep_last, keep_every=0)
+    writer = CheckpointWriter(run_dir, N, torch.device("cpu"), io, retention=Retention(Policy(keep_last, 0)))
 
     async def go():
         out = []

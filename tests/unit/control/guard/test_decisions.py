@@ -13,8 +13,8 @@ from andrea.config.keepers import GuardConfig
 from andrea.config.load import load
 from andrea.control.guard.decisions import (HEALTHY, INCIDENT, SUSPECT, Guard, GuardStateError, advice, band,
                                             ledger_summary, most_tentative, spacing, thin)
-from andrea.rundir.checkpoint import retention_victims
 from andrea.rundir.ledger import history
+from andrea.rundir.retention import Policy, victims
 
 
 def healthy_curve(n: int, seed: int = 0) -> list[tuple[float, float]]:
@@ -151,7 +151,7 @@ def test_a_checkpoint_becomes_known_good_after_quiet_steps_and_is_protected():
     assert g.good["step"] == 0
     g.observe(30, 5.0, 1.0)
     assert g.good["step"] == 20 and g.protected() == {20}
-    assert retention_victims([20, 40, 60], keep_last=1, keep_every=0, protect=g.protected()) == [40]
+    assert victims([20, 40, 60], Policy(keep_last=1), g.protected()) == [40]
 
 
 def test_confirmation_waits_for_the_detector_to_be_quiet():

@@ -20,6 +20,7 @@ from andrea.config.keepers import GuardConfig
 from andrea.control.guard.decisions import INCIDENT, Guard
 from andrea.control.commit.writer import CheckpointWriter
 from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir.retention import Policy, Retention
 
 N = 64  # parameters per checkpoint: 8 + 12·64 bytes, enough to tell the files apart
 HEALTHY = (5.0, 1.0)  # (loss, grad norm): a flat healthy record, never anomalous
@@ -31,15 +32,17 @@ def payload(step: int) -> np.ndarray:
 
 
 class Run:
-    """A Guard and a CheckpointWriter wired as control/run/runtime.py wires them (writer.protected = guard.protected),
+    """A Guard and a CheckpointWriter wired as control/run/runtime.py wires them (the guard spares its steps in the
+    run's one retention policy, handed to the writer),
     stepped by hand: `records(a, b)` feeds healthy records a..b, `commit(s)` commits step s through the gate."""
 
     def __init__(self, run_dir, cfg: GuardConfig, *, wired: bool = True):
         self.run_dir, self.guard = run_dir, Guard(cfg)
         self.io = ThreadPoolExecutor(1)
-        self.writer = CheckpointWriter(run_dir, N, torch.device("cpu"), self.io, keep_last=1, keep_every=0)
+        retention = Retention(Policy(keep_last=1))
         if wired:
-            self.writer.protected = self.guard.protected
+            retention.spare("guard", self.guard.protected)
+        self.writer = CheckpointWriter(run_dir, N, torch.device("cpu"), self.io, retention=retention)
 
     def records(self, first: int, last: int) -> None:
         for step in range(first, last + 1):
@@ -140,21 +143,25 @@ def test_a_checkpoint_whose_commit_failed_never_becomes_the_known_good_point(mak
 
 
 def test_the_boundary_tells_the_guard_of_a_failed_commit():
+    """The guard's subscription to the boundary's commits (control/run/observers.py `GuardCommits`, which every
+    Boundary subscribes first): a landed commit stays a candidate, a failed one is dropped."""
     from types import SimpleNamespace
 
-    from andrea.control.run.boundary import Boundary
-    run = Boundary.__new__(Boundary)  # only the commit callback: no loop, no trainer
-    run.guard = Guard(GuardConfig(confirm_steps=5))
-    run.notify = lambda kind, step, **detail: None  # the operator's notices (control/observe/notify.py): not this test's
-    run.guard.on_checkpoint(20, names.checkpoint_name(20))
+    from andrea.control.run.observers import GuardCommits
+    guard = Guard(GuardConfig(confirm_steps=5))
+    observer = GuardCommits(guard)
+    guard.on_checkpoint(20, names.checkpoint_name(20))
     loop = asyncio.new_event_loop()
+
+    async def commit(error):
+        fut = loop.create_future()
+        observer.on_commit(20, fut, {}, 0.0)
+        fut.set_result(SimpleNamespace(error=error))
+        await asyncio.sleep(0)  # the done-callbacks run on the loop
     try:
-        landed, failed = loop.create_future(), loop.create_future()
-        landed.set_result(SimpleNamespace(error=None))
-        run._landed(landed, 20)
-        assert [t["step"] for t in run.guard.tentative] == [20]
-        failed.set_result(SimpleNamespace(error="step_000020.bin: checkpoint write failed: No space left on device"))
-        run._landed(failed, 20)
-        assert run.guard.tentative == []
+        loop.run_until_complete(commit(None))
+        assert [t["step"] for t in guard.tentative] == [20]
+        loop.run_until_complete(commit("step_000020.bin: checkpoint write failed: No space left on device"))
+        assert guard.tentative == []
     finally:
         loop.close()

@@ -232,6 +232,31 @@ def test_a_notify_command_whose_program_is_missing_is_refused_before_the_run_sta
         "'no-such-program-andrea-test' found"]
 
 
-def test_every_event_kind_is_documented_where_the_format_is_written():
-    from andrea.control.observe import notify
-    assert all(f"{kind} " in notify.__doc__ for kind in NOTIFY_EVENTS)
+def test_every_event_kind_is_a_row_of_the_generated_table_and_named_by_the_refusal():
+    from andrea import notices
+    table = notices.table()
+    assert all(f"| `{kind}` |" in table for kind in NOTIFY_EVENTS)
+    with pytest.raises(ConfigError) as err:
+        NotifyConfig(events=["incident", "lion"])
+    assert "'lion'" in str(err.value) and all(kind in str(err.value) for kind in ("all", *NOTIFY_EVENTS))
+
+
+def test_all_sends_a_kind_added_after_the_run_toml_was_written_and_a_list_does_not(inbox, tmp_path, monkeypatch):
+    from andrea import notices
+    monkeypatch.setitem(notices.NOTICE_KINDS, "plateau_test", notices.Kind("plateau_test", "a kind of a later version"))
+    every = Notifier(NotifyConfig(url=inbox.url), tmp_path)  # the default: ["all"]
+    listed = Notifier(NotifyConfig(url=inbox.url, events=list(NOTIFY_EVENTS)), tmp_path)
+    for n in (every, listed):
+        n.send("plateau_test", 5, message="x")
+        n.send("incident", 6, message="x")
+        n.close(30)
+    assert NotifyConfig().events == ["all"]
+    assert [(e["event"], e["step"]) for e in inbox.events] == [("plateau_test", 5), ("incident", 6), ("incident", 6)]
+
+
+def test_every_marker_with_a_message_is_a_notice_kind_and_every_last_word_is_a_kind():
+    from andrea.control.observe.notify import LAST_WORDS
+    from andrea.rundir.markers import MARKERS
+    with_message = [m.name for m in MARKERS.values() if m.notice is not None]
+    assert with_message and all(name in NOTIFY_EVENTS for name in with_message)
+    assert set(LAST_WORDS) == {"finished", "stopped", "failed", "stall"}

@@ -15,6 +15,7 @@ from andrea.control.commit.shards import ShardedCheckpointWriter, writer_for
 from andrea.control.parallel.distributed import World, shard_bounds
 from andrea.rundir import checkpoint as ckpt, checksum, names
 from andrea.rundir.checkpoint_write import commit_checkpoint
+from andrea.rundir.retention import Policy, Retention
 from tests.sharding import released_spare, run_ranks
 
 T, F = True, False
@@ -133,7 +134,7 @@ def commit_gathered(dirs, n: int, payload: np.ndarray, step: int = 7, before_com
     def rank(world):
         world.shared_dir, world.view = False, world.rank
         writer = writer_for(world, dirs[world.rank], type("T", (), {"n": n})(), torch.device("cpu"), None,
-                            keep_last=5, keep_every=0)
+                            retention=Retention(Policy(5, 0)))
         assert isinstance(writer, GatheredCheckpointWriter)
         lo, hi = shard_bounds(n, world.size, world.rank)
         for region, view in enumerate(writer.staging[0]):
@@ -183,4 +184,4 @@ def test_a_failed_write_on_rank_0_reaches_every_rank_and_leaves_no_tmp(tmp_path)
 def test_a_shared_directory_keeps_the_sharded_commit():
     world = World(0, 2)
     assert isinstance(writer_for(world, None, type("T", (), {"n": 3000})(), torch.device("cpu"), None,
-                                 keep_last=5, keep_every=0), ShardedCheckpointWriter)
+                                 retention=Retention(Policy(5, 0))), ShardedCheckpointWriter)

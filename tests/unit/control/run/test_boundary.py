@@ -25,7 +25,9 @@ from andrea.config import schema as config, load as configload
 from andrea.control.guard import rollback
 from andrea.control.run.boundary import Boundary, RunFailed
 from andrea.control.guard.decisions import Guard
+from andrea.control.run.heldout import HeldOut
 from andrea.control.run.ledger_feed import LedgerFeed
+from andrea.control.run.observers import ToNotices, ToReplica, ToViews
 from andrea.control.mixture.proxy import DataProxy
 from andrea.control.run.records import StepRecords
 from andrea.control.run.signals import Requests
@@ -36,6 +38,7 @@ from andrea.control.observe import watchdog
 from andrea.control.observe.progress import Progress
 from andrea.rundir import checkpoint as ckpt, names, sidecars
 from andrea.rundir.checkpoint_write import commit_checkpoint
+from andrea.rundir.retention import Policy, Retention
 from andrea.control.run.trainer import StepOutput
 from tests.sharding import run_ranks
 
@@ -103,7 +106,6 @@ class Writer:
         self.staging = [torch.zeros(3 * N) for _ in range(2)]
         self.last_committed, self.first_error = None, None
         self.stall_seconds: list[float] = []
-        self.protected = tuple
         self._busy: list = []
 
     async def free_slot(self) -> int:
@@ -168,7 +170,8 @@ def make_boundary(tmp_path: Path, cfg: config.RunConfig, *, step: int = 0, nan_a
     run = Started(cfg=cfg, run_dir=tmp_path, world=world or World(), step=step, trainer=trainer,
                   proxy=DataProxy(cfg, arms, phase_start=step), writer=Writer(tmp_path, io, events, set(fail), writes, hold),
                   guard=Guard(cfg.guard, good_step=step), ledger=ledger, feed=LedgerFeed(ledger, io), codec=None,
-                  tasks=None, meter=None, train=train, io=io)
+                  tasks=None, meter=None, train=train, io=io, heldout=HeldOut(),
+                  retention=Retention(Policy(cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)))
     b = Boundary(run, req=Requests(), records=records, progress=Progress(step, 10_000, 1, 10_000), **kw)
     b.events = events
     return b
@@ -226,7 +229,7 @@ def test_the_views_never_settle_a_step_past_the_newest_checkpoint_on_disk(tmp_pa
     # then a SIGKILL resumes from the start, and W&B must not yet have shown steps that run would supersede.
     slow = threading.Event()
     views = SettleViews()
-    b = make_boundary(tmp_path, make_cfg(checkpoint={"every": 5}), hold={5: slow}, views=views)
+    b = make_boundary(tmp_path, make_cfg(checkpoint={"every": 5}), hold={5: slow}, observers=[ToViews(views)])
     views.writer = b.writer
     seen_good = []
 
@@ -255,7 +258,14 @@ def test_a_stop_request_checkpoints_the_step_it_arrives_in_and_stops_there(tmp_p
 
 
 def test_a_non_finite_step_shuts_the_gate_and_the_rollback_reloads_the_known_good_state(tmp_path, monkeypatch):
-    b = make_boundary(tmp_path, make_cfg(checkpoint={"every": 5, "keep_last": 10}), nan_at={12})
+    class Replicator:  # control/replica/replicator.py as the boundary sees it: told of commits and of the rollback
+        def notify(self, *_) -> None:
+            pass
+
+        def supersede(self, step: int) -> None:
+            b.events.append(("supersede", step))
+    b = make_boundary(tmp_path, make_cfg(checkpoint={"every": 5, "keep_last": 10}), nan_at={12},
+                      observers=[ToReplica(Replicator())])
     for name in ("write_companion", "drop_after"):  # the rollback's file side, observed in the event order
         real = getattr(rollback, name)
 
@@ -265,14 +275,6 @@ def test_a_non_finite_step_shuts_the_gate_and_the_rollback_reloads_the_known_goo
             return result
 
         monkeypatch.setattr(rollback, name, observed)
-
-    class Replicator:  # control/replica/replicator.py as the boundary sees it: told of commits and of the rollback
-        def notify(self, *_) -> None:
-            pass
-
-        def supersede(self, step: int) -> None:
-            b.events.append(("supersede", step))
-    b.replicator = Replicator()
     asyncio.run(drive(b, 20))
     incident = b.events.index(("line", "incident", 12))
     assert all(e[1] < 12 for e in b.events[:incident] if e[0] == "commit")  # the gate shut at the NaN
@@ -376,7 +378,8 @@ def test_on_separate_disks_rank_1_takes_rank_0s_rollback_state_and_policy_and_ne
 def test_a_failed_write_and_a_pivot_are_notices(tmp_path):
     sent = []
     cfg = make_cfg(checkpoint={"every": 4, "usr1": "step"})
-    b = make_boundary(tmp_path, cfg, fail={4}, notify=lambda kind, step, **detail: sent.append((kind, step, detail)))
+    b = make_boundary(tmp_path, cfg, fail={4},
+                      observers=[ToNotices(lambda kind, step, **detail: sent.append((kind, step, detail)))])
     new = configload.from_dict({**cfg.to_dict(), "policy": {"caps": {cfg.data.arms[0]: 0.2}}})
 
     def ask(b):
