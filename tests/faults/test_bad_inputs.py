@@ -380,6 +380,9 @@ DEVICE_CASES = {  # name -> (train args, the machine as the test makes it, words
     "--device cuda without a CUDA device": (["--device", "cuda"], _hide_cuda, ["train.device=cuda", "--device cpu"]),
     "--kernels triton without Triton": (["--kernels", "triton"], _hide_triton,
                                         ["train.kernels=triton", "Triton cannot be imported", "--kernels torch"]),
+    # on a CPU Triton runs only in its interpreter (~1000x slower), never unless TRITON_INTERPRET asks for it
+    "--kernels triton on a CPU": (["--kernels", "triton", "--device", "cpu"], lambda tmp_path: {"TRITON_INTERPRET": "0"},
+                                  ["train.kernels=triton on a CPU", "--kernels torch"]),
 }
 
 
