@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from andrea.rundir import checkpoint as ckpt
+from andrea.rundir.runlock import is_locked
 
 
 def note(run_dir: Path, step: int, target: int, from_flag: bool) -> str | None:
@@ -25,9 +26,10 @@ def note(run_dir: Path, step: int, target: int, from_flag: bool) -> str | None:
 
 
 def reached(run_dir: Path, target: int) -> int | None:
-    """The newest checkpoint's step when it is at or past `target` and valid (checksum included); else None."""
+    """The newest checkpoint's step when it is at or past `target` and valid (checksum included); else None. A
+    run another trainer holds is left to the start's lock, which refuses it naming that trainer."""
     found = ckpt.list_checkpoints(run_dir)
-    if not found or found[-1][0] < target:
+    if not found or found[-1][0] < target or is_locked(run_dir):
         return None
     try:
         return ckpt.validate(found[-1][1], deep=True).step
