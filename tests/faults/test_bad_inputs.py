@@ -437,7 +437,7 @@ def test_a_run_life_command_on_a_directory_that_is_not_a_run_is_refused_in_one_l
 def test_status_answers_for_a_prepared_run_and_for_a_stopped_one(prepared, trained_copy, tmp_path):
     fresh = seed_data(prepared, tmp_path / "prepared")  # tokenizer.json and data/, as a first start leaves them
     for run, state, step in ((fresh, "prepared", None), (trained_copy, "stopped", 20)):
-        result = andrea_here("status", str(run))
+        result = andrea_here("status", str(run), "--json")
         assert result.returncode == 0, result.stderr[-2000:]
         st = json.loads(result.stdout)
         assert (st["state"], st["step"], st["running"]) == (state, step, False), st
