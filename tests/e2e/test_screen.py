@@ -62,10 +62,12 @@ def test_outside_a_terminal_a_banner_then_the_first_progress_line_at_the_first_s
     said = [line.split(": ", 1)[1] for line in result.stderr.splitlines() if ": " in line]
     first = [s for s in said if s.startswith("step ")]
     assert first and first[0].startswith("step 1/3 loss "), result.stderr[-3000:]
-    banner = {s.split(":", 1)[0]: s for s in said if s.split(":", 1)[0] in ("model", "batch", "cadence", "target")}
-    assert banner["model"].startswith("model: andrea-tiny (gpt2), 169,728 parameters"), banner
-    assert "8 x 64 = 512 tokens per step" in banner["batch"], banner
-    assert f"a checkpoint every 1,000 steps" in banner["cadence"] and f"checkpoints in {run}" in banner["cadence"]
+    banner = {s.split(":", 1)[0]: s for s in said if s.split(":", 1)[0] in ("model", "batch", "checkpoints",
+                                                                           "target")}
+    assert banner["model"].startswith("model: andrea-tiny (gpt2), 169,728 params"), banner
+    assert "8 x 64 = 512 tokens/step" in banner["batch"], banner
+    assert banner["checkpoints"].startswith(f"checkpoints: every 1,000 steps (last 5 kept, and every 10,000th) in {run}")
+    assert "replica: none" in banner["checkpoints"], banner
     assert banner["target"].startswith("target: step 3 from scratch (3 steps, 1,536 tokens"), banner
     # the banner precedes the first step
     assert result.stderr.index("target: step 3") < result.stderr.index("step 1/3")

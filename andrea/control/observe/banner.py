@@ -36,16 +36,15 @@ def lines(cfg: RunConfig, *, preset: str | None, n_params: int, step: int, stop_
     ranks = f" on {world_size} ranks" if world_size > 1 else ""
     schedule = getattr(tc, "schedule", "cosine")  # the LR schedule's shape where the schema names one
     opt = tc.optimizer + (f" (Muon lr {tc.muon_lr:g} on the hidden matrices)" if tc.optimizer == "muon" else "")
-    replica = ck.replica or "none (checkpoint.replica)"
+    replica = ck.replica or "none (checkpoint.replica sets one)"
     begin = "from scratch" if step == 0 else f"from step {step:,}"
     return [
-        f"model: {what}, {n_params:,} parameters: {m.n_layer} layers x {m.n_embd}, {m.n_head} heads, "
-        f"context {m.block_size}, vocabulary {m.vocab_size:,}; device {device}, kernels {kernels}{ranks}",
-        f"batch: {tc.batch_size} x {m.block_size} = {tokens:,} tokens per step; {opt}, lr {tc.lr:g} after "
+        f"model: {what}, {n_params:,} params: {m.n_layer} layers x {m.n_embd}, {m.n_head} heads, context "
+        f"{m.block_size}, vocab {m.vocab_size:,}; {device}, {kernels} kernels{ranks}",
+        f"batch: {tc.batch_size} x {m.block_size} = {tokens:,} tokens/step; {opt}, lr {tc.lr:g} after "
         f"{tc.warmup_steps:,} warm-up steps, {schedule} to {tc.min_lr:g} at step {tc.lr_decay_steps:,}",
-        f"cadence: a progress line every {tc.log_every} steps, a checkpoint every {ck.every:,} steps (the last "
-        f"{ck.keep_last} kept, and every {ck.keep_every:,}th); checkpoints in {run_dir}; replica {replica}",
-        f"target: step {stop_at:,} {begin} ({max(stop_at - step, 0):,} steps, "
-        f"{max(stop_at - step, 0) * tokens:,} tokens; `--steps N` moves it); "
-        "the time to it is said once the first steps are timed",
+        f"checkpoints: every {ck.every:,} steps (last {ck.keep_last} kept, and every {ck.keep_every:,}th) in "
+        f"{run_dir}; replica: {replica}; progress every {tc.log_every} steps",
+        f"target: step {stop_at:,} {begin} ({max(stop_at - step, 0):,} steps, {max(stop_at - step, 0) * tokens:,} "
+        "tokens; `--steps N` moves it); the ETA follows once steps are timed",
     ]
