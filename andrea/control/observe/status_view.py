@@ -70,8 +70,10 @@ def view(report: dict[str, Any]) -> list[str]:
         lines.append(f"pace      {_num(p.get('seconds_per_step'), '.3g')} s/step"
                      + (f", MFU {100 * mfu:.1f} %" if mfu is not None else "")
                      + (f", {p['tokens']:,} tokens seen" if p.get("tokens") is not None else ""))
+        at_target = target is not None and report["step"] >= target
         lines.append(f"time      {duration(p.get('elapsed_s'))} since the first step, "
-                     + (f"{duration(p.get('eta_s'))} to the target at this pace" if p.get("eta_s") is not None
+                     + ("at its target (`--steps N` trains further)" if at_target
+                        else f"{duration(p.get('eta_s'))} to the target at this pace" if p.get("eta_s") is not None
                         else "no pace yet"))
     lines.append(f"saved     {report.get('newest_checkpoint') or 'no checkpoint yet'}"
                  + (f" ({len(report['not_whole'])} not whole: `andrea verify`)" if report.get("not_whole") else ""))
@@ -91,6 +93,6 @@ def view(report: dict[str, Any]) -> list[str]:
     else:
         lines.append("incident  none")
     if report.get("phase"):
-        lines.append(f"phase     {report['phase']} (pivots so far)")
+        lines.append(f"phase     {report['phase']} (a pivot or a policy change starts the next)")
     lines.append("more: `andrea status RUN_DIR --json` (arms' shares, data, guard, replica, W&B)")
     return lines
