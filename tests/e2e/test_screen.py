@@ -66,8 +66,8 @@ def test_outside_a_terminal_a_banner_then_the_first_progress_line_at_the_first_s
                                                                            "target")}
     assert banner["model"].startswith("model: andrea-tiny (gpt2), 169,728 params"), banner
     assert "8 x 64 = 512 tokens/step" in banner["batch"], banner
-    assert banner["checkpoints"].startswith(f"checkpoints: every 1,000 steps (last 5 kept, and every 10,000th) in {run}")
-    assert "replica: none" in banner["checkpoints"], banner
-    assert banner["target"].startswith("target: step 3 from scratch (3 steps, 1,536 tokens"), banner
+    assert banner["checkpoints"] == f"checkpoints: every 1,000 steps into {run} (last 5 kept + every 10,000th); " \
+                                    "replica: none", banner
+    assert banner["target"].startswith("target: step 3 from scratch: 3 steps, 1.54K tokens"), banner
     # the banner precedes the first step
     assert result.stderr.index("target: step 3") < result.stderr.index("step 1/3")

@@ -32,19 +32,28 @@ def lines(cfg: RunConfig, *, preset: str | None, n_params: int, step: int, stop_
     """The banner's lines, in the order an operator asks: what, how fast it learns, how often it saves, where, until when."""
     m, tc, ck = cfg.model, cfg.train, cfg.checkpoint
     tokens = tc.batch_size * m.block_size
-    what = f"{preset} ({m.arch})" if preset else f"a custom {m.arch} model"
+    what = (preset if m.arch in preset else f"{preset} ({m.arch})") if preset else f"a custom {m.arch} model"
     ranks = f" on {world_size} ranks" if world_size > 1 else ""
     schedule = getattr(tc, "schedule", "cosine")  # the LR schedule's shape where the schema names one
-    opt = tc.optimizer + (f" (Muon lr {tc.muon_lr:g} on the hidden matrices)" if tc.optimizer == "muon" else "")
-    replica = ck.replica or "none (checkpoint.replica sets one)"
+    opt = (f"muon lr {tc.muon_lr:g} + adamw" if tc.optimizer == "muon" else tc.optimizer)  # Muon: hidden matrices
+    replica = ck.replica or "none"
     begin = "from scratch" if step == 0 else f"from step {step:,}"
+    left = max(stop_at - step, 0)
     return [
-        f"model: {what}, {n_params:,} params: {m.n_layer} layers x {m.n_embd}, {m.n_head} heads, context "
-        f"{m.block_size}, vocab {m.vocab_size:,}; {device}, {kernels} kernels{ranks}",
-        f"batch: {tc.batch_size} x {m.block_size} = {tokens:,} tokens/step; {opt}, lr {tc.lr:g} after "
-        f"{tc.warmup_steps:,} warm-up steps, {schedule} to {tc.min_lr:g} at step {tc.lr_decay_steps:,}",
-        f"checkpoints: every {ck.every:,} steps (last {ck.keep_last} kept, and every {ck.keep_every:,}th) in "
-        f"{run_dir}; replica: {replica}; progress every {tc.log_every} steps",
-        f"target: step {stop_at:,} {begin} ({max(stop_at - step, 0):,} steps, {max(stop_at - step, 0) * tokens:,} "
-        "tokens; `--steps N` moves it); the ETA follows once steps are timed",
+        f"model: {what}, {n_params:,} params ({m.n_layer} layers, d {m.n_embd}, {m.n_head} heads, ctx "
+        f"{m.block_size}, vocab {m.vocab_size:,}); {device}/{kernels}{ranks}",
+        f"batch: {tc.batch_size} x {m.block_size} = {tokens:,} tokens/step; {opt} lr {tc.lr:g}, "
+        f"{tc.warmup_steps:,} warm-up steps, {schedule} to {tc.min_lr:g} at {tc.lr_decay_steps:,}",
+        f"checkpoints: every {ck.every:,} steps into {run_dir} (last {ck.keep_last} kept + every "
+        f"{ck.keep_every:,}th); replica: {replica}",
+        f"target: step {stop_at:,} {begin}: {left:,} steps, {count(left * tokens)} tokens (`--steps N` moves it); "
+        f"log every {tc.log_every}",
     ]
+
+
+def count(n: int) -> str:
+    """3.26B, 30.7M, 512: a token count at a glance."""
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
