@@ -14,7 +14,9 @@
 This module parses and dispatches; each command's body is in andrea/commands/ (train.py, prepare.py, info.py,
 checkpoints.py: verify, sample, export; evaluate.py, restore.py, operate.py), imported when the command runs.
 Every user error is one line on stderr, `andrea: error: …`, and a non-zero exit: 2 for a bad configuration
-or command line, 1 for anything else (andrea/errors.py: `UserError`, and an OSError).
+or command line (argparse's refusals too: a mistyped command names the closest one), 1 for anything else
+(andrea/errors.py: `UserError`, and an OSError). Every flag's help says its default (`Help`); a reader that closes
+stdout early (`andrea status RUN | head -1`) ends the command quietly, exit 0.
 """
 
 from __future__ import annotations
