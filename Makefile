@@ -6,15 +6,22 @@ PRESET ?= andrea-12m
 RUN_DIR ?= runs/$(PRESET)
 ARGS ?=
 
-.PHONY: train test quick durations faults chaos mutants bench venv clean kernels-gpu-triton compile-check
+.PHONY: train test quick durations faults chaos mutants bench venv venv-test clean kernels-gpu-triton compile-check
 
+# Two install markers: `make train` installs what training needs (andrea and its dependencies: `pip install -e .`),
+# everything else here the test extras too (pytest, SeaweedFS, wandb, transformers, pandas: `.[test]`).
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
 venv: $(VENV)/.installed
+venv-test: $(VENV)/.installed-test
 
 # Trains (or resumes) the default model on the embedded corpus; Ctrl-C stops with a checkpoint.
 train: venv
@@ -26,13 +33,13 @@ train: venv
 # workers. --no-loadscope-reorder hands the files out in collection order, the longest first by the durations
 # record (tests/durations.json; tests/conftest.py), so no worker is left alone on a long file at the end.
 # --durations=12 prints the slowest tests of every run: what to look at when the suite grows (<= 10 min).
-test: venv
+test: venv-test
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder -m "not slow" --durations=12 $(ARGS)
 
 # Regenerates the durations record that orders `make test` (tests/durations.py): the suite as `make test` runs it,
 # every test's time into build/durations.txt, then each file's seconds into tests/durations.json (commit it).
 # ARGS=tests/e2e/test_x.py measures and updates that file's entry alone.
-durations: venv
+durations: venv-test
 	@mkdir -p build
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder -m "not slow" --durations=0 \
 	    $(ARGS) > build/durations.txt || true
@@ -41,11 +48,11 @@ durations: venv
 # The development loop: the unit tests only (no trainer process, no compile check; ~1 min on 2 cores). `make test`
 # runs them too, with everything else.
 QUICK ?= tests/unit
-quick: venv
+quick: venv-test
 	$(PY) -m pytest -q -n auto --maxprocesses 2 --dist load -m "not slow" $(QUICK) $(ARGS)
 
 # The long fault campaign: >= 200 SIGKILLs and every bad input, printed as one table.
-faults: venv
+faults: venv-test
 	ANDREA_FAULT_KILLS=200 $(PY) -m pytest -q -s tests/faults $(ARGS)
 
 # The chaos run: one andrea run meets every fault (SIGTERM, a poisoned step, SIGKILL, a hung torchrun rank, a flipped
@@ -54,21 +61,21 @@ faults: venv
 # incident on the record, recovery seconds, goodput (bench/chaos.py, docs/benchmarks.md). Opt-in, like `make faults`;
 # the default takes about (faults + 1) minutes twice. CHAOS="--preset andrea-tiny --every 6" for a quick one.
 CHAOS ?= --preset andrea-12m --every 60 --checkpoint-every 1
-chaos: venv
+chaos: venv-test
 	$(PY) bench/chaos.py $(CHAOS) $(ARGS)
 
 # Mutations of the durable paths and the step boundary's order, one at a time in a scratch copy, each followed by
 # the tests that should catch it: one table, exit 0 only if every one is caught (tests/mutants.py; ~7 min on 2
 # cores). Opt-in, like `make faults`.
-mutants: venv
+mutants: venv-test
 	$(PY) -m tests.mutants $(ARGS)
 
 # Every Triton kernel at every launch configuration compiled for sm_80, sm_89 and sm_90 on this CPU, one table
 # (andrea/kernels/compile_check.py; ~1.5 min on 2 cores). `make test` compiles for sm_89 and sm_90.
-compile-check: venv
+compile-check: venv-test
 	TRITON_INTERPRET=0 $(PY) -m andrea.kernels.compile_check $(ARGS)
 
-bench: venv
+bench: venv-test
 	$(PY) bench/checkpoint.py --preset andrea-12m
 	$(PY) bench/train.py
 
@@ -78,7 +85,7 @@ bench: venv
 # .pth file. Needs the network once; ~2 min on 2 cores. Opt-in, like `make faults`.
 TRITON_GPU_IMAGE ?= 3.6.0
 TRITON_VENV ?= build/triton36-venv
-kernels-gpu-triton: venv
+kernels-gpu-triton: venv-test
 	@test -f $(TRITON_VENV)/.installed || { \
 	    $$($(PY) -c 'import sys; print(sys._base_executable)') -m venv $(TRITON_VENV) \
 	    && $(TRITON_VENV)/bin/pip install --quiet "triton==$(TRITON_GPU_IMAGE)" "numpy<2.4" \

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from andrea.commands.run_config import DEFAULT_PRESET
+from andrea.commands.run_config import DEFAULT_PRESET, say_default_preset
 from andrea.config import load as configload
 from andrea.rundir import checkpoint as ckpt
 
@@ -26,8 +26,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         overrides.append(f"train.micro_batch_size={args.micro_batch_size}")
     if args.activation_checkpointing:
         overrides.append('train.activation_checkpointing="blocks"')
-    cfg = configload.load(preset=args.preset if args.preset or args.config else DEFAULT_PRESET,
-                          config_file=args.config, overrides=overrides)
+    preset = args.preset if args.preset or args.config else DEFAULT_PRESET
+    if preset != args.preset:
+        say_default_preset()
+    cfg = configload.load(preset=preset, config_file=args.config, overrides=overrides)
     layout = layout_for(cfg.model)
     n = n_params(layout)
     tc = cfg.train
@@ -36,7 +38,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                           activation_checkpointing=tc.activation_checkpointing, device=args.device,
                           optimizer_workspace=workspace)
     flops = model_flops_per_token(cfg.model, n)  # andrea/control/observe/mfu.py (PaLM's 6N + 12LHQT)
-    print(json.dumps({"preset": args.preset, "arch": cfg.model.arch, "n_params": n,
+    print(json.dumps({"preset": preset, "arch": cfg.model.arch, "n_params": n,
                       "checkpoint_bytes": ckpt.checkpoint_bytes(n),
                       "flops_per_token": flops, "flops_per_step": flops * tc.batch_size * cfg.model.block_size,
                       "memory": est.as_dict(),

@@ -1,10 +1,11 @@
 """A run's life from the command line: status, ctl, pivot, branch, compare, plot.
 
-    status   RUN_DIR                       step, newest checkpoint, loss EMA, arms' shares, phase, trainer pid
+    status   RUN_DIR [--json]              a dozen lines (control/observe/status_view.py), or the whole report, trainer pid
     ctl      RUN_DIR checkpoint|stop|status [--timeout S]   a running trainer: SIGUSR1, SIGTERM, or the status
     pivot    RUN_DIR --policy NEW.toml     new caps/floors; a running trainer gets it by SIGHUP (hot pivot)
     branch   RUN_DIR --step S --to NEW_DIR [--config F] [--set k=v]   an audit branch from step_S.bin
     compare  DIR_A DIR_B [--out PNG]       both loss curves from the branch point; which is lower at the end
+                                           (the picture: compare.png in the working directory without --out)
     plot     RUN_DIR --out PNG             the loss curve with resumes, pivots and branches marked
 Reads and writes run directories as laid out in rundir/names.py (docs/operating.md); appends markers to
 `.loss.json`. A path that is not a run directory (rundir/inspect.py, `run_dir_problem`) is one `andrea: error:`
@@ -29,6 +30,7 @@ from andrea.config.schema import RunConfig
 from andrea.config.check import ConfigError
 from andrea.control.mixture import pivot
 from andrea.control.guard.decisions import ledger_summary
+from andrea.control.observe import status_view
 from andrea.data.manifest import data_status
 from andrea.rundir import checkpoint as ckpt, incidents, inspect, sidecars
 from andrea.control.replica import remote as replica
@@ -53,7 +55,12 @@ def run_status(run_dir: Path) -> dict:
     steps = history(entries)
     state = sidecars.read_json(run_dir / STATE_NAME) or {}
     ema = loss_ema(steps)
-    st.update({"loss_ema": ema[-1][1] if ema else None, "phase": state.get("phase"),
+    evals = live_markers(entries, "eval")
+    st.update({"loss_ema": ema[-1][1] if ema else None,
+               "val_loss": evals[-1].get("val_loss") if evals else None,  # the newest held-out loss, its step
+               "val_step": evals[-1]["step"] if evals else None,
+               "pace": status_view.pace(steps, target_step(run_dir)),  # last loss, tokens, s/step, elapsed, ETA
+               "phase": state.get("phase"),
                "shares": state.get("shares"), "state_step": state.get("step"),
                "target": (state.get("policy") or {}).get("target"), "target_loss": state.get("target_loss"),
                "guard": ledger_summary(entries),  # incidents, rollbacks, the remedy in force (control/guard/decisions.py)
@@ -64,6 +71,15 @@ def run_status(run_dir: Path) -> dict:
                "tasks": (live_markers(entries, "tasks") or [None])[-1],  # eval.tasks: the newest score
                "wandb": sidecars.read_json(run_dir / WANDB_STATE_NAME)})  # the W&B run's id, its newest step
     return st
+
+
+def target_step(run_dir: Path) -> int | None:
+    """run.toml's train.steps (the target a plain start trains to); None without a readable one."""
+    try:
+        steps = configload.read_toml(run_dir / CONFIG_NAME).get("train", {}).get("steps")
+    except (OSError, ConfigError, AttributeError):
+        return None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
 
 def mfu_status(entries: list[dict], steps: list[dict]) -> dict | None:
@@ -88,16 +104,17 @@ def replica_status(run_dir: Path, st: dict) -> dict | None:
     return rec
 
 
-def print_status(run_dir: Path) -> int:
-    print(json.dumps(run_status(run_dir), indent=1))
+def print_status(run_dir: Path, as_json: bool = False) -> int:
+    report = run_status(run_dir)
+    print(json.dumps(report, indent=1) if as_json else "\n".join(status_view.view(report)))
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    return print_status(Path(args.run_dir))
+    return print_status(Path(args.run_dir), args.json)
 
 
-def ctl(run_dir: Path, action: str, timeout: float = 0.0) -> int:
+def ctl(run_dir: Path, action: str, timeout: float = 0.0, as_json: bool = False) -> int:
     """`andrea ctl`: signal the trainer running on `run_dir` (checkpoint: SIGUSR1, stop: SIGTERM), or print
     the status report. `stop` is idempotent: a run already stopped (or stopping under another `ctl stop`)
     is success. Every failure is one line: no trainer to checkpoint, or a wait that ran out (and why)."""
@@ -105,7 +122,7 @@ def ctl(run_dir: Path, action: str, timeout: float = 0.0) -> int:
         raise ConfigError(f"--timeout {timeout:g}: must be >= 0 seconds (0: do not wait)")
     inspect.require_run_dir(run_dir)
     if action == "status":
-        return print_status(run_dir)
+        return print_status(run_dir, as_json)
     st = inspect.status(run_dir)
     if not st["running"] or st["pid"] is None:
         if action == "stop":
@@ -149,7 +166,7 @@ def process_state(pid: int) -> str | None:
 
 
 def cmd_ctl(args: argparse.Namespace) -> int:
-    return ctl(Path(args.run_dir), args.action, timeout=args.timeout)
+    return ctl(Path(args.run_dir), args.action, timeout=args.timeout, as_json=args.json)
 
 
 def cmd_pivot(args: argparse.Namespace) -> int:
@@ -260,9 +277,12 @@ def trained_entries(run_dir: Path, what: str) -> list[dict]:
     return entries
 
 
+DEFAULT_COMPARE = "compare.png"  # compare's picture without --out: in the working directory
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     dirs = [Path(args.dir_a), Path(args.dir_b)]
-    out = check_figure_path(args.out) if args.out else None
+    out = check_figure_path(args.out or DEFAULT_COMPARE)
     for d in dirs:  # both paths checked before either ledger is read: the line names the one at fault
         inspect.require_run_dir(d)
     raw = [trained_entries(d, "compare") for d in dirs]
@@ -284,10 +304,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         else:
             lower = dirs[0] if finals[0] < finals[1] else dirs[1]
             print(f"{point}; lower loss EMA at step {common}: {lower} (by {abs(finals[0] - finals[1]):.4f})")
-    if out is not None:
-        from andrea.control.observe.plots import plot_compare
-        plot_compare(dirs, curves, start, out)
-        print(f"wrote {out}")
+    from andrea.control.observe.plots import plot_compare
+    plot_compare(dirs, [[e for e in r if e["step"] >= start] for r in raw], curves, start, common, out)
+    print(f"wrote {out}")
     return 0
 
 
@@ -314,36 +333,44 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("status", help="a run's step, newest checkpoint, loss EMA, arms' shares, phase")
-    p.add_argument("run_dir")
+    p = sub.add_parser("status", help="a run at a glance: step and target, loss, pace, ETA, checkpoint, replica, "
+                                      "incident (--json: the whole report)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory")
+    p.add_argument("--json", action="store_true", help="print the whole report as one JSON object (for scripts)")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("ctl", help="signal a running trainer or read its state")
-    p.add_argument("run_dir")
-    p.add_argument("action", choices=["checkpoint", "stop", "status"])
-    p.add_argument("--timeout", type=float, default=0.0, help="checkpoint/stop: wait up to this many seconds")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory a trainer runs on")
+    p.add_argument("action", choices=["checkpoint", "stop", "status"],
+                   help="checkpoint: SIGUSR1 (a checkpoint now, training goes on); stop: SIGTERM (a clean stop); "
+                        "status: as `andrea status`")
+    p.add_argument("--timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="checkpoint/stop: wait up to this many seconds for the checkpoint or the exit (0: do not "
+                        "wait)")
+    p.add_argument("--json", action="store_true", help="status: the whole report as one JSON object")
     p.set_defaults(func=cmd_ctl)
 
     p = sub.add_parser("pivot", help="switch a run to new caps and floors (SIGHUP if it is running)")
-    p.add_argument("run_dir")
-    p.add_argument("--policy", required=True, help="a TOML file with one [policy] table")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory")
+    p.add_argument("--policy", required=True, metavar="NEW.toml", help="a TOML file with one [policy] table")
     p.set_defaults(func=cmd_pivot)
 
     p = sub.add_parser("branch", help="start an audit branch from a checkpoint")
-    p.add_argument("run_dir")
-    p.add_argument("--step", type=int, required=True)
-    p.add_argument("--to", required=True)
-    p.add_argument("--config")
-    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the parent run directory")
+    p.add_argument("--step", type=int, required=True, metavar="S", help="the parent's checkpoint to branch from")
+    p.add_argument("--to", required=True, metavar="NEW_DIR", help="the branch's run directory (absent or empty)")
+    p.add_argument("--config", metavar="FILE.toml", help="a TOML file layered over the parent's run.toml")
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
+                   help="override one key of the branch (repeatable)")
     p.set_defaults(func=cmd_branch)
 
     p = sub.add_parser("compare", help="compare two runs' loss curves from their branch point")
-    p.add_argument("dir_a")
-    p.add_argument("dir_b")
-    p.add_argument("--out")
+    p.add_argument("dir_a", metavar="DIR_A", help="a run directory (e.g. the parent)")
+    p.add_argument("dir_b", metavar="DIR_B", help="another (e.g. its branch)")
+    p.add_argument("--out", metavar="PNG", help="the picture to write (default: compare.png in the working directory)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("plot", help="plot a run's loss curve with its resumes, pivots and branches")
-    p.add_argument("run_dir")
-    p.add_argument("--out", required=True)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory")
+    p.add_argument("--out", required=True, metavar="PNG", help="the picture to write (.png, .svg, .pdf, ...)")
     p.set_defaults(func=cmd_plot)

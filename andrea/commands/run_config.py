@@ -34,6 +34,8 @@ def resolve_config(args: argparse.Namespace, run_dir: Path | None,
     saved = run_dir / names.CONFIG_NAME if run_dir is not None else None
     base = configload.read_toml(saved) if saved is not None and saved.exists() else None
     preset = args.preset or (None if args.config or base else DEFAULT_PRESET)
+    if preset == DEFAULT_PRESET and not args.preset:
+        say_default_preset()
     cfg = configload.load(preset=preset, config_file=args.config, base=base, overrides=overrides,
                           base_source=str(saved))
     if check is not None:
@@ -45,6 +47,12 @@ def resolve_config(args: argparse.Namespace, run_dir: Path | None,
             log.warning("--preset %s: %s keeps its own %s (the run's; --set changes a key deliberately)",
                         args.preset, saved, ", ".join(overridden[:4]) + (" ..." if len(overridden) > 4 else ""))
     return cfg
+
+
+def say_default_preset() -> None:
+    """A command run without --preset, --config or a run.toml uses DEFAULT_PRESET: said aloud, never silently."""
+    log.info("no --preset: the default preset %s (--preset NAME picks another: %s)", DEFAULT_PRESET,
+             ", ".join(configload.preset_names()))
 
 
 def make_run_dir(run_dir: Path) -> None:

@@ -3,7 +3,9 @@
 Refused, in this order, each one `andrea: error:` line and nothing written: a configuration that does not resume
 the run's (control/run/identity.py), an interrupted `andrea restore`, a bad replica (control/replica/replicator.py), a bad
 --init-from, a notice command that does not exist, a batch the ranks cannot split, a device or kernels the machine
-cannot run; then the run directory is created and the run starts. Heavy imports (torch) come after the early signal
+cannot run; then the run directory is created and the run starts. A run already at its target step (train.steps,
+which run.toml keeps) trains nothing: one line on stdout saying so and how to go further, exit 0
+(control/run/target.py). Heavy imports (torch) come after the early signal
 handlers: a SIGTERM from the first moment on ends in a clean stop.
 """
 
@@ -39,6 +41,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     init_from = Path(args.init_from) if args.init_from else None
     # Everything that can be refused is refused before the run directory is created or written to.
     check_init_from(init_from, cfg, run_dir)
+    if init_from is None and int(os.environ.get("WORLD_SIZE", "1")) == 1 and run_dir.is_dir():
+        from andrea.control.run import target  # a run at its target trains nothing: one line, how to go further
+        step = target.reached(run_dir, cfg.train.steps)
+        if step is not None:
+            print(target.note(run_dir, step, cfg.train.steps, from_flag=args.steps is not None), flush=True)
+            return 0
     from andrea.data.preparation import anchor_paths
     anchor_paths(cfg.data, run_dir / names.DATA_DIR)  # run.toml records where a new source is, absolutely
     from andrea.control.observe import notify

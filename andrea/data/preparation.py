@@ -214,8 +214,7 @@ def prepare_run(cfg: DataConfig, run_dir: Path, vocab_size: int, *, should_stop:
                          manifest.val_fraction, manifest.save, hook)
             progress.base = base
             did = True
-            log.info("data: preparing arm %r from %d source file(s), %.1f MB", arm.name, len(plan),
-                     _expected_bytes(arm, plan) / 1e6)
+            log.info("data: preparing arm %r from %d source file(s), %s", arm.name, len(plan), _size_said(arm, plan))
             try:
                 finished = job.run(should_stop, progress)
             except DataError:
@@ -262,12 +261,21 @@ def _expected_bytes(arm: TextArm, plan: list[dict]) -> int:
     return min(total, arm.cap) if arm.cap else total
 
 
+def _size_said(arm: TextArm, plan: list[dict]) -> str:
+    """The arm's size as known before it is read: its files' bytes (at most its cap), or only the cap when the
+    sizes are unknown (an embedded arm): never the cap as if it were the size."""
+    total = _source_bytes(plan)
+    if total is None or total == 0:
+        return f"up to {arm.cap / 1e6:.1f} MB (its cap)" if arm.cap else "size unknown until read"
+    return f"{min(total, arm.cap) / 1e6:.1f} MB" + (f" (capped from {total / 1e6:.1f} MB)" if arm.cap and total > arm.cap else "")
+
+
 def _report(arm: TextArm, rec: mf.ArmRecord) -> None:
     c = rec.counts
     if rec.capped:
         limit = "data.max_bytes_per_arm" if arm.source is None else f"data.sources[{arm.name!r}].max_bytes"
         of = f"of {rec.source_bytes / 1e6:.1f} MB" if rec.source_bytes else "of a larger source"
-        log.warning("data: arm %r capped by %s = %d: used %.1f MB of text %s", arm.name, limit, arm.cap,
+        log.info("data: arm %r capped by %s = %d: used %.1f MB of text %s", arm.name, limit, arm.cap,
                     rec.text_bytes / 1e6, of)
     if c.get("binary_files"):
         log.warning("data: arm %r: %d binary file(s) skipped (first: %s)", arm.name, c["binary_files"],
@@ -282,5 +290,5 @@ def _report(arm: TextArm, rec: mf.ArmRecord) -> None:
     if c.get("skipped_records"):
         log.warning("data: arm %r: %d record(s) skipped (first: %s)", arm.name, c["skipped_records"],
                     c["first_skipped"])
-    log.info("data: arm %r prepared: %d documents, %d train + %d val tokens", arm.name, rec.documents,
-             rec.train_tokens, rec.val_tokens)
+    log.info("data: arm %r prepared: %.1f MB of text, %d documents, %d train + %d val tokens", arm.name,
+             rec.text_bytes / 1e6, rec.documents, rec.train_tokens, rec.val_tokens)

@@ -187,7 +187,7 @@ def test_status_of_a_run_that_has_not_reached_its_first_step_answers_with_its_st
     (run / "data").mkdir(parents=True)
     (run / "tokenizer.json").write_text("{}")
     capsys.readouterr()
-    argv = [how[0], str(run), *how[1:]]
+    argv = [how[0], str(run), *how[1:], "--json"]
     assert cli.main(argv) == 0
     st = json.loads(capsys.readouterr().out)
     assert st["state"] == "prepared" and st["step"] is None and st["loss_ema"] is None and not st["running"]
@@ -203,9 +203,9 @@ def test_status_of_a_run_that_has_not_reached_its_first_step_answers_with_its_st
 def test_ctl_status_and_status_print_one_report(tmp_path, capsys):
     (tmp_path / "tokenizer.json").write_text("{}")
     (tmp_path / ".loss.json").write_text('{"step": 1, "loss": 4.0, "time": 0}\n')
-    assert cli.main(["status", str(tmp_path)]) == 0
+    assert cli.main(["status", str(tmp_path), "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)
-    assert cli.main(["ctl", str(tmp_path), "status"]) == 0
+    assert cli.main(["ctl", str(tmp_path), "status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == plain
     assert plain["state"] == "stopped" and plain["step"] == 1 and plain["loss_ema"] == 4.0
 

@@ -332,8 +332,12 @@ def check_sample(args, out, err, block):
 
 
 def check_status(args, out, err, block):
+    step = ledger_mod.history(ledger(Path(args[1])))[-1]["step"]
+    if "--json" not in args:  # the human view: the state, then the step
+        assert out.splitlines()[0] == f"{args[1]}: stopped (not running)" and f"step      {step:,}" in out, out
+        return
     status = json.loads(out)
-    assert status["step"] == ledger_mod.history(ledger(Path(args[1])))[-1]["step"]
+    assert status["step"] == step
     assert isinstance(status["loss_ema"], float) and status["state"] == "stopped", status
 
 

@@ -90,7 +90,7 @@ def test_a_divergence_after_a_newer_checkpoint_rolls_back_to_the_retained_known_
     assert any("not checkpointing step 40: it is diverging" in line for line in before), r.stderr[-4000:]
     assert_continuous(run, 70)  # healed: step 40 reached again (the hook poisons once), no second incident
     assert andrea_here("verify", str(run)).returncode == 0
-    assert '"rollbacks": 1' in andrea_here("status", str(run)).stdout
+    assert '"rollbacks": 1' in andrea_here("status", str(run), "--json").stdout
 
 
 def test_the_real_lr_1_divergence_heals_itself(healthy, prepared, tmp_path):
@@ -110,7 +110,7 @@ def test_the_real_lr_1_divergence_heals_itself(healthy, prepared, tmp_path):
     assert_continuous(sick, SPAN)
     assert final_val(sick, SPAN) <= 2.0 * final_val(healthy, SPAN)
     assert andrea_here("verify", str(sick)).returncode == 0
-    assert '"rollbacks": %d' % len(rollbacks) in andrea_here("status", str(sick)).stdout
+    assert '"rollbacks": %d' % len(rollbacks) in andrea_here("status", str(sick), "--json").stdout
 
 
 def test_bounded_attempts_stop_with_one_line(prepared, tmp_path):

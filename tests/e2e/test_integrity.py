@@ -253,7 +253,7 @@ def test_a_resume_skips_a_corrupt_checkpoint_keeps_it_as_evidence_and_reaches_th
     assert inbox.wait_for("resume_below")["newest"] == 40
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert cli.main(["status", str(corrupt)]) == 0
+        assert cli.main(["status", str(corrupt), "--json"]) == 0
     shown = json.loads(out.getvalue())["incidents"]
     assert shown["quarantine"]["file"] == "step_000040.bin" and shown["resume_below"]["newest"] == 40
     assert shown["replica_down"] is None

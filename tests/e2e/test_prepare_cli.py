@@ -37,13 +37,13 @@ def test_prepare_then_prepare_again_then_train_on_it_and_status_reports_the_data
     before = token_files(run) | {"tokenizer.json": (run / "tokenizer.json").read_bytes()}
     again = andrea("prepare", "--run-dir", str(run))  # run.toml remembers the preset and the sources
     assert again.returncode == 0 and again.stdout.startswith("data already prepared, nothing to do: 1 arm(s)")
-    status = json.loads(andrea_here("status", str(run)).stdout)
+    status = json.loads(andrea_here("status", str(run), "--json").stdout)
     assert status["state"] == "prepared" and status["data"]["notes"]["epochs"] == 0.0
     r = train(run, "--steps", "20")
     assert r.returncode == 0, r.stderr
     assert "tokenizer trained" not in r.stderr and "preparing arm" not in r.stderr
     assert token_files(run) | {"tokenizer.json": (run / "tokenizer.json").read_bytes()} == before
-    data = json.loads(andrea_here("status", str(run)).stdout)["data"]["notes"]
+    data = json.loads(andrea_here("status", str(run), "--json").stdout)["data"]["notes"]
     assert data["complete"] and data["train_tokens"] > 0 and data["val_tokens"] > 0
     assert data["source_bytes"] == sum(p.stat().st_size for p in src.iterdir()) and data["documents"] == 6
     assert data["epochs"] > 0  # the bandit's pulls x block_size over the arm's training tokens
@@ -65,7 +65,7 @@ def test_sigterm_during_prepare_stops_at_once_exit_0_and_the_rerun_ends_byte_ide
     assert "SIGTERM received: stopping data preparation" in err and "preparation stopped at arm 'notes'" in out
     cursor = json.loads((run / "data" / "manifest.json").read_text())["arms"]["notes"]["cursor"]
     assert 0 <= cursor["file"] < 30
-    assert json.loads(andrea_here("status", str(run)).stdout)["state"] == "preparing"
+    assert json.loads(andrea_here("status", str(run), "--json").stdout)["state"] == "preparing"
     r = andrea("prepare", "--run-dir", str(run))
     assert r.returncode == 0 and r.stdout.startswith("data prepared 1 arm(s)"), r.stderr
     prepare_run(DataConfig(arms=[], sources=[SourceConfig("notes", str(src))]), tmp_path / "straight", 512)

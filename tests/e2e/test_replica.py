@@ -433,7 +433,7 @@ def test_train_refuses_a_replica_on_the_runs_disk_before_writing(tmp_path, capsy
     rc = cli.main(["train", "--preset", "andrea-tiny", "--run-dir", str(run_dir), "--steps", "0",
                    "--set", f'checkpoint.replica="{uri}"'])
     err = capsys.readouterr().err
-    assert rc == 1 and err.count("\n") == 1 and "off the run's disk" in err, err
+    assert rc == 2 and err.count("\n") == 1 and "off the run's disk" in err, err  # configuration: exit 2
     assert not run_dir.exists() and not (tmp_path / "beside").exists()
 
 

@@ -102,7 +102,7 @@ def test_replicate_survive_an_outage_and_a_kill_then_restore_to_the_same_bytes(s
     stop_at = (killed_step // 5 + 2) * 5
     second = train(run, "--steps", str(stop_at), *EVERY, *replica_flag, extra_env=s3.env())
     assert second.returncode == 0, second.stderr
-    status = json.loads(andrea_here("status", str(run)).stdout)["replica"]  # reads the run: in process
+    status = json.loads(andrea_here("status", str(run), "--json").stdout)["replica"]  # reads the run: in process
     assert (status["step"], status["lag_steps"], status["error"]) == (stop_at, 0, None)
 
     shutil.rmtree(run)  # the machine is lost

@@ -115,14 +115,14 @@ def test_branch_reproduces_the_parent_or_diverges_and_compare_reports(at_40, tmp
     assert result.returncode == 0, result.stderr
     assert "branch point: step 20" in result.stdout and "lower loss EMA at step 40" in result.stdout
     assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
-    itself = andrea_here("compare", str(parent), str(parent))
+    itself = andrea_here("compare", str(parent), str(parent), "--out", str(tmp_path / "itself.png"))
     assert itself.returncode == 0 and "equal loss EMA at step 40" in itself.stdout, itself.stdout
     unrelated = copy_of(at_40, tmp_path, "unrelated")  # its first step's loss differs: no history in common
     lines = (unrelated / ".loss.json").read_text().splitlines()
     first = next(i for i, line in enumerate(lines) if json.loads(line).get("step") == 1 and "loss" in line)
     lines[first] = json.dumps({**json.loads(lines[first]), "loss": 99.0})
     (unrelated / ".loss.json").write_text("\n".join(lines) + "\n")
-    apart = andrea_here("compare", str(parent), str(unrelated))
+    apart = andrea_here("compare", str(parent), str(unrelated), "--out", str(tmp_path / "apart.png"))
     assert apart.returncode == 0 and "no common history" in apart.stdout and "branch point" not in apart.stdout
 
 
@@ -150,7 +150,7 @@ def test_status_names_the_newest_whole_checkpoint_and_the_ones_that_are_not(at_4
     cut = run / names.checkpoint_name(40)
     with open(cut, "r+b") as f:
         f.truncate(cut.stat().st_size - 4)  # a copy cut short
-    result = andrea_here("status", str(run))
+    result = andrea_here("status", str(run), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["newest_checkpoint"] == names.checkpoint_name(20) and report["not_whole"] == [cut.name]
@@ -187,7 +187,7 @@ def test_a_zombie_arm_is_dropped_with_a_warning(at_40, tmp_path):
 
 def test_status_and_plot(at_40, tmp_path):
     run = at_40  # status and plot only read the run
-    result = andrea_here("status", str(run))
+    result = andrea_here("status", str(run), "--json")
     status = json.loads(result.stdout)
     assert status["step"] == 40 and status["newest_checkpoint"] == "step_000040.bin"
     assert status["phase"] == 0 and abs(sum(status["shares"].values()) - 1) < 1e-9 and status["loss_ema"] > 0

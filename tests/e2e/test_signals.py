@@ -47,7 +47,7 @@ def test_sigusr1_checkpoints_and_continues_a_second_trainer_is_refused_and_sigte
         assert f"another trainer (pid {t.proc.pid})" in message
         wait_step(t, run, first + 5)  # still training, undisturbed by the second trainer
         assert t.proc.poll() is None
-        status = andrea_here("ctl", str(run), "status")
+        status = andrea_here("ctl", str(run), "status", "--json")
         assert status.returncode == 0 and f'"pid": {t.proc.pid}' in status.stdout and '"running": true' in status.stdout
         assert andrea_here("ctl", str(run), "checkpoint", "--timeout", "30").returncode == 0
         assert checkpoints(run)[-1] > first
@@ -59,7 +59,7 @@ def test_sigusr1_checkpoints_and_continues_a_second_trainer_is_refused_and_sigte
     assert header(newest)[0] == steps_in_ledger(run)[-1]
     assert andrea_here("verify", str(run)).returncode == 0
     assert "SIGTERM received" in t.output()
-    status = andrea_here("ctl", str(run), "status")
+    status = andrea_here("ctl", str(run), "status", "--json")
     assert '"running": false' in status.stdout and f'"newest_checkpoint": "{newest.name}"' in status.stdout
     assert [e["event"] for e in ledger(run) if "event" in e][:1] == ["start"]
 

@@ -380,6 +380,9 @@ DEVICE_CASES = {  # name -> (train args, the machine as the test makes it, words
     "--device cuda without a CUDA device": (["--device", "cuda"], _hide_cuda, ["train.device=cuda", "--device cpu"]),
     "--kernels triton without Triton": (["--kernels", "triton"], _hide_triton,
                                         ["train.kernels=triton", "Triton cannot be imported", "--kernels torch"]),
+    # on a CPU Triton runs only in its interpreter (~1000x slower), never unless TRITON_INTERPRET asks for it
+    "--kernels triton on a CPU": (["--kernels", "triton", "--device", "cpu"], lambda tmp_path: {"TRITON_INTERPRET": "0"},
+                                  ["train.kernels=triton on a CPU", "--kernels torch"]),
 }
 
 
@@ -434,7 +437,7 @@ def test_a_run_life_command_on_a_directory_that_is_not_a_run_is_refused_in_one_l
 def test_status_answers_for_a_prepared_run_and_for_a_stopped_one(prepared, trained_copy, tmp_path):
     fresh = seed_data(prepared, tmp_path / "prepared")  # tokenizer.json and data/, as a first start leaves them
     for run, state, step in ((fresh, "prepared", None), (trained_copy, "stopped", 20)):
-        result = andrea_here("status", str(run))
+        result = andrea_here("status", str(run), "--json")
         assert result.returncode == 0, result.stderr[-2000:]
         st = json.loads(result.stdout)
         assert (st["state"], st["step"], st["running"]) == (state, step, False), st

@@ -104,7 +104,7 @@ def test_sigterm_right_after_ready_checkpoints_the_step_in_flight_and_exits_0(pr
     REPORT.note("signals", f"SIGTERM right after ready (fresh run): exit 0, checkpoint step {committed}")
     assert committed_steps(t.lines) == [committed], t.output()
     assert committed <= 3, f"SIGTERM right after ready still trained to step {committed}"
-    resumed = train(run, "--steps", str(committed))
+    resumed = train(run, "--steps", str(committed + 1))  # one step past it: the run opens and resumes
     assert resumed.returncode == 0 and f" step={committed} " in resumed.stdout, resumed.stderr[-2000:]
 
 
@@ -125,7 +125,7 @@ def test_sigterm_before_ready_during_startup_never_damages_the_run(trained_copy,
         for name, data in originals.items():
             assert (trained_copy / name).read_bytes() == data, f"{name} changed"
     REPORT.note("signals", "SIGTERM during startup (resume of step 20) at " + "; ".join(outcomes))
-    resumed = train(trained_copy, "--steps", "20")
+    resumed = train(trained_copy, "--steps", "21")  # one step past it: the run opens and resumes
     assert resumed.returncode == 0 and " step=20 " in resumed.stdout, resumed.stderr[-2000:]
 
 

@@ -5,6 +5,7 @@ Reads ledger entries (control/run/ledger_feed.py); writes one figure file (PNG, 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -49,19 +50,27 @@ EVENT_STYLE = {"resume": ("tab:gray", ":"), "pivot": ("tab:red", "--"), "branch"
 # incident at the step the guard saw the divergence; rollback at the step it resumed from (control/guard/decisions.py)
 
 
+def distinct_target(evals: list[dict]) -> list[dict]:
+    """The eval markers whose policy.target loss is not the validation loss itself: with the default target (the
+    arms' plain mean) the two are the same number up to float summation (they differ in the 16th digit), and a
+    second line would only look like a second validation curve."""
+    return [e for e in evals if e.get("target_loss") is not None
+            and not math.isclose(e["target_loss"], e["val_loss"], rel_tol=1e-6, abs_tol=1e-9)]
+
+
 def plot_run(run_dir: Path, entries: list[dict], out: Path) -> None:
     steps = history(entries)
-    fig, ax = plt.subplots(figsize=(10, 5))
+    fig, ax = plt.subplots(figsize=(11, 5.5), layout="constrained")
     xs, ys = [e["step"] for e in steps], [e["loss"] for e in steps]
-    ax.plot(xs, ys, lw=0.6, alpha=0.4, label="loss")
+    ax.plot(xs, ys, lw=0.6, alpha=0.4, label="training loss")
     ax.plot(*smoothed(xs, ys), lw=1.6, label=EMA_LABEL)
     evals = live_evals(entries)
     if evals:
-        ax.plot([e["step"] for e in evals], [e["val_loss"] for e in evals], "o-", ms=3, label="validation")
-        targeted = [e for e in evals if e.get("target_loss") is not None and e["target_loss"] != e["val_loss"]]
+        ax.plot([e["step"] for e in evals], [e["val_loss"] for e in evals], "o-", ms=3, label="validation loss")
+        targeted = distinct_target(evals)
         if targeted:  # policy.target weighs the arms unevenly: the objective the data mixture serves
-            ax.plot([e["step"] for e in targeted], [e["target_loss"] for e in targeted], "s--", ms=3,
-                    label="validation, policy.target")
+            ax.plot([e["step"] for e in targeted], [e["target_loss"] for e in targeted], "s:", ms=3,
+                    label="validation loss weighted by policy.target")
     labelled = set()
     for e in entries:
         style = EVENT_STYLE.get(e.get("event"))
@@ -69,8 +78,9 @@ def plot_run(run_dir: Path, entries: list[dict], out: Path) -> None:
             ax.axvline(e["step"], color=style[0], ls=style[1], lw=1,
                        label=None if e["event"] in labelled else e["event"])
             labelled.add(e["event"])
-    ax.set(xlabel="step", ylabel="loss", title=str(run_dir))
-    ax.legend(loc="upper left")
+    ax.set(xlabel="step", ylabel="loss",
+           title=f"{run_dir.resolve().name}: loss, steps {xs[0]:,}-{xs[-1]:,}" if xs else run_dir.name)
+    handles, labels = ax.get_legend_handles_labels()
     scored = live_markers(entries, "tasks")
     if scored:  # eval.tasks: accuracy on its own axis (a higher line is better, unlike the loss)
         acc = ax.twinx()
@@ -78,21 +88,43 @@ def plot_run(run_dir: Path, entries: list[dict], out: Path) -> None:
             acc.plot([e["step"] for e in scored], [e[key] for e in scored], marker, ms=3, color="tab:brown",
                      alpha=1.0 if key == "acc_norm" else 0.5, label=f"{scored[-1]['tasks']} {key}")
         acc.set(ylabel="task accuracy", ylim=(0, 1))
-        acc.legend(loc="upper right")
-    fig.tight_layout()
+        more = acc.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), fontsize="small")
     fig.savefig(out, dpi=120)
     plt.close(fig)
 
 
-def plot_compare(dirs: list[Path], curves: list[list[dict]], start: int, out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(10, 5))
-    for d, c in zip(dirs, curves):
+def plot_compare(dirs: list[Path], entries: list[list[dict]], curves: list[list[dict]], start: int, common: int,
+                 out: Path) -> None:
+    """Two runs from their branch point: each run's loss and EMA (at its mean step), then the EMA's value at
+    `common` (the step compare's verdict names) as a marked point the line is carried to; each run's validation
+    loss (and its policy.target loss where it is not the same number) after the branch point."""
+    fig, ax = plt.subplots(figsize=(11, 5.5), layout="constrained")
+    for d, run_entries, c in zip(dirs, entries, curves):
+        name = d.resolve().name
         xs, ys = [e["step"] for e in c], [e["loss"] for e in c]
         (line,) = ax.plot(xs, ys, lw=0.6, alpha=0.35)
-        ax.plot(*smoothed(xs, ys), lw=1.6, color=line.get_color(), label=f"{d.name} (EMA at its mean step)")
-    ax.axvline(start, color="tab:purple", ls="-.", lw=1, label=f"branch point ({start})")
-    ax.set(xlabel="step", ylabel="loss", title="compare")
-    ax.legend()
-    fig.tight_layout()
+        color = line.get_color()
+        mx, my = smoothed(xs, ys)
+        ax.plot(mx, my, lw=1.6, color=color, label=f"{name}: loss EMA (at its mean step)")
+        upto = [y for x, y in zip(xs, ema(ys)) if x <= common]
+        if upto and mx:  # the verdict's value, where the verdict names it
+            ax.plot([mx[len(upto) - 1], common], [my[len(upto) - 1], upto[-1]], ":", lw=1.2, color=color)
+            ax.plot([common], [upto[-1]], "o", ms=6, color=color, label=f"{name}: EMA at step {common:,}: "
+                                                                           f"{upto[-1]:.4f}")
+        evals = live_evals(run_entries)
+        if evals:
+            ax.plot([e["step"] for e in evals], [e["val_loss"] for e in evals], "D--", ms=4, lw=1, color=color,
+                    label=f"{name}: validation loss")
+            targeted = distinct_target(evals)
+            if targeted:
+                ax.plot([e["step"] for e in targeted], [e["target_loss"] for e in targeted], "s:", ms=4, lw=1,
+                        color=color, label=f"{name}: validation weighted by policy.target")
+    ax.axvline(start, color="tab:purple", ls="-.", lw=1, label=f"branch point (step {start:,})")
+    names = [d.resolve().name for d in dirs]
+    ax.set(xlabel="step", ylabel="loss", title=f"{names[0]} vs {names[1]}, from step {start:,}")
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small")
     fig.savefig(out, dpi=120)
     plt.close(fig)

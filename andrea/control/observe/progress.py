@@ -2,16 +2,21 @@
 
 Three reporters share `_Reporter` (the bar or the log, and when a log line is due) and `eta`: the training loop's
 `Progress`, data preparation's `ByteProgress` (data/preparation.py) and `andrea eval`'s `CountProgress`.
-Writes to stderr (the bar) or the `andrea.control.observe.progress` log.
+Writes to stderr (the bar) or the `andrea.control.observe.progress` log. While a bar is on the terminal every log
+record goes through tqdm (`logging_redirect_tqdm`): a line is printed above the bar, never glued to its tail.
+Without a terminal the training loop's first line comes at its first step (then every `train.log_every`), and
+once `TIMED_STEPS` steps are timed one line says the seconds per step and when the target step will be reached.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
 
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 log = logging.getLogger("andrea.control.observe.progress")
 
@@ -30,6 +35,9 @@ class _Reporter:
     def __init__(self, bar: bool, **tqdm_kw):
         self.t0 = self.last_log = time.monotonic()
         self.bar = tqdm(dynamic_ncols=True, **tqdm_kw) if bar and sys.stderr.isatty() else None
+        self._redirect = contextlib.ExitStack()
+        if self.bar is not None:  # the root logger's stream handlers write through tqdm.write while the bar lives
+            self._redirect.enter_context(logging_redirect_tqdm())
 
     def log_due(self, now: float) -> bool:
         """Without a bar, LOG_SECONDS after the last line: a line is due (and counted as said)."""
@@ -41,6 +49,8 @@ class _Reporter:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
+        self._redirect.close()
 
 
 class Progress(_Reporter):
@@ -48,13 +58,22 @@ class Progress(_Reporter):
     and MFU over the last steps (andrea/control/observe/mfu.py) — MFU as a percentage, or `no_peak` (the reason, said once at
     the start: a CPU, a GPU not in the table) when there is no peak to measure against."""
 
+    TIMED_STEPS = 10  # the steps timed before the ETA is said (the first ones include warm-up and compiles)
+
     def __init__(self, start: int, stop: int, tokens_per_step: int, log_every: int):
         self.start, self.stop, self.tokens_per_step, self.log_every = start, stop, tokens_per_step, log_every
+        self.first_at: float | None = None  # when the first step of this process ended
+        self.eta_said = False
         super().__init__(True, total=stop, initial=start, unit="step")
 
     def update(self, step: int, loss: float, lr: float, flops: float | None = None, mfu: float | None = None) -> None:
         done = step - self.start
-        elapsed = max(time.monotonic() - self.t0, 1e-9)
+        now = time.monotonic()
+        elapsed = max(now - self.t0, 1e-9)
+        if self.first_at is None:
+            self.first_at = now
+        elif done > self.TIMED_STEPS and not self.eta_said:
+            self.say_eta(step, now)
         tok_s = done * self.tokens_per_step / elapsed
         extra = {} if flops is None else {"tflops": f"{flops / 1e12:.3g}",
                                           "mfu": "no_peak" if mfu is None else f"{100 * mfu:.1f}%"}
@@ -63,9 +82,20 @@ class Progress(_Reporter):
             self.bar.n = step
             self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", **extra, refresh=False)
             self.bar.refresh()
-        elif step % self.log_every == 0:
+        elif step % self.log_every == 0 or done == 1:  # the first line at the first step
             log.info("step %d/%d loss %.4f lr %.3e %.0f tok/s %seta %s", step, self.stop, loss, lr, tok_s,
                      model + " " if model else "", eta(self.stop - step, max(done, 1) / elapsed))
+
+
+    def say_eta(self, step: int, now: float) -> None:
+        """Once, when steps are timed (after the first, which includes warm-up): seconds per step and when the
+        target step comes at that rate."""
+        self.eta_said = True
+        per_step = (now - self.first_at) / max(step - self.start - 1, 1)
+        left = (self.stop - step) * per_step
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(time.time() + left))
+        log.info("timed: %.3g s/step over steps %d-%d; step %d in %s (%s)", per_step, self.start + 2, step,
+                 self.stop, eta(left, 1.0), when)
 
 
 class ByteProgress(_Reporter):

@@ -21,6 +21,12 @@ from andrea.rundir.ledger import readable_entries
 from andrea.rundir.names import LEDGER_NAME
 
 
+class ReplicaPlacementError(rep.ReplicaError):
+    """A plain-path replica on the run's own disk: a configuration to fix (exit 2), refused before any write."""
+
+    exit_code = 2
+
+
 def run_record(run_dir: Path) -> dict | None:
     """This run's {"identity", "started", "branched"}: the newest `start` marker of its ledger and the time of the
     `branch` marker after it (an audit branch carries its parent's start marker, but is another run); None before
@@ -48,8 +54,8 @@ def check_at_start(uri: str, run_dir: Path, has_checkpoints: bool) -> str | None
         path = Path(uri[len("file://"):] if uri.startswith("file://") else uri).expanduser().resolve()
         problem = placement_problem(str(path), str(run_dir.resolve()), _device(path), _device(run_dir.resolve()))
         if problem is not None:
-            raise rep.ReplicaError(f"replica {uri}: {problem}: a replica must be off the run's disk (another disk "
-                                   "or machine, or an object store); nothing was written", "other")
+            raise ReplicaPlacementError(f"replica {uri}: {problem}: a replica must be off the run's disk (another "
+                                        "disk or machine, or an object store); nothing was written", "other")
     try:
         replica = rep.Replica(uri, timeout_s=15)
         record = run_record(run_dir) if run_dir.is_dir() else None

@@ -4,9 +4,10 @@
 machine has. A combination it cannot run is a ConfigError (one `andrea: error:` line, exit 2), raised by two
 pure functions over plain facts — `choose_device` (CudaFacts: what torch.cuda reports) and `choose_kernels`
 (the device's compute capability, the error `import triton` gave) — so every rule is tested without a GPU.
-`resolve` gathers those facts and applies them; it sets TRITON_INTERPRET=1 for Triton on a CPU (the interpreter:
-slow, exact, what the CPU test suite runs), which must precede the first `import triton`. Reads and writes no
-files.
+`resolve` gathers those facts and applies them. Triton on a CPU runs only in Triton's interpreter, and only when
+the environment asks for it (TRITON_INTERPRET=1, read by the first `import triton`: slow, exact, what the CPU test
+suite runs); otherwise `--kernels triton` on a CPU is refused (a step would take ~1000x the torch path's time).
+Reads and writes no files.
 """
 
 from __future__ import annotations
@@ -59,12 +60,13 @@ def choose_device(name: str, cuda: CudaFacts, local_rank: int = 0, distributed: 
 
 
 def choose_kernels(name: str, device: str, *, capability: tuple[int, int] | None = None,
-                   device_name: str = "", triton_error: str | None = None) -> str:
+                   device_name: str = "", triton_error: str | None = None, interpreter: bool = False) -> str:
     """"torch" or "triton" for train.kernels=`name` on `device` ("cpu" / "cuda"); ConfigError when it cannot run.
 
     `capability` is the CUDA device's (major, minor), `triton_error` what `import triton` raised (None: it
-    imported). auto = Triton on a CUDA device it is built for, else the plain-torch reference; Triton on a CPU
-    runs in its interpreter (slow and exact: for tests, never a silent choice)."""
+    imported), `interpreter` whether TRITON_INTERPRET asks for Triton's interpreter. auto = Triton on a CUDA
+    device it is built for, else the plain-torch reference; Triton on a CPU runs only in the interpreter, asked
+    for (slow and exact: for tests, never a silent choice)."""
     if name not in ("auto", "torch", "triton"):
         raise ConfigError(f"train.kernels={name!r} must be auto, torch or triton")
     if name == "torch":
@@ -75,6 +77,10 @@ def choose_kernels(name: str, device: str, *, capability: tuple[int, int] | None
     if triton_error is not None:
         raise ConfigError(f"train.kernels=triton but Triton cannot be imported ({triton_error}): "
                           "use --kernels torch")
+    if device == "cpu" and not interpreter:
+        raise ConfigError("train.kernels=triton on a CPU: the Triton kernels need a CUDA GPU (compute capability "
+                          "{}.{} or newer); use --kernels torch (TRITON_INTERPRET=1 runs them in Triton's interpreter: "
+                          "exact, ~1000x slower, for tests)".format(*MIN_TRITON_CAPABILITY))
     if too_old:
         major, minor = capability
         need = "{}.{}".format(*MIN_TRITON_CAPABILITY)
@@ -101,6 +107,11 @@ def triton_import_error() -> str | None:
     return None
 
 
+def interpreter_asked() -> bool:
+    """TRITON_INTERPRET as Triton reads it (a bool: 1, true, on, yes)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes", "y")
+
+
 def resolve(device: str, kernels: str, local_rank: int = 0, distributed: bool = False,
             cuda: CudaFacts | None = None) -> tuple[str, str]:
     """(device type, kernels) this process trains with, or a ConfigError; the facts are gathered here."""
@@ -109,11 +120,10 @@ def resolve(device: str, kernels: str, local_rank: int = 0, distributed: bool = 
     index = local_rank if distributed else 0
     on_gpu = chosen == "cuda" and index < len(cuda.capabilities)
     wants_triton = kernels == "triton" or (kernels == "auto" and chosen == "cuda")
-    if wants_triton and chosen == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # must precede the first `import triton`
     picked = choose_kernels(kernels, chosen, capability=cuda.capabilities[index] if on_gpu else None,
                             device_name=f"cuda:{index} ({cuda.names[index]})" if on_gpu else "",
-                            triton_error=triton_import_error() if wants_triton else None)
+                            triton_error=triton_import_error() if wants_triton else None,
+                            interpreter=interpreter_asked())
     if kernels == "auto" and chosen == "cuda" and picked == "torch":
         log.warning("train.kernels=auto: the plain-torch kernels (Triton cannot run on this GPU here)")
     return chosen, picked

@@ -156,8 +156,10 @@ def restore_proxy(cfg: RunConfig, run_dir: Path, arms, info: ckpt.CheckpointInfo
             continue
         if passed:
             log.warning("%s; the data proxy's state is restored from %s instead", "; ".join(passed), path.name)
+        # a policy changed since (a pivot, new caps or floors): the fresh bandit of a new phase is expected
+        new_phase = isinstance(d, dict) and proxy.phase == d.get("phase", -2) + 1 and proxy.phase_start == step
         for w in warnings:
-            log.warning("%s: %s", path, w)
+            log.log(logging.INFO if new_phase else logging.WARNING, "%s: %s", path, w)
         return proxy
     if passed:
         log.warning("%s; the bandit starts fresh at step %d (data order after this point differs from the original "

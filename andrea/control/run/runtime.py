@@ -63,6 +63,7 @@ from andrea.control.run.signals import Requests, abort_now, install_handlers, re
 from andrea.data.preparation import Interrupted
 from andrea.control.parallel.distributed import World
 from andrea.control.observe.progress import Progress
+from andrea.control.observe import banner
 from andrea.rundir import atomic, checkpoint as ckpt, incidents, names
 from andrea.rundir.names import LEDGER_NAME
 from andrea.rundir.ledger import LossLedger, marker
@@ -305,6 +306,11 @@ class TrainingRun:
                 self.replicator = replicator.start_for(self.cfg.checkpoint, self.run_dir, run.retention, self.views,
                                                        resumed_from=self.step,
                                                        on_incident=self.marker_from_thread(loop, run.feed))
+            if self.world.leader:  # what is about to run (control/observe/banner.py)
+                for line in banner.lines(self.cfg, preset=banner.preset_of(self.cfg.model), n_params=run.trainer.n,
+                                         step=self.step, stop_at=stop_at, device=str(self.device),
+                                         kernels=self.kernels, run_dir=self.run_dir, world_size=self.world.size):
+                    log.info("%s", line)
             print(f"ready pid={os.getpid()} run_dir={self.run_dir} step={self.step} "
                   f"stop_at={stop_at} device={self.device} kernels={self.kernels}"
                   + (f" rank={self.world.rank}/{self.world.size}" if self.world.distributed else ""),

@@ -133,12 +133,23 @@ def test_a_second_preparation_does_nothing_and_a_changed_source_is_one_warning(c
 
 def test_a_cap_applies_only_when_set_and_says_how_much_of_how_much(corpus, tmp_path, caplog):
     cfg = config(SourceConfig("notes", str(corpus), max_bytes=100_000))
-    with caplog.at_level(logging.WARNING, logger="andrea.data"):
+    with caplog.at_level(logging.INFO, logger="andrea.data"):
         prepare_run(cfg, tmp_path, VOCAB)
     rec = mf.Manifest.load(tmp_path / "data").arms["notes"]
     assert rec.capped and rec.text_bytes == 100_000 and rec.source_bytes > 100_000
-    [line] = [r.getMessage() for r in caplog.records if "capped" in r.getMessage()]
+    [capped] = [r for r in caplog.records if "capped by" in r.getMessage()]
+    line = capped.getMessage()
     assert "data.sources['notes'].max_bytes = 100000" in line and f"of {rec.source_bytes / 1e6:.1f} MB" in line
+    assert capped.levelno == logging.INFO  # a cap is the operator's setting doing its job: no warning
+    [preparing] = [r.getMessage() for r in caplog.records if "preparing arm" in r.getMessage()]
+    assert preparing.endswith(f"0.1 MB (capped from {rec.source_bytes / 1e6:.1f} MB)"), preparing
+
+
+def test_an_arm_of_unknown_size_is_said_up_to_its_cap_never_as_its_size():
+    from andrea.data import preparation
+    arm = type("Arm", (), {"cap": 8_000_000})()
+    assert preparation._size_said(arm, [{"size": None}]) == "up to 8.0 MB (its cap)"
+    assert preparation._size_said(arm, [{"size": 1_700_000}]) == "1.7 MB"
 
 
 def test_the_tokenizer_trains_on_a_bounded_deterministic_sample(corpus, records, tmp_path):

@@ -32,6 +32,10 @@ def test_without_a_terminal_each_reporter_logs_lines_with_an_eta(caplog, monkeyp
         assert reporter.bar is None  # pytest's stderr is not a terminal
         reporter.close()
     lines = [r.getMessage() for r in caplog.records]
-    assert [line.split(" loss")[0] for line in lines if line.startswith("step ")] == ["step 10/100", "step 20/100"]
+    # the first line at the first step (not 10 steps later), then every log_every
+    assert [line.split(" loss")[0] for line in lines if line.startswith("step ")] == ["step 1/100", "step 10/100",
+                                                                                     "step 20/100"]
+    [timed] = [line for line in lines if line.startswith("timed: ")]  # once, after the first steps are timed
+    assert timed.startswith("timed: 7 s/step over steps 2-11; step 100 in 00:10:23 (")
     assert any(line.startswith("prepare: 5.0 of 10.0 MB (50 %)") and " eta 00:00:" in line for line in lines)
     assert any(line.startswith("eval: 20 of 40 examples (50 %)") and " eta 00:00:" in line for line in lines)

@@ -6,8 +6,6 @@ touched: tests/faults/test_bad_inputs.py runs the real processes); auto picks wh
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from andrea.control.run import devices
@@ -53,10 +51,14 @@ def test_auto_kernels_are_triton_only_where_triton_runs(device, capability, trit
     assert choose_kernels("auto", device, capability=capability, triton_error=triton_error) == kernels
 
 
-def test_torch_kernels_run_anywhere_and_triton_runs_on_cpu_in_the_interpreter():
+def test_torch_kernels_run_anywhere_and_triton_runs_on_cpu_only_in_the_interpreter_asked_for():
     for device, capability in (("cpu", None), ("cuda", (7, 0)), ("cuda", (9, 0))):
         assert choose_kernels("torch", device, capability=capability, triton_error="ImportError: x") == "torch"
-    assert choose_kernels("triton", "cpu") == "triton"
+    assert choose_kernels("triton", "cpu", interpreter=True) == "triton"
+    with pytest.raises(ConfigError) as e:  # a step would take ~1000x the torch path's time: never by accident
+        choose_kernels("triton", "cpu")
+    assert str(e.value).startswith("train.kernels=triton on a CPU: ") and "use --kernels torch" in str(e.value)
+    assert "TRITON_INTERPRET=1" in str(e.value)
 
 
 def test_triton_kernels_that_cannot_run_are_a_config_error_naming_the_reason():
@@ -70,7 +72,7 @@ def test_triton_kernels_that_cannot_run_are_a_config_error_naming_the_reason():
                             "is 7.5: use --kernels torch")
 
 
-def test_resolve_probes_triton_only_when_it_would_run_and_sets_the_interpreter_on_cpu(monkeypatch):
+def test_resolve_probes_triton_only_when_it_would_run_and_reads_the_interpreter_from_the_environment(monkeypatch):
     def no_probe():
         raise AssertionError("import triton probed for kernels that do not use it")
     monkeypatch.setattr(devices, "triton_import_error", no_probe)
@@ -78,8 +80,10 @@ def test_resolve_probes_triton_only_when_it_would_run_and_sets_the_interpreter_o
     assert devices.resolve("cuda", "torch", cuda=ONE_T4) == ("cuda", "torch")
     monkeypatch.setattr(devices, "triton_import_error", lambda: None)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ConfigError, match=r"train.kernels=triton on a CPU"):
+        devices.resolve("cpu", "triton", cuda=TWO_H100)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert devices.resolve("cpu", "triton", cuda=TWO_H100) == ("cpu", "triton")
-    assert os.environ["TRITON_INTERPRET"] == "1"
     assert devices.resolve("auto", "auto", cuda=ONE_T4) == ("cuda", "torch")
     assert devices.resolve("cuda", "auto", local_rank=1, distributed=True, cuda=TWO_H100) == ("cuda", "triton")
     with pytest.raises(ConfigError, match=r"cuda:0 \(Tesla T4\) is 7.5"):
