@@ -49,6 +49,7 @@ from andrea.control.mixture import pivot
 from andrea.control.parallel import agreement, ranks, sharing
 from andrea.control.replica import replicator
 from andrea.control.guard import rollback
+from andrea.control.guard.decisions import remedy_in_force
 from andrea.control.commit import shards
 from andrea.control.run.boundary import Boundary, RunFailed
 from andrea.control.run.ledger_feed import LedgerFeed
@@ -63,7 +64,7 @@ from andrea.control.parallel.distributed import World
 from andrea.control.observe.progress import Progress
 from andrea.rundir import atomic, checkpoint as ckpt, incidents, names
 from andrea.rundir.names import LEDGER_NAME
-from andrea.rundir.ledger import LossLedger, marker
+from andrea.rundir.ledger import LossLedger, marker, readable_entries
 from andrea.rundir.runlock import RunLock
 from andrea.control.run.trainer import Trainer
 from andrea.control.parallel.zero import trainer_for
@@ -238,9 +239,11 @@ class TrainingRun:
                                    keep_last=self.cfg.checkpoint.keep_last, keep_every=self.cfg.checkpoint.keep_every)
         if info is not None and info.path.parent == self.run_dir:
             writer.last_committed = self.step
+        ledger_remedy = lambda: sharing.from_leader(  # noqa: E731  (the companion's copy, when it is lost)
+            self.world, lambda: remedy_in_force(readable_entries(self.run_dir / LEDGER_NAME), info.step))
         guard, warning = rollback.load_guard(self.cfg, info, self.run_dir, (imported or {}).get("from"),
                                              sharing.json_reader(self.world),
-                                             lambda p: sharing.from_leader(self.world, Path.exists, p))
+                                             lambda p: sharing.from_leader(self.world, Path.exists, p), ledger_remedy)
         if warning:
             log.warning("%s", warning)
         if info is not None and proxy.phase > 0 and proxy.phase_start == self.step:  # resumed at a pivot: as
