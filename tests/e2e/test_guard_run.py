@@ -214,7 +214,8 @@ def test_losing_the_known_good_checkpoint_keeps_the_rollbacks_data_offset_and_lr
     60 the disk holds 40 (known-good), 50 and 60; step 50's guard companion names 30 as known-good, long released.
     One bit of step_000060.bin flipped: the start resumes from 50, whose known-good pointer is gone; the run must
     still read the data and use the rate it did (the same step_000080.bin and settled ledger as without the flip),
-    and `status` report the offset in force. A branch of the retained step 50 reproduces its parent likewise."""
+    and `status` report the offset in force. A branch of the retained step 50 reproduces its parent likewise, and
+    so does a start whose newest guard companion was lost (the ledger's rollback marker records them too)."""
     keep = ["--checkpoint-every", "10", "--set", "checkpoint.keep_last=2", "--set", "guard.confirm_steps=20"]
     ref = seed_data(prepared, tmp_path / "ref")
     r = train(ref, "--steps", "60", *keep, extra_env=poison(35))
@@ -233,11 +234,14 @@ def test_losing_the_known_good_checkpoint_keeps_the_rollbacks_data_offset_and_lr
         f.write(bytes([byte ^ 0x10]))
     branch = tmp_path / "branch"
     assert andrea_here("branch", str(ref), "--step", "50", "--to", str(branch)).returncode == 0
-    for run in (ref, flipped, branch):
+    lost = tmp_path / "lost"  # the newest checkpoint's guard companion lost: the ledger's rollback marker holds them
+    shutil.copytree(ref, lost)
+    (lost / "step_000060.guard.json").unlink()
+    for run in (ref, flipped, branch, lost):
         r = train(run, "--steps", "80", *keep)
         assert r.returncode == 0, r.stderr[-4000:]
     expected = (ref / "step_000080.bin").read_bytes()
-    for run in (flipped, branch):
+    for run in (flipped, branch, lost):
         assert (run / "step_000080.bin").read_bytes() == expected, run.name
         assert settled(run) == settled(ref), run.name
     status = json.loads(andrea_here("status", str(flipped)).stdout)

@@ -422,6 +422,16 @@ def named_checkpoints(state: Any) -> list[int]:
                    and isinstance(d.get("path"), str) and "/" not in d["path"]})
 
 
+def remedy_in_force(entries: list[dict[str, Any]], step: float = math.inf) -> dict[str, Any] | None:
+    """The data offset and lr scale in force at header step `step` by the ledger's record: the newest `rollback`
+    marker at or below it that no later start, resume or rollback superseded (`live_markers`); None when there is
+    none. The ledger's copy of what each guard companion records (a rollback is the only thing that sets them)."""
+    live = [e for e in live_markers(entries, "rollback") if "event" not in e and "data_offset" in e
+            and e["step"] <= step]
+    return {"data_offset": int(live[-1]["data_offset"]), "lr_scale": float(live[-1].get("lr_scale", 1.0))} \
+        if live else None
+
+
 def ledger_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """What `andrea status` shows of the guard, from the ledger's markers (control/run/ledger_feed.py)."""
     incidents = [e for e in entries if e.get("event") == "incident"]
@@ -430,12 +440,10 @@ def ledger_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
     last = rollbacks[-1] if rollbacks else None
     # in force: the newest rollback a later start did not supersede (a resume below it runs with its checkpoint's
     # remedy, recorded before that rollback)
-    live = live_markers(entries, "rollback")
-    force = [e for e in live if "event" not in e and "data_offset" in e]
+    force = remedy_in_force(entries) or {"data_offset": 0, "lr_scale": 1.0}
     keep = ("step", "from", "checkpoint", "attempt", "remedy", "data_offset", "lr_scale")
     return {"incidents": len(incidents), "rollbacks": len(rollbacks),
             "last_incident": {k: incidents[-1].get(k) for k in ("step", "reason")} if incidents else None,
             "last_rollback": {k: last.get(k) for k in keep} if last else None,
-            "lr_scale": force[-1].get("lr_scale", 1.0) if force else 1.0,
-            "data_offset": force[-1].get("data_offset", 0) if force else 0,
+            "lr_scale": force["lr_scale"], "data_offset": force["data_offset"],
             "stopped": {k: stops[-1].get(k) for k in ("step", "attempts", "resume_from")} if stops else None}

@@ -30,7 +30,8 @@ def companion_path(run_dir: Path, step: int) -> Path:
 def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
                init_from: str | None = None,
                read_json: Callable[[Path], object] = sidecars.read_json,
-               exists: Callable[[Path], bool] = Path.exists) -> tuple[Guard, str | None]:
+               exists: Callable[[Path], bool] = Path.exists,
+               ledger_remedy: Callable[[], dict | None] = lambda: None) -> tuple[Guard, str | None]:
     """The guard as of the checkpoint resumed from (its companion), else one whose known-good point is that
     checkpoint (a run from before the guard, a branch, --init-from) or the initial state; and a warning.
     A companion whose known-good checkpoint is not in the run directory (a restore from a replica that no longer
@@ -39,6 +40,9 @@ def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
     of the companion is kept: its data offset and lr scale are the trajectory's (the data each later step reads, its
     learning rate), not the pointer's, so losing the pointer changes neither; tentative checkpoints that are gone
     are dropped (none of them may become the good point).
+    A companion that is missing or unreadable: the guard starts afresh from the checkpoint resumed from, with the
+    data offset and lr scale the ledger's rollback markers put in force at its step (`ledger_remedy()`:
+    decisions.py's `remedy_in_force`, None for none).
     `read_json`, `exists`: how this rank reads the companion and sees a checkpoint (on separate disks, rank 0
     answers: control/parallel/sharing.py)."""
     warmup = cfg.train.warmup_steps  # the gradient norm's grace (control/guard/decisions.py)
@@ -62,10 +66,28 @@ def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
             guard.tentative = [t for t in guard.tentative if t["step"] not in gone]
             return guard, None
     except (sidecars.SidecarError, GuardStateError) as e:
-        return (Guard(cfg.guard, good_step=info.step, good_path=name, warmup_steps=warmup),
-                f"{e}; the guard starts afresh from {name} (data offset 0, lr scale 1: the data and learning rate "
-                "after this point differ from the original run's if it had rolled back)")
-    return Guard(cfg.guard, good_step=info.step, good_path=name, warmup_steps=warmup), None
+        remedy = ledger_remedy()
+        return _afresh(cfg, info.step, name, remedy), f"{e}; the guard starts afresh from {name} ({_kept(remedy)})"
+    remedy = ledger_remedy()
+    return _afresh(cfg, info.step, name, remedy), (
+        f"{path}: missing; the guard starts afresh from {name} ({_kept(remedy)})" if remedy is not None else None)
+
+
+def _afresh(cfg: RunConfig, step: int, name: str, remedy: dict | None) -> Guard:
+    """A guard whose known-good point is the checkpoint resumed from, with the ledger's data offset and lr scale
+    (`remedy`; None: none recorded)."""
+    guard = Guard(cfg.guard, good_step=step, good_path=name, warmup_steps=cfg.train.warmup_steps)
+    if remedy is not None:
+        guard.remedy = {**guard.remedy, **remedy}
+        guard.good["remedy"] = dict(guard.remedy)
+    return guard
+
+
+def _kept(remedy: dict | None) -> str:
+    if remedy is None:
+        return "data offset 0 and lr scale 1: the ledger records no rollback before it"
+    return (f"keeping the data offset {remedy['data_offset']} and lr scale {remedy['lr_scale']:g} its rollback "
+            "markers in the ledger put in force")
 
 
 def good_payload(guard: Guard, run_dir: Path, cfg: RunConfig, trainer) -> torch.Tensor:

@@ -49,6 +49,7 @@ from andrea.control.mixture import pivot
 from andrea.control.parallel import agreement, ranks, sharing
 from andrea.control.replica import replicator
 from andrea.control.guard import rollback
+from andrea.control.guard.decisions import remedy_in_force
 from andrea.control.commit import shards
 from andrea.control.run.boundary import Boundary, RunFailed
 from andrea.control.run.heldout import HeldOut
@@ -66,7 +67,7 @@ from andrea.control.observe.progress import Progress
 from andrea.control.observe import banner
 from andrea.rundir import atomic, checkpoint as ckpt, incidents, names
 from andrea.rundir.names import LEDGER_NAME
-from andrea.rundir.ledger import LossLedger, marker
+from andrea.rundir.ledger import LossLedger, marker, readable_entries
 from andrea.rundir.retention import Retention
 from andrea.rundir.runlock import RunLock
 from andrea.control.run.trainer import Trainer
@@ -239,9 +240,11 @@ class TrainingRun:
                 feed.lines.append(marker("resume", info.step, phase=proxy.phase, **measure, **{"from": info.path.name}))
             else:  # --init-from a checkpoint: a new run, continuing that one's w, m and v from its step
                 feed.lines.append(start(info.step, phase=proxy.phase, **{"from": str(info.path.resolve())}))
+        ledger_remedy = lambda: sharing.from_leader(  # noqa: E731  (the companion's copy, when it is lost)
+            self.world, lambda: remedy_in_force(readable_entries(self.run_dir / LEDGER_NAME), info.step))
         guard, warning = rollback.load_guard(self.cfg, info, self.run_dir, (imported or {}).get("from"),
                                              sharing.json_reader(self.world),
-                                             lambda p: sharing.from_leader(self.world, Path.exists, p))
+                                             lambda p: sharing.from_leader(self.world, Path.exists, p), ledger_remedy)
         if warning:
             log.warning("%s", warning)
         if info is not None and proxy.phase > 0 and proxy.phase_start == self.step:  # resumed at a pivot: as

@@ -12,7 +12,7 @@ from andrea.config.check import ConfigError
 from andrea.config.keepers import GuardConfig
 from andrea.config.load import load
 from andrea.control.guard.decisions import (HEALTHY, INCIDENT, SUSPECT, Guard, GuardStateError, advice, band,
-                                            ledger_summary, most_tentative, spacing, thin)
+                                            ledger_summary, most_tentative, remedy_in_force, spacing, thin)
 from andrea.rundir.ledger import history
 from andrea.rundir.retention import Policy, victims
 
@@ -331,3 +331,15 @@ def test_thinning_keeps_the_oldest_and_the_newest_and_spaces_the_rest():
     assert [t["step"] for t in thin(steps, 5)] == [10, 12]
     assert [t["step"] for t in thin([{"step": 10}, {"step": 15}, {"step": 16}], 5)] == [10, 15, 16]
     assert thin([{"step": 3}, {"step": 4}], 5) == [{"step": 3}, {"step": 4}]
+
+
+def test_the_remedy_in_force_is_the_newest_rollback_no_later_start_superseded():
+    rb = lambda step, offset, scale: {"event": "rollback", "step": step, "data_offset": offset,  # noqa: E731
+                                      "lr_scale": scale}
+    entries = [{"event": "start", "step": 0}, rb(10, 25, 1.0), rb(40, 60, 0.5)]
+    assert remedy_in_force(entries) == {"data_offset": 60, "lr_scale": 0.5}
+    assert remedy_in_force(entries, 39) == {"data_offset": 25, "lr_scale": 1.0}  # at a checkpoint before the second
+    assert remedy_in_force(entries, 5) is None
+    resumed = entries + [{"event": "resume", "step": 30}]  # a resume below the second rollback: the first in force
+    assert remedy_in_force(resumed) == {"data_offset": 25, "lr_scale": 1.0}
+    assert (ledger_summary(resumed)["data_offset"], ledger_summary(resumed)["lr_scale"]) == (25, 1.0)

@@ -49,3 +49,21 @@ def test_a_missing_known_good_checkpoint_moves_the_pointer_and_keeps_the_traject
     assert [t["step"] for t in guard.tentative] == [30]  # what `exists` (rank 0's view) says is gone is dropped
     guard, _ = rollback.load_guard(RunConfig(), info, tmp_path)
     assert [t["step"] for t in guard.tentative] == [20, 30]
+
+
+def test_a_lost_or_unreadable_companion_keeps_the_ledgers_data_offset_and_lr_scale(tmp_path):
+    """The ledger records every rollback's data offset and lr scale: a companion that cannot be read (or is gone)
+    leaves the guard without its known-good point, never the run without its trajectory (issue 55, hole 2)."""
+    info = ckpt.CheckpointInfo(tmp_path / names.checkpoint_name(30), 30, 64)
+    recorded = {"data_offset": 25, "lr_scale": 0.5}
+    guard, warning = rollback.load_guard(RunConfig(), info, tmp_path, ledger_remedy=lambda: dict(recorded))
+    assert (guard.remedy["data_offset"], guard.remedy["lr_scale"]) == (25, 0.5) and guard.good["step"] == 30
+    assert "missing" in warning and "data offset 25 and lr scale 0.5" in warning and "\n" not in warning
+    rollback.companion_path(tmp_path, 30).write_text('{"version": 1, "step": 30, "good"')  # torn
+    guard, warning = rollback.load_guard(RunConfig(), info, tmp_path, ledger_remedy=lambda: dict(recorded))
+    assert (guard.remedy["data_offset"], guard.remedy["lr_scale"]) == (25, 0.5)
+    assert "starts afresh from step_000030.bin" in warning and "data offset 25" in warning
+    guard, warning = rollback.load_guard(RunConfig(), info, tmp_path)  # no rollback on the record
+    assert guard.remedy["data_offset"] == 0 and "data offset 0 and lr scale 1" in warning
+    rollback.companion_path(tmp_path, 30).unlink()
+    assert rollback.load_guard(RunConfig(), info, tmp_path)[1] is None  # a run from before the guard: silent
