@@ -38,6 +38,7 @@ from andrea.config.schema import RunConfig
 from andrea.config.check import ConfigError
 from andrea.control.run import identity, resume
 from andrea.control.observe import notify, tensorboard, views, wandb_log, watchdog
+from andrea.control.observe.plateau import Plateau
 from andrea.control.mixture import pivot
 from andrea.control.parallel import ranks, sharing
 from andrea.control.replica import replicator
@@ -315,11 +316,12 @@ class TrainingRun:
 
     def observers(self, run: Started) -> list[Observer]:
         """What the boundary tells of its evals, commits, rollbacks and pivots besides the guard and the held-out
-        history (control/run/observers.py): the views, the replica, the notices."""
+        history (control/run/observers.py): the views, the replica, the notices, the plateau."""
         subscribers: list[Observer] = [ToViews(self.views)] if self.views is not None else []
         if self.replicator is not None:
             subscribers.append(ToReplica(self.replicator))
-        return [*subscribers, ToNotices(self.notifier.send)]
+        return [*subscribers, ToNotices(self.notifier.send),
+                Plateau(self.cfg.notify.plateau_evals, run.heldout, run.feed)]
 
     async def loop(self, run: Started, stop_at: int) -> int:
         """Boundary, step, boundary, ... until a stop; then everything in flight lands."""
