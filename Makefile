@@ -45,8 +45,8 @@ durations: venv-test
 	    $(ARGS) > build/durations.txt || true
 	$(PY) -m tests.durations build/durations.txt
 
-# The development loop: the unit tests only (no trainer process, no compile check; ~1 min on 2 cores). `make test`
-# runs them too, with everything else.
+# The development loop: the unit tests only (no trainer process; ~3 min on 2 cores, about half of it the kernels'
+# compile check, tests/unit/kernels/test_compile.py). `make test` runs them too, with everything else.
 QUICK ?= tests/unit
 quick: venv-test
 	$(PY) -m pytest -q -n auto --maxprocesses 2 --dist load -m "not slow" $(QUICK) $(ARGS)

@@ -1,8 +1,10 @@
 """The docs' generated blocks besides the configuration reference: each written from the registry or source it
 describes, so a new notice kind, ledger marker or module cannot leave its table behind.
 
-    notice-kinds      docs/operating.md   andrea/notices.py `table()`
-    incident-markers  docs/formats.md     andrea/rundir/markers.py `incidents_table()`
+    notice-kinds      docs/operating.md     andrea/notices.py `table()`
+    incident-markers  docs/formats.md       andrea/rundir/markers.py `incidents_table()`
+    modules           docs/architecture.md  every module's docstring's first sentence, package by package
+                                            (`modules()`: a module without a docstring is refused)
 
 A block lies between `<!-- generated: NAME ... -->` and `<!-- end of NAME -->` lines; nothing else in the file
 is touched.
@@ -11,13 +13,16 @@ is touched.
     python -m andrea.docblocks --write    replace each block between its markers
     python -m andrea.docblocks --check    exit 1 if any block differs (tests/unit/test_docblocks.py does this)
 
-Reads the registries (and the docs); `--write` rewrites the docs between the markers only.
+Reads the registries, the package's source files (their docstrings, with `ast`) and the docs; `--write` rewrites
+the docs between the markers only.
 (docs/configuration.md has its own generator, andrea/config/doc.py.)
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +31,32 @@ from pathlib import Path
 from andrea import notices
 from andrea.rundir import markers
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+PACKAGE = Path(__file__).resolve().parent
+DOCS = PACKAGE.parent / "docs"
+
+
+def first_sentence(path: Path) -> str:
+    """The first sentence of a module's docstring (its job, STYLE's "one job"); ValueError when it has none."""
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    if not doc:
+        raise ValueError(f"{path.parent.name}/{path.name}: no docstring (its first sentence says its job)")
+    para = " ".join(doc.split("\n\n")[0].split())
+    m = re.match(r"(.+?[.!?])(\s|$)", para)
+    return m.group(1) if m else para
+
+
+def modules(root: Path = PACKAGE) -> str:
+    """docs/architecture.md's module list: per package (its `__init__.py`'s sentence), each module's sentence."""
+    out = []
+    for package in sorted({p.parent for p in root.rglob("*.py")}):
+        init = package / "__init__.py"
+        name = package.relative_to(root.parent).as_posix() + "/"
+        out.append(f"**`{name}`**: {first_sentence(init)}" if init.exists() else f"**`{name}`**")
+        for path in sorted(package.glob("*.py")):
+            if path.name != "__init__.py":
+                out.append(f"- `{path.name}`: {first_sentence(path)}")
+        out.append("")
+    return "\n".join(out).rstrip()
 
 
 @dataclass(frozen=True)
@@ -45,7 +75,8 @@ class Block:
 
 
 BLOCKS = [Block("notice-kinds", DOCS / "operating.md", notices.table),
-          Block("incident-markers", DOCS / "formats.md", markers.incidents_table)]
+          Block("incident-markers", DOCS / "formats.md", markers.incidents_table),
+          Block("modules", DOCS / "architecture.md", modules)]
 
 
 def splice(text: str, block: Block) -> str:

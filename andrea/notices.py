@@ -19,15 +19,16 @@ ALL = "all"
 
 @dataclass(frozen=True)
 class Kind:
+    """One notice kind: its `name` (the JSON's "event"), its `meaning` (what happened, for docs/operating.md's table),
+    its `detail` (the JSON's fields besides event, step, time, run_dir, host, pid, rank and message); a `last_word`
+    is a process's last notice, never rate-limited (notify.max_per_hour); one of `any_rank` is sent by whichever
+    rank meets it (the hung rank's stall), every other kind by rank 0 only."""
+
     name: str
     meaning: str
-    """What happened, for docs/operating.md's table."""
     detail: str = ""
-    """The JSON's fields besides the common ones (event, step, time, run_dir, host, pid, rank, message)."""
     last_word: bool = False
-    """A process's last notice: never rate-limited (notify.max_per_hour)."""
     any_rank: bool = False
-    """Sent by whichever rank meets it (the hung rank's stall); every other kind only by rank 0."""
 
 
 NOTICE_KINDS: dict[str, Kind] = {k.name: k for k in (
@@ -49,6 +50,8 @@ NOTICE_KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("replica_back", "the replica's store is back and the replica caught up", "uri, down_s, replica_step"),
     Kind("rank_mismatch", "under torchrun the ranks' weights differed at a checkpoint; the incident and rollback "
          "notices follow", "ranks, digests"),
+    Kind("plateau", "no new best held-out loss in notify.plateau_evals evals (again after as many more)",
+         "the ledger's plateau marker: best_step, best_loss, evals"),
 )}
 
 

@@ -3,20 +3,22 @@
 Each one makes a test or fault campaign able to see or provoke something a real run only meets by chance (a kill
 inside the commit window, a divergence at a chosen step, an out-of-memory, a hung thread). Unset, each one is a
 no-op: production never sets them. Each function reads its variable when called; the module that calls it says
-so where it reads it (`testhooks.<name>()`), and reads it at the moment given below. Reads the environment only.
+so where it reads it (`testhooks.<name>()`), and reads it at the moment given below. The training step's hooks
+(poison, flip, hang, step delay) reach the step through one seam, control/run/step_hooks.py, which production never
+builds. Reads the environment only.
 
     variable                       read by (when)                          what it does; used by
     ANDREA_TEST_COMMIT_DELAY=s     control/commit/writer.py (each writer)          sleep s after a checkpoint's `.tmp` is
                                                                            complete, before the rename: the commit
                                                                            window made observable (tests/faults/,
                                                                            tests/e2e/test_signals.py)
-    ANDREA_TEST_STEP_DELAY=s       control/run/runtime.py (each TrainingRun)       sleep s after each step: a window for
+    ANDREA_TEST_STEP_DELAY=s       control/run/step_hooks.py (each TrainingRun)    sleep s after each step: a window for
                                                                            signals (tests/e2e/test_guard_run.py,
                                                                            test_watchdog_run.py, test_replica_run.py,
                                                                            test_microbatch.py, test_chaos.py), or
                                                                            a job paced while a test talks to it
                                                                            (test_distributed.py)
-    ANDREA_TEST_POISON_STEPS=n,..  control/run/runtime.py (each TrainingRun)       the step record of header step n reads
+    ANDREA_TEST_POISON_STEPS=n,..  control/run/step_hooks.py (each TrainingRun)    the step record of header step n reads
                                                                            loss = NaN the first time this process
                                                                            reaches n (weights untouched): a
                                                                            divergence the guard meets
@@ -41,7 +43,7 @@ so where it reads it (`testhooks.<name>()`), and reads it at the moment given be
     ANDREA_TEST_REPLICA_DELAY=s    control/replica/remote.py (at import)            sleep s after each piece of a `.bin`
                                                                            read for its upload: a slow store
                                                                            (tests/e2e/test_replica_run.py)
-    ANDREA_TEST_FLIP_WEIGHT=s@r    control/run/runtime.py (each TrainingRun)       one mantissa bit of one weight flipped on
+    ANDREA_TEST_FLIP_WEIGHT=s@r    control/run/step_hooks.py (each TrainingRun)    one mantissa bit of one weight flipped on
                                                                            rank r after the update that reaches
                                                                            header step s, once per process: a
                                                                            silently corrupted GPU, which the ranks'

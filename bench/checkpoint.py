@@ -72,6 +72,7 @@ from andrea.config import schema as config_mod
 from andrea.config import load as configload  # noqa: E402
 from andrea.control.commit.writer import CheckpointWriter, staging_image  # noqa: E402
 from andrea.control.run.trainer import FlatState, Trainer, resolve_device  # noqa: E402
+from andrea.rundir.retention import Policy, Retention  # noqa: E402
 from checkpoint_report import fs_type, median, report, targets  # noqa: E402  (beside this file: sys.path[0])
 
 METHODS = ("andrea", "andrea buffered", "torch.save", "dcp.async_save", "buffered write", "O_DIRECT write", "memcpy")
@@ -133,7 +134,7 @@ class AndreaCheckpoint:
         self.train_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-train")
         self.io_pool = ThreadPoolExecutor(1, thread_name_prefix="andrea-io")
         self.writer = CheckpointWriter(run_dir, trainer.state.n, trainer.device, self.io_pool,
-                                       keep_last=1 << 30, keep_every=0)  # retention off: the bench deletes files
+                                       retention=Retention(Policy(keep_last=1 << 30)))  # off: the bench deletes files
         self.step = 0
 
     def _timed_step(self) -> float:

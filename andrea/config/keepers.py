@@ -128,6 +128,9 @@ class NotifyConfig:
     timeout_s: float = 10.0
     """The longest a command or a POST may take, the whole exchange, before it is abandoned with a warning (a
     command's whole process group is ended then; control/observe/delivery.py)."""
+    plateau_evals: int = 0
+    """A `plateau` notice (and ledger marker) when this many evals in a row bring no new best held-out loss, and
+    again after as many more (control/observe/plateau.py); 0: never."""
     max_per_hour: int = 6
     """Notices of one kind sent per rolling hour at most; the rest are dropped and counted in the next one
     (`suppressed`). The last notice of a process (finished, stopped, failed, stall) is always sent."""
@@ -152,6 +155,8 @@ class NotifyConfig:
         unknown = notices.unknown(self.events)
         if unknown:
             raise ConfigError(f"notify.events: unknown event {unknown[0]!r} (known: {notices.known()})")
+        if self.plateau_evals < 0:
+            raise ConfigError(f"notify.plateau_evals={self.plateau_evals} must be >= 0 (0: no plateau notice)")
         if not self.timeout_s > 0 or self.max_per_hour < 1:
             raise ConfigError("notify.timeout_s must be > 0 and notify.max_per_hour >= 1")
 

@@ -65,6 +65,8 @@ Format: JSON Lines — one JSON object per line, UTF-8, each line ending in "\\n
                only while its I/O thread is alive
                {"event": "stall", "step": S, "component": "train" | "boundary" | "io", "seconds": 12.3,
                 "limit": 10.0, "rank": R}
+    plateau    no new best held-out loss in notify.plateau_evals evals (control/observe/plateau.py)
+               {"event": "plateau", "step": S, "best_step": B, "best_loss": 2.91, "evals": n}
     quarantine, resume_below, replica_down, replica_back, rank_mismatch   the other incidents: a checkpoint moved
                to quarantine/, a start below the newest checkpoint, the replica's store failing and back, ranks whose
                weights differ at a checkpoint (fields: rundir/incidents.py)

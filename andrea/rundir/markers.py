@@ -81,6 +81,10 @@ MARKERS: dict[str, Marker] = {m.name: m for m in (
            incident=True,
            notice=lambda e: (f"ranks {e.get('ranks')} disagree with the others on the weights at step {e['step']}: "
                              "not checkpointed, rolling back to a checkpoint the ranks agreed on")),
+    Marker("plateau", "no new best held-out loss in notify.plateau_evals evals (control/observe/plateau.py)",
+           "best_step, best_loss, evals",
+           notice=lambda e: (f"held-out loss plateau at step {e['step']}: no new best in {e.get('evals')} evals "
+                             f"(best {e.get('best_loss')} at step {e.get('best_step')})")),
 )}
 
 RESETS = tuple(m.name for m in MARKERS.values() if m.resets)

@@ -4,7 +4,8 @@ Pure decisions over plain data (no files, no tensors, no clock): the runtime fee
 (step, loss, grad_norm) in step order, asks it whether a checkpoint may be committed, and carries out the
 rollback it plans. Every rank of a data-parallel run that sees the same global records takes the same
 decisions. Its whole state is JSON (`Guard.to_state`), saved beside every checkpoint as the companion
-`step_NNNNNN.guard.json` (written by control/run/runtime.py; deleted with its checkpoint by the writer):
+`step_NNNNNN.guard.json` (written by control/run/boundary.py with each checkpoint and control/guard/rollback.py at
+a rollback; deleted with its checkpoint by the writer):
 
     {"version": 1, "step": S,                       the checkpoint this describes
      "detector": {"losses": [...], "grads": [...],  the healthy baseline: newest `window` healthy values

@@ -13,11 +13,8 @@ writer, the guard), then `Boundary.cross` / `Boundary.advance` until a stop, and
 (`self.world`, andrea/control/parallel/distributed.py) every rank runs this loop in lockstep; the model is ZeRO-1 (andrea/control/parallel/zero.py),
 the commit is sharded (control/commit/shards.py); rank 0 alone holds the lock, the ledger, the sidecars and the audits.
 The watchdog (control/observe/watchdog.py) watches the threads while the step loop runs; notices (control/observe/notify.py) go
-out for what an operator acts on. Test hook: `ANDREA_TEST_HANG` (control/observe/watchdog.py).
-Test hooks (andrea/testhooks.py): `ANDREA_TEST_STEP_DELAY` sleeps after each step (a window for signals);
-`ANDREA_TEST_POISON_STEPS` makes the step record of chosen header steps read loss = NaN once (a divergence the
-guard meets as a non-finite incident); `ANDREA_TEST_FLIP_WEIGHT` flips one weight bit on one rank
-(control/parallel/agreement.py). Never in production.
+out for what an operator acts on. The step's test hooks (andrea/testhooks.py: ANDREA_TEST_POISON_STEPS, _FLIP_WEIGHT, _HANG, _STEP_DELAY) go
+through one seam, control/run/step_hooks.py, which is None in production.
 Reads `run.toml`, checkpoints, `tokenizer.json` and `data/`; writes `train.pid`, `run.toml` and, through the
 boundary, everything listed in sidecars.py, `.loss.json` (control/run/ledger_feed.py) and `step_NNNNNN.bin` (checkpoint.py).
 """
@@ -25,19 +22,16 @@ boundary, everything listed in sidecars.py, `.loss.json` (control/run/ledger_fee
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import signal
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from andrea import testhooks
 from andrea.evals import audit
 from andrea.model.init_from import load_init_weights
 from andrea.control.observe import mfu
@@ -45,8 +39,9 @@ from andrea.config.schema import RunConfig
 from andrea.config.check import ConfigError
 from andrea.control.run import identity, resume
 from andrea.control.observe import notify, tensorboard, views, wandb_log, watchdog
+from andrea.control.observe.plateau import Plateau
 from andrea.control.mixture import pivot
-from andrea.control.parallel import agreement, ranks, sharing
+from andrea.control.parallel import ranks, sharing
 from andrea.control.replica import replicator
 from andrea.control.guard import rollback
 from andrea.control.guard.decisions import remedy_in_force
@@ -59,6 +54,7 @@ from andrea.control.mixture.proxy import Batch, DataProxy
 from andrea.control.run.records import StepRecords
 from andrea.control.run.started import Started
 from andrea.control.run.stalls import Stalls
+from andrea.control.run.step_hooks import StepHooks
 from andrea.control.run.early_signals import EarlySignals
 from andrea.control.run.signals import Requests, abort_now, install_handlers, remove_handlers
 from andrea.data.preparation import Interrupted
@@ -102,9 +98,8 @@ class TrainingRun:
         self.preparing = False  # rank 0 is preparing data (a stop then ends the preparation, not a step)
         self.skipped: list[str] = []  # newer checkpoints the start skipped as invalid, and why (control/run/resume.py)
         self.stalls = Stalls(self.world, self.io, self.notifier, lambda: self.step, self._append_marker)
-        self.step_delay = testhooks.step_delay()  # test hook ANDREA_TEST_STEP_DELAY (andrea/testhooks.py)
-        self.poison_steps = testhooks.poison_steps()  # test hook ANDREA_TEST_POISON_STEPS (andrea/testhooks.py)
-        self.flip = testhooks.flip_weight()  # test hook ANDREA_TEST_FLIP_WEIGHT: a rank's weight flipped
+        # the step's test hooks, one seam (control/run/step_hooks.py, andrea/testhooks.py): None in production
+        self.step_hooks = StepHooks.from_env(self.world.rank)
 
     @property
     def step(self) -> int:
@@ -342,11 +337,12 @@ class TrainingRun:
 
     def observers(self, run: Started) -> list[Observer]:
         """What the boundary tells of its evals, commits, rollbacks and pivots besides the guard and the held-out
-        history (control/run/observers.py): the views, the replica, the notices."""
+        history (control/run/observers.py): the views, the replica, the notices, the plateau."""
         subscribers: list[Observer] = [ToViews(self.views)] if self.views is not None else []
         if self.replicator is not None:
             subscribers.append(ToReplica(self.replicator))
-        return [*subscribers, ToNotices(self.notifier.send)]
+        return [*subscribers, ToNotices(self.notifier.send),
+                Plateau(self.cfg.notify.plateau_evals, run.heldout, run.feed)]
 
     async def loop(self, run: Started, stop_at: int) -> int:
         """Boundary, step, boundary, ... until a stop; then everything in flight lands."""
@@ -400,14 +396,9 @@ class TrainingRun:
     def _step(self, trainer: Trainer, records: StepRecords, batch: Batch) -> int:
         """One update on the training thread; its record goes to `records` without a sync."""
         out = trainer.train_step(batch.step, batch.x, batch.y)
-        if out.step in self.poison_steps:  # test hook: once per process (a rollback's replay of n stays healthy)
-            self.poison_steps.discard(out.step)
-            out = dataclasses.replace(out, loss=torch.full_like(out.loss, float("nan")))
-        if self.flip is not None and self.flip == (out.step, self.world.rank):  # test hook: once per process
-            self.flip = None
-            agreement.flip_one_bit(trainer.weights())
+        if self.step_hooks is not None:
+            out = self.step_hooks.before_push(out, trainer)
         records.push(out)
-        watchdog.test_hang("train", out.step, self.world.rank)
-        if self.step_delay:
-            time.sleep(self.step_delay)
+        if self.step_hooks is not None:
+            self.step_hooks.after_push(out)
         return out.step
