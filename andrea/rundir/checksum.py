@@ -40,6 +40,7 @@ from pathlib import Path
 import xxhash
 
 from andrea.errors import UserError
+from andrea.rundir import regular
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.jsonfile import read_json
 from andrea.rundir.names import companion_path, step_of
@@ -105,7 +106,7 @@ def image_digests(image, n_params: int) -> dict[str, str]:
 def file_digests(path: Path, n_params: int) -> dict[str, str]:
     """Digests of the checkpoint file at `path`, read in READ_CHUNK pieces."""
     hasher = RegionHasher(n_params)
-    with open(path, "rb") as f:
+    with regular.open_file(path) as f:
         while piece := f.read(READ_CHUNK):
             hasher.update(piece)
     return hasher.digests()
@@ -129,7 +130,9 @@ def write(checkpoint: Path, step: int, n_params: int, digests: dict[str, str]) -
 def _ledger_digest(path: Path) -> str | None:
     """The `xxh3_128` a ledger record holds; None when there is none or it cannot be read."""
     try:
-        digest = json.loads(path.read_bytes()).get("xxh3_128")
+        digest = json.loads(regular.read_bytes(path)).get("xxh3_128")
+    except regular.NotRegularFile:  # not "no record": a FIFO there is refused, never read
+        raise
     except (OSError, ValueError, AttributeError):
         return None
     return digest if isinstance(digest, str) else None
