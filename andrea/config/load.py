@@ -46,9 +46,7 @@ def parse_toml(text: str, source: str) -> dict[str, Any]:
 def read_toml(path: str | Path) -> dict[str, Any]:
     try:
         raw = regular.read_bytes(path)  # run.toml or --config: a FIFO there is refused, never waited on
-    except regular.NotRegularFile as e:
-        raise ConfigError(str(e)) from None
-    except OSError as e:
+    except OSError as e:  # NotRegularFile's strerror: "a FIFO (named pipe), not a regular file"
         raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
     if raw.startswith(b"\xef\xbb\xbf"):
         raise ConfigError(f"{path}: starts with a byte-order mark, which TOML does not allow: save it as UTF-8 "
