@@ -30,7 +30,10 @@ builds. Reads the environment only.
     ANDREA_TEST_HANG=w@s[@r]       control/observe/watchdog.py (each call)         the training (w = train) or I/O (w = io)
                                                                            thread hangs for good at step s, on rank
                                                                            r or every rank, once per process
-                                                                           (tests/e2e/test_watchdog_run.py)
+                                                                           (tests/e2e/test_watchdog_run.py); w =
+                                                                           start, s = 0: the start hangs in its data
+                                                                           preparation (tests/faults/
+                                                                           test_special_files.py)
     ANDREA_TEST_FILE_DELAY=s       data/encode.py (each arm's job)         sleep s after each source file of a
                                                                            preparation (tests/e2e/test_prepare_cli.py)
     ANDREA_TEST_STOP_AT_COMMIT=k   data/encode.py (each preparation)       a stop request right after the k-th
@@ -49,6 +52,10 @@ builds. Reads the environment only.
                                                                            silently corrupted GPU, which the ranks'
                                                                            digests must catch (control/parallel/agreement.py;
                                                                            tests/e2e/test_distributed.py)
+    ANDREA_TEST_START_GRACE=s      commands/train.py (each train)          seconds a stop signal may wait for a
+                                                                           blocked start before the process ends
+                                                                           (control/run/start_deadline.py; default
+                                                                           20) (tests/faults/test_special_files.py)
 """
 
 from __future__ import annotations
@@ -111,6 +118,11 @@ def file_delay() -> float:
 def stop_at_commit() -> int:
     """ANDREA_TEST_STOP_AT_COMMIT: a preparation stops right after its k-th commit (0: never)."""
     return int(os.environ.get(PREFIX + "STOP_AT_COMMIT", "0") or 0)
+
+
+def start_grace() -> float | None:
+    """ANDREA_TEST_START_GRACE: seconds a stop waits for a blocked start (None: control/run/start_deadline.py's)."""
+    return _number("START_GRACE") or None
 
 
 def replica_backoff() -> float:

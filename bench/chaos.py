@@ -353,7 +353,8 @@ def main() -> int:
                    help="watchdog.floor_s of the run: a hang is found this long after it (above a step and a start)")
     p.add_argument("--template", type=Path, default=None, help="a prepared run directory to copy data from")
     p.add_argument("--json", type=Path, default=None, help="also write the report's figures as JSON here")
-    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the work directory, the chaos run copied out of its tmpfs into it (kept-run/)")
     p.add_argument("--import-probes", type=int, default=3, help="times `import torch` is timed alone (0: never)")
     args = p.parse_args()
     args.faults = [f.strip() for f in args.faults.split(",") if f.strip()]
@@ -369,14 +370,26 @@ def main() -> int:
     try:
         return run_chaos(args, work)
     finally:
+        if args.keep:  # the chaos run lives on the tmpfs, which the unmount below takes with it
+            print(f"kept: {keep_run(work)}", file=sys.stderr)
         if in_own_namespace():  # the full disk's tmpfs: a mount point is not removed while mounted
             subprocess.run(["umount", "-l", str(work / "disk")], capture_output=True)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def keep_run(work: Path) -> Path:
+    """The chaos run's directory copied to `work`/kept-run before its tmpfs goes (a run not on one: it is there
+    already, `work`/run); the path to investigate it at (docs/benchmarks.md)."""
+    on_disk = work / "disk" / "run"
+    if not on_disk.is_dir():
+        return work / "run"
+    kept = work / "kept-run"
+    shutil.copytree(on_disk, kept, symlinks=True, dirs_exist_ok=True)
+    return kept
+
+
 def run_chaos(args, work: Path) -> int:
-    
     template = args.template or setup.prepare_template(args.preset, work / "template")
     if args.steps <= 0:
         args.steps = setup.calibrate(args, work, template)

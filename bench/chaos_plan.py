@@ -15,7 +15,7 @@
   the process's exit to the first step of the next one.
 - `goodput`, `steady_rate`: steps kept / (wall time x the fault-free run's steps/s).
 - `settled`: the ledger's settled step entries (rundir/ledger.history) with their times dropped, for the bytes
-  verdict.
+  verdict; `first_broken`: which fault's recovery first diverged from the fault-free run (or what can be said).
 """
 
 from __future__ import annotations
@@ -227,3 +227,26 @@ def loss_may_strike(replica_step: int | None, poison_step: int | None) -> bool:
     then trains the original data where the command's run skipped it: a different run, not a lost one. So the loss
     waits for the replica to hold a checkpoint past the poisoned step (faults do not overlap)."""
     return poison_step is None or (replica_step or 0) > poison_step
+
+
+def first_broken(recoveries: list[tuple[str, int | None]], same_checkpoint: bool, first_different_step: int | None,
+                 compared_through: int) -> str:
+    """Which fault's recovery first diverged from the fault-free run, in one sentence; `recoveries`: each fault
+    injected, in order, as (kind, the step its recovery resumed from; None: it caused none). The settled ledger
+    entry of step D was written after the LAST recovery that resumed below D (a later one resumed at or above D,
+    or superseded it), so a ledger that differs first at step D names that fault; the checkpoint alone differing,
+    with every settled entry through `compared_through` equal, cannot be pinned on a fault by the ledger."""
+    if first_different_step is None:
+        if same_checkpoint:
+            return "no fault changed the bytes"
+        return (f"every settled ledger entry through step {compared_through} equals the fault-free run's, the "
+                "checkpoint does not: which fault changed the weights cannot be told from the ledger (compare the "
+                "kept run's checkpoints with the fault-free run's, oldest first)")
+    d = first_different_step
+    culprit = next(((i, kind, g) for i, (kind, g) in reversed(list(enumerate(recoveries)))
+                    if g is not None and g < d), None)
+    if culprit is None:
+        return f"the ledger differs from step {d}, before any fault's recovery: the run itself is not reproducible"
+    i, kind, g = culprit
+    return (f"fault #{i + 1} ({kind}) broke them: its recovery resumed from step {g}, and the steps it trained "
+            f"again differ from the fault-free run's from step {d}")

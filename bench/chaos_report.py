@@ -130,7 +130,11 @@ def report(args, chaos, ref: dict, final: list[dict], led: list[dict], newest: i
     w(f"\nverdict: {'SAME BYTES' if same else 'DIFFERENT BYTES'} (checkpoint "
       f"{'equal' if bytes_['same_checkpoint'] else 'differs'}, ledger "
       f"{'equal' if bytes_['same_ledger'] else 'differs from step ' + str(bytes_['first_different_step'])})")
-    w(f"- faults here that keep the bytes: {', '.join(keeps) or 'none'}")
+    culprit = plan.first_broken([(r["kind"], r["resumed"]) for r in rows], bytes_["same_checkpoint"],
+                                bytes_["first_different_step"], min(newest or 0, ref["newest"]))
+    if not same:
+        w(f"- which fault: {culprit}")
+    w(f"- faults here that {'keep' if same else 'must keep'} the bytes: {', '.join(keeps) or 'none'}")
     for k in dict.fromkeys(f.kind for f in injected):
         w(f"  - {k}: {plan.FAULTS[k].why}")
 
@@ -209,7 +213,7 @@ def report(args, chaos, ref: dict, final: list[dict], led: list[dict], newest: i
 
     return {"target": args.steps, "every": args.every, "preset": args.preset, "outcome": chaos.outcome,
             "faults": rows, "bytes": bytes_, "verdict": {"target_reached": target_reached, "same_bytes": same,
-                                                          "keeps_bytes": keeps},
+                                                          "first_broken": culprit, "keeps_bytes": keeps},
             "markers": [dict(e, fault=injected[o].kind if o is not None else None) for e, o in zip(markers, m_owner)],
             "notices": [dict(e, fault=injected[o].kind if o is not None else None) for e, o in zip(notices, n_owner)],
             "starts": phases, "goodput": {"steps_kept": kept, "wall_s": wall, "rate": rate, "reference_rate": ref_rate,

@@ -4,6 +4,9 @@ stdlib `http.server` on 127.0.0.1, port 0 (the kernel picks a free one), served 
 is every JSON body received, in arrival order. `Inbox(trickle_s=0.2)` is a hostile server: it records the body,
 then answers one byte of a header line every `trickle_s` seconds, for as long as the client listens (each read
 is quick, so only a deadline over the whole exchange ends it); `hung` counts the replies being trickled.
+`Inbox(drip_s=1.0)` answers `HTTP/1.0 200` with `Content-Length: 60` at once, then the body one byte every `drip_s`
+seconds (the client owns a reply on a connection the server closes: http.client hands it the socket);
+`Inbox(silent=True)` records the body and never answers, until closed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Inbox:
-    def __init__(self, trickle_s: float | None = None) -> None:
+    def __init__(self, trickle_s: float | None = None, drip_s: float | None = None, silent: bool = False) -> None:
         self.events: list[dict] = []
         self.hung = 0
         self._cond = threading.Condition()
@@ -31,6 +34,12 @@ class Inbox:
                 if trickle_s is not None:
                     self.trickle(trickle_s)
                     return
+                if drip_s is not None:
+                    self.drip(drip_s)
+                    return
+                if silent:
+                    self.hold()
+                    return
                 self.send_response(204)
                 self.end_headers()
 
@@ -42,6 +51,27 @@ class Inbox:
                     while not inbox._closed.wait(every):
                         self.wfile.write(b"z")
                         self.wfile.flush()
+                except OSError:  # the client gave up: what a deadline is for
+                    pass
+                finally:
+                    with inbox._cond:
+                        inbox.hung -= 1
+                        inbox._cond.notify_all()
+                    self.close_connection = True
+
+            def drip(self, every: float) -> None:
+                self.wfile.write(b"HTTP/1.0 200 OK\r\nContent-Length: 60\r\n\r\n")
+                self.wfile.flush()
+                self.hold(lambda: self.wfile.write(b"z") or self.wfile.flush(), every)
+
+            def hold(self, each=None, every: float = 0.05) -> None:
+                """Until the client gives up or the inbox closes: `each()` every `every` seconds (None: silence)."""
+                with inbox._cond:
+                    inbox.hung += 1
+                try:
+                    while not inbox._closed.wait(every):
+                        if each is not None:
+                            each()
                 except OSError:  # the client gave up: what a deadline is for
                     pass
                 finally:

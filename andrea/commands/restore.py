@@ -27,7 +27,7 @@ from pathlib import Path
 
 from andrea.control.guard import decisions as guard_decisions
 from andrea.control.replica.admit import run_record
-from andrea.rundir import checksum
+from andrea.rundir import checksum, regular
 from andrea.control.replica import remote as rep
 from andrea.rundir.atomic import fsync_dir, write_atomic
 from andrea.rundir.ledger import ledger_problem
@@ -175,7 +175,7 @@ def _take(replica: rep.Replica, run_dir: Path, step: int, listing: dict[str, int
 def _json(path: Path):
     """A small JSON file's value; None when it is absent or not JSON (a damaged companion)."""
     try:
-        return json.loads(path.read_bytes())
+        return json.loads(regular.read_bytes(path))
     except (OSError, ValueError):
         return None
 
@@ -221,7 +221,7 @@ def _fetch_checkpoint(replica: rep.Replica, run_dir: Path, step: int, listing: d
         if path.is_file():
             try:
                 feed, finish = rep.verifier(recorded, str(path))
-                with open(path, "rb") as f:
+                with regular.open_file(path) as f:
                     while piece := f.read(rep.CHUNK):
                         feed(piece)
                 finish()

@@ -24,9 +24,12 @@ log = logging.getLogger("andrea")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from andrea import testhooks
     from andrea.control.run.early_signals import EarlySignals
     from andrea.control.run.signals import HANDLED
-    early = EarlySignals(HANDLED)  # before the slow imports: a SIGTERM from now on ends in a clean stop
+    from andrea.control.run.start_deadline import GRACE_S, StartDeadline
+    # before the slow imports: a SIGTERM from now on ends in a clean stop, or within GRACE_S if the start is blocked
+    early = EarlySignals(HANDLED, StartDeadline(testhooks.start_grace() or GRACE_S))  # andrea/testhooks.py
     run_dir = Path(args.run_dir)
     cfg = resolve_config(args, run_dir, check=lambda cfg: check_existing(run_dir, cfg))
     if (run_dir / names.RESTORING_NAME).exists():
@@ -76,6 +79,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def check_existing(run_dir: Path, cfg) -> None:
     """An existing run keeps what its checkpoints mean (control/run/identity.py)."""
     if run_dir.is_dir():
+        from andrea.rundir.inspect import refuse_special_files
+        refuse_special_files(run_dir)  # a FIFO at a run file's name: refused before anything opens it
         from andrea.control.run.identity import check_resume
         saved = run_dir / names.CONFIG_NAME
         check_resume(run_dir, cfg, configload.run_config(run_dir) if saved.exists() else None)

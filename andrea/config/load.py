@@ -18,7 +18,8 @@ from typing import Any
 from andrea.config.schema import SECTIONS, RunConfig, section_types
 from andrea.config.check import ConfigError, build, unknown_message
 from andrea.config.upgrade import upgrade_run_toml
-from andrea.rundir.inspect import require_run_dir
+from andrea.rundir import regular
+from andrea.rundir.inspect import refuse_special_files, require_run_dir
 from andrea.rundir.names import CONFIG_NAME
 
 log = logging.getLogger("andrea.config.load")
@@ -44,8 +45,8 @@ def parse_toml(text: str, source: str) -> dict[str, Any]:
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     try:
-        raw = Path(path).read_bytes()
-    except OSError as e:
+        raw = regular.read_bytes(path)  # run.toml or --config: a FIFO there is refused, never waited on
+    except OSError as e:  # NotRegularFile's strerror: "a FIFO (named pipe), not a regular file"
         raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
     if raw.startswith(b"\xef\xbb\xbf"):
         raise ConfigError(f"{path}: starts with a byte-order mark, which TOML does not allow: save it as UTF-8 "
@@ -162,4 +163,5 @@ def run_config(run_dir: Path) -> RunConfig:
         require_run_dir(run_dir)  # no such directory / not a directory
     if not path.exists():
         raise FileNotFoundError(f"{run_dir}: not a run directory (no {CONFIG_NAME})")
+    refuse_special_files(run_dir)  # a FIFO at a checkpoint's name or a companion's: one line, nothing opened
     return load(base=read_toml(path), base_source=str(path))

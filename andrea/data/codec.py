@@ -12,6 +12,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from andrea.data.sources import DataError
+from andrea.rundir import regular
 
 EOT = "<|endoftext|>"
 
@@ -41,7 +42,15 @@ class TextCodec:
     @classmethod
     def load(cls, path: Path) -> "TextCodec":
         try:
-            return cls(Tokenizer.from_file(str(path)))
+            text = regular.read_text(path)  # a FIFO at tokenizer.json: refused, never waited on
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: not a tokenizer file: not UTF-8 text ({e.reason})") from None
+        except OSError as e:
+            if isinstance(e, regular.NotRegularFile):
+                raise
+            raise DataError(f"{path}: not a tokenizer file: {e.strerror}") from None
+        try:
+            return cls(Tokenizer.from_str(text))
         except Exception as e:  # tokenizers raises a bare Exception on a bad file
             raise DataError(f"{path}: not a tokenizer file: {str(e).splitlines()[0]}") from None
 

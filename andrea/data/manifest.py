@@ -29,6 +29,7 @@ from pathlib import Path
 import xxhash
 
 from andrea.data.sources import DataError
+from andrea.rundir import regular
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.jsonfile import read_json
 from andrea.rundir.names import ARCHIVE_DIR, CONFIG_NAME, DATA_DIR, MANIFEST_NAME, STATE_NAME
@@ -93,7 +94,7 @@ class Manifest:
 
 
 def sha256(path: Path) -> str:
-    with open(path, "rb") as f:
+    with regular.open_file(path) as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
@@ -175,13 +176,13 @@ def data_status(run_dir: Path) -> dict | None:
         return None
     try:
         import tomllib
-        block = tomllib.loads((run_dir / CONFIG_NAME).read_text())["model"]["block_size"]
+        block = tomllib.loads(regular.read_text(run_dir / CONFIG_NAME))["model"]["block_size"]
     except (OSError, ValueError, KeyError):
         block = None
     pulls: dict[str, int] = {}
     for state in [run_dir / STATE_NAME, *sorted((run_dir / ARCHIVE_DIR).glob(f"phase-*/{STATE_NAME}"))]:
         try:
-            arms = json.loads(state.read_text())["bandit"]["arms"]
+            arms = json.loads(regular.read_text(state))["bandit"]["arms"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
         for name, a in arms.items() if isinstance(arms, dict) else ():
@@ -199,7 +200,7 @@ def token_digest(path: Path, nbytes: int) -> str:
     """xxh3-128 of the first `nbytes` bytes of a token file (the recorded length: a file grown later still
     verifies what the run reads)."""
     h, left = xxhash.xxh3_128(), nbytes
-    with open(path, "rb") as f:
+    with regular.open_file(path) as f:
         while left and (piece := f.read(min(left, 16 << 20))):
             h.update(piece)
             left -= len(piece)

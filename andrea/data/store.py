@@ -13,6 +13,7 @@ enough to continue the data stream exactly.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from andrea.data import manifest as mf, splits
 from andrea.data.codec import EOT, TextCodec  # noqa: F401  (EOT: re-exported for callers of store)
 from andrea.data.preparation import prepare_run
 from andrea.data.sources import DataError
+from andrea.rundir import regular
 from andrea.rundir.names import DATA_DIR
 
 log = logging.getLogger("andrea.data")
@@ -106,16 +108,20 @@ def _map(path: Path, dtype: np.dtype, n: int) -> np.ndarray:
     if n == 0:
         return np.zeros(0, dtype=dtype)
     try:
-        size = path.stat().st_size
+        f = regular.open_file(path)  # a FIFO there: refused, never waited on
+    except regular.NotRegularFile:
+        raise
     except OSError as e:
         raise DataError(f"{path}: cannot map the prepared tokens: {e.strerror}") from None
-    if size < n * dtype.itemsize:
-        raise DataError(f"{path}: holds {size // dtype.itemsize} tokens, fewer than the {n} recorded in the data "
-                        f"manifest: restore the file, or delete the run's data/ to prepare afresh")
-    try:
-        return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: cannot map the prepared tokens: {e}") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size < n * dtype.itemsize:
+            raise DataError(f"{path}: holds {size // dtype.itemsize} tokens, fewer than the {n} recorded in the "
+                            f"data manifest: restore the file, or delete the run's data/ to prepare afresh")
+        try:
+            return np.memmap(f, dtype=dtype, mode="r", shape=(n,))
+        except (OSError, ValueError) as e:
+            raise DataError(f"{path}: cannot map the prepared tokens: {e}") from None
 
 
 def rows(arms: list[ArmTokens], arm_ids: np.ndarray, block_size: int, rng: np.random.Generator,

@@ -48,7 +48,7 @@ from andrea.config.schema import ModelConfig, RunConfig
 from andrea.model import qwen3
 from andrea.model.arch import layout_for
 from andrea.model.gpt import LayerNorm, ParamSpec, n_params
-from andrea.rundir import atomic, checkpoint as ckpt, names
+from andrea.rundir import atomic, checkpoint as ckpt, names, regular
 
 log = logging.getLogger("andrea.model.export")
 
@@ -137,7 +137,7 @@ def tokenizer_files(path: Path, block_size: int) -> tuple[dict[str, bytes], int]
     special = {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT}
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size,
               "add_prefix_space": False, "clean_up_tokenization_spaces": False, **special}
-    return {"tokenizer.json": path.read_bytes(), "tokenizer_config.json": _json(config),
+    return {"tokenizer.json": regular.read_bytes(path), "tokenizer_config.json": _json(config),
             "special_tokens_map.json": _json(special)}, codec.eot
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea.errors import UserError
-from andrea.rundir import checksum
+from andrea.rundir import checksum, regular
 from andrea.rundir.names import DATA_DIR, TMP_SUFFIX, is_own_tmp, step_of
 
 HEADER = struct.Struct("<ii")
@@ -101,12 +101,11 @@ def validate(path: str | Path, n_params: int | None = None, *, deep: bool = Fals
     if name_step is None:
         raise CheckpointError(f"{path}: not a checkpoint name (expected step_NNNNNN.bin)")
     try:
-        st = path.stat()
-        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the open below; a directory cannot be one
-            raise CheckpointError(f"{path}: not a regular file")
-        size = st.st_size
-        with open(path, "rb") as f:
+        with regular.open_file(path) as f:  # a FIFO, a directory, a device: refused, never waited on
+            size = os.fstat(f.fileno()).st_size
             head = f.read(HEADER.size)
+    except regular.NotRegularFile as e:  # named directly (verify, --init-from): listings never hold one
+        raise CheckpointError(str(e)) from None
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read: {e.strerror}") from None
     if len(head) < HEADER.size:
@@ -125,7 +124,10 @@ def validate(path: str | Path, n_params: int | None = None, *, deep: bool = Fals
         return CheckpointInfo(path, step, n)
     recorded = _recorded_checksum(path)  # read first: a checksum that vanishes with its file is no false alarm
     try:
-        data = np.memmap(path, dtype=np.uint8, mode="r")
+        with regular.open_file(path) as f:
+            data = np.memmap(f, dtype=np.uint8, mode="r")
+    except regular.NotRegularFile:  # refused as it is: no bad checkpoint to quarantine, the user's to remove
+        raise
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read: {e.strerror}") from None
     return _check_image(path, data, step, n, recorded)
@@ -174,7 +176,11 @@ def load(path: str | Path, n_params: int) -> tuple[CheckpointInfo, np.ndarray]:
     path = Path(path)
     info = validate(path, n_params)
     recorded = _recorded_checksum(path)
-    image = np.fromfile(path, dtype=np.uint8)
+    try:
+        with regular.open_file(path) as f:
+            image = np.fromfile(f, dtype=np.uint8)
+    except regular.NotRegularFile:  # refused as it is: no bad checkpoint to quarantine, the user's to remove
+        raise
     if len(image) != checkpoint_bytes(n_params):
         raise CheckpointError(f"{path}: changed size while it was read ({len(image)} bytes)")
     return _check_image(path, image, info.step, n_params, recorded), image[HEADER.size:].view("<f4")

@@ -46,6 +46,7 @@ from pathlib import Path
 import xxhash
 
 from andrea.errors import UserError
+from andrea.rundir import regular
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.jsonfile import read_json
 from andrea.rundir.ledger import run_id
@@ -112,7 +113,7 @@ def image_digests(image, n_params: int) -> dict[str, str]:
 def file_digests(path: Path, n_params: int) -> dict[str, str]:
     """Digests of the checkpoint file at `path`, read in READ_CHUNK pieces."""
     hasher = RegionHasher(n_params)
-    with open(path, "rb") as f:
+    with regular.open_file(path) as f:
         while piece := f.read(READ_CHUNK):
             hasher.update(piece)
     return hasher.digests()
@@ -139,8 +140,10 @@ def write(checkpoint: Path, step: int, n_params: int, digests: dict[str, str]) -
 def _ledger_record(path: Path) -> tuple[str | None, str | None]:
     """The `xxh3_128` and the `run` a ledger record holds; None for each it has not or when it cannot be read."""
     try:
-        body = json.loads(path.read_bytes())
+        body = json.loads(regular.read_bytes(path))
         digest, run = body.get("xxh3_128"), body.get("run")
+    except regular.NotRegularFile:  # not "no record": a FIFO there is refused, never read
+        raise
     except (OSError, ValueError, AttributeError):
         return None, None
     return (digest if isinstance(digest, str) else None), (run if isinstance(run, str) else None)

@@ -2,7 +2,8 @@
 file, else one line naming the file and the problem, raised as the reader's own error type.
 
 Readers: the data manifest (data/manifest.py), a checkpoint's `.sum.json` (rundir/checksum.py), the sidecars
-(rundir/sidecars.py). Reads the file; writes nothing (writes: rundir/atomic.py).
+(rundir/sidecars.py). Reads the file, a regular file only (rundir/regular.py); writes nothing (writes:
+rundir/atomic.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from andrea.rundir import regular
 
 
 def _no_constant(name: str) -> float:
@@ -23,9 +26,11 @@ def read_json(path: Path, error: Callable[[str], Exception], *, unreadable: str 
     read or decoded as text, `error(f"{path}: {invalid}")` (default: `unreadable`) when it is not JSON, `{e}`
     being the cause. `constants=False` refuses NaN and Infinity, which JSON does not have."""
     try:
-        text = path.read_text()
+        text = regular.read_text(path)
     except FileNotFoundError:
         return None
+    except regular.NotRegularFile:  # refused as it is (a UserError): not the reader's 'damaged', never moved
+        raise
     except (OSError, UnicodeDecodeError) as e:
         raise error(f"{path}: {unreadable.format(e=e)}") from None
     try:

@@ -92,6 +92,7 @@ from typing import Any
 import xxhash
 
 from andrea.errors import UserError
+from andrea.rundir import regular
 from andrea.rundir.markers import RESETS
 
 
@@ -122,10 +123,10 @@ class LossLedger:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.torn_bytes = _cut_torn_tail(self.path)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = regular.open_fd(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self._hash = xxhash.xxh3_128()
         self.last_step: int | None = None
-        with open(self.path, "rb") as f:  # one read at open: the hash and the last step of what is there
+        with regular.open_file(self.path) as f:  # one read at open: the hash and the last step of what is there
             while piece := f.read(1 << 20):
                 self._hash.update(piece)
         self.size = os.fstat(self._fd).st_size
@@ -238,7 +239,7 @@ def _run_id(path: str, size: int, mtime_ns: int) -> str | None:
 def prefix_digest(path: Path, size: int) -> str:
     """The xxh3-128 of the first `size` bytes of `path` (fewer if it is shorter)."""
     h, left = xxhash.xxh3_128(), size
-    with open(path, "rb") as f:
+    with regular.open_file(path) as f:
         while left and (piece := f.read(min(left, 1 << 20))):
             h.update(piece)
             left -= len(piece)
@@ -248,7 +249,11 @@ def prefix_digest(path: Path, size: int) -> str:
 def ledger_problem(path: Path, recorded: dict[str, Any], checkpoint: str) -> str | None:
     """Why the ledger at `path` is not the one `checkpoint` vouched for (its seal), in one line; None when
     it holds those bytes unchanged (anything after them is the previous process's tail: superseded)."""
-    size = path.stat().st_size if path.exists() else 0
+    try:
+        with regular.open_file(path) as f:
+            size = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        size = 0
     want = recorded["bytes"]
     if size < want:
         return (f"{path}: cut short: {size:,} bytes (last step {tail_step(path)}), but {checkpoint} "
@@ -263,8 +268,8 @@ def tail_step(path: Path) -> int | None:
     """The step of the newest complete step entry, read from the file's tail (64 KiB) only."""
     if not path.exists():
         return None
-    with open(path, "rb") as f:
-        f.seek(max(0, path.stat().st_size - (64 << 10)))
+    with regular.open_file(path) as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - (64 << 10)))
         lines = f.read().split(b"\n")[:-1]  # the part after the last "\n" is incomplete
     for line in reversed(lines):
         try:
@@ -281,12 +286,14 @@ def marker(event: str, step: int, **fields: Any) -> dict[str, Any]:
 
 
 def _cut_torn_tail(path: Path) -> int:
-    if not path.exists():
+    try:
+        f = regular.open_file(path, "rb+")
+    except FileNotFoundError:
         return 0
-    size = path.stat().st_size
-    if size == 0:
-        return 0
-    with open(path, "rb+") as f:
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return 0
         tail_from = max(0, size - (1 << 20))
         f.seek(tail_from)
         tail = f.read()
@@ -316,7 +323,7 @@ def read_ledger(path: str | Path) -> LedgerContents:
     out = LedgerContents()
     if not path.exists():
         return out
-    lines = path.read_bytes().split(b"\n")
+    lines = regular.read_bytes(path).split(b"\n")
     bad: list[tuple[int, str]] = []
     for i, line in enumerate(lines):
         if not line:
@@ -355,7 +362,7 @@ def _entry(line: bytes) -> dict[str, Any] | None:
 
 def unreadable_lines(path: Path, upto: int | None = None) -> list[int]:
     """Line numbers (1-based) of the complete lines (within the first `upto` bytes) that are not ledger entries."""
-    data = path.read_bytes() if path.exists() else b""
+    data = regular.read_bytes(path) if path.exists() else b""
     lines = data[:upto].split(b"\n")[:-1]
     return [i + 1 for i, line in enumerate(lines) if _entry(line) is None]
 
@@ -372,7 +379,7 @@ def unlisted_lines(path: Path, upto: int | None = None) -> list[int]:
 def readable_entries(path: Path) -> list[dict[str, Any]]:
     """Every complete line that is a ledger entry, the others skipped: for a reader that wants the run's markers
     (its `start` identity, its replica's owner) whatever else the file holds. Other readers use `read_ledger`."""
-    lines = path.read_bytes().split(b"\n")[:-1] if path.exists() else []
+    lines = regular.read_bytes(path).split(b"\n")[:-1] if path.exists() else []
     return [e for e in map(_entry, lines) if e is not None]
 
 

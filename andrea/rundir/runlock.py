@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from andrea.errors import UserError
+from andrea.rundir import regular
 from andrea.rundir.names import LOCK_NAME, PID_NAME, tmp_path
 
 
@@ -26,7 +27,7 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = regular.open_fd(self.run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -55,7 +56,7 @@ def is_locked(run_dir: Path) -> bool:
     path = run_dir / LOCK_NAME
     if not path.exists():
         return False
-    fd = os.open(path, os.O_RDONLY)
+    fd = regular.open_fd(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return False
@@ -67,6 +68,6 @@ def is_locked(run_dir: Path) -> bool:
 
 def read_pid(run_dir: Path) -> int | None:
     try:
-        return int((run_dir / PID_NAME).read_text().strip())
+        return int(regular.read_text(run_dir / PID_NAME).strip())
     except (OSError, ValueError):
         return None

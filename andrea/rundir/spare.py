@@ -45,6 +45,7 @@ import signal
 import stat
 from pathlib import Path
 
+from andrea.rundir import regular
 from andrea.rundir.names import SPARE_NAME
 
 
@@ -106,7 +107,7 @@ def _unshared(path: Path) -> bool:
     """True when no open file description but ours refers to `path`'s inode: a write lease is granted only
     then (readers' descriptors and mappings count). EAGAIN: someone has it open; EINVAL, ENOLCK and the
     like: this filesystem cannot tell, so the answer is no."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = regular.open_fd(path)
     try:
         fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)  # a lease break in the instant we hold it: ignored
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)

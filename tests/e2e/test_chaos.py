@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.runs import ROOT, env
 
@@ -21,7 +22,7 @@ def test_the_chaos_run_reaches_its_target_with_the_fault_free_bytes_and_reports_
     out = tmp_path / "chaos.json"
     r = subprocess.run([sys.executable, "bench/chaos.py", "--preset", "andrea-tiny", "--steps", "150",
                         "--checkpoint-every", "10", "--every", "2", "--faults", ",".join(FAULTS),
-                        "--template", str(prepared), "--import-probes", "0", "--json", str(out)],
+                        "--template", str(prepared), "--import-probes", "0", "--json", str(out), "--keep"],
                        capture_output=True, text=True, timeout=300, env={**env(), "TMPDIR": str(tmp_path), "ANDREA_TEST_STEP_DELAY": "0.04"}, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     figures = json.loads(out.read_text())
@@ -38,7 +39,11 @@ def test_the_chaos_run_reaches_its_target_with_the_fault_free_bytes_and_reports_
     assert {"quarantine", "resume_below"} <= set(rows["bitflip"]["markers"]) & set(rows["bitflip"]["notices"])
     assert all(not rows[kind]["missing"] for kind in FAULTS), [(k, rows[k]["missing"]) for k in FAULTS]
     assert [n["event"] for n in figures["notices"]][-1] == "finished"
+    assert figures["verdict"]["first_broken"] == "no fault changed the bytes"
+    kept = [line.split("kept: ", 1)[1] for line in r.stderr.splitlines() if line.startswith("kept: ")]
+    assert len(kept) == 1 and (Path(kept[0]) / "step_000150.bin").is_file(), r.stderr[-2000:]  # --keep: the run
     for kind in FAULTS:
         assert f"| {kind} |" in r.stdout, r.stdout
     assert 0 < figures["goodput"]["goodput"] and "### Goodput" in r.stdout
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith("andrea-chaos-")]  # the bench cleans up
+    # the bench cleans up all but the work directory --keep keeps, the run in it
+    assert [p for p in tmp_path.iterdir() if p.name.startswith("andrea-chaos-")] == [Path(kept[0]).parent]

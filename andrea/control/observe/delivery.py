@@ -8,10 +8,15 @@ deadline, whichever is first, before the command is reaped (the group's id stays
 signal cannot reach an unrelated process). A hook therefore leaves nothing behind: `sh -c "sleep 1000"` ends
 with its `sleep`, and a job it puts in the background ends when it exits (run a daemon elsewhere).
 
-`post(url, body, timeout_s)` POSTs `body` with http.client and a deadline over the whole exchange: connecting,
+`post(url, body, timeout_s)` POSTs `body` with http.client and ONE deadline over the whole exchange: connecting,
 sending, the reply's headers and at most REPLY_BYTES of its body. A socket timeout bounds each read only (a
-server that trickles a byte a second would hold it for good), so at the deadline a timer shuts the socket down
-and the exchange fails at once. An http_proxy/https_proxy/no_proxy environment is honoured as urllib does.
+server that trickles a byte a second would hold it for good), so the exchange runs on a thread of its own and
+`post` waits for it until the deadline, no longer; then it shuts the exchange's socket down (which ends the
+thread's read at once) and raises Expired. The socket is held from the moment it is connected: http.client
+hands it to the reply and forgets it when the server says it will close the connection (HTTP/1.0, or
+`Connection: close`), so a cut through the connection object would find nothing to shut. Nothing the server
+does can make `post` return later than its deadline (a name lookup that hangs included: the thread is left to
+it, and ends with it). An http_proxy/https_proxy/no_proxy environment is honoured as urllib does.
 
 Both raise `Expired` past their deadline and OSError (http.client's errors included) otherwise; neither writes
 anything. Plain functions, tested with real processes and a real loopback server (tests/unit/control/observe/).
@@ -116,37 +121,44 @@ def end_group(proc: subprocess.Popen) -> None:
 def post(url: str, body: bytes, timeout_s: float, headers: dict[str, str]) -> int:
     """POST `body` to `url` within `timeout_s` over the whole exchange (module docstring); the reply's status."""
     conn, path = connection(url, timeout_s)
-    lock, expired = threading.Lock(), threading.Event()
+    held: list[socket.socket] = []  # the exchange's socket, once connected: what the deadline shuts
+    outcome: list = []  # the reply's status, or the exception that ended the exchange
+    lock, done = threading.Lock(), threading.Event()
 
-    def cut() -> None:
-        with lock:
-            expired.set()
-            if conn.sock is not None:
+    def exchange() -> None:
+        try:
+            conn.connect()
+            with lock:
+                if done.is_set():  # the deadline passed while it connected
+                    return
+                held.append(conn.sock)
+            conn.request("POST", path, body=body, headers=headers)
+            reply = conn.getresponse()
+            reply.read(REPLY_BYTES)
+            outcome.append(reply.status)
+        except BaseException as e:  # noqa: BLE001  (handed to the caller, which says what it was)
+            outcome.append(e)
+        finally:
+            conn.close()
+            done.set()
+
+    threading.Thread(target=exchange, name="andrea-notify-post", daemon=True).start()
+    finished = done.wait(timeout_s)
+    with lock:
+        if not finished and not outcome:
+            done.set()
+            for sock in held:
                 try:
-                    conn.sock.shutdown(socket.SHUT_RDWR)
+                    sock.shutdown(socket.SHUT_RDWR)  # the thread's read or write fails at once
                 except OSError:
                     pass
-    timer = threading.Timer(timeout_s, cut)
-    timer.daemon = True
-    timer.start()
-    try:
-        conn.connect()  # bounded by its own timeout; the cut below covers everything after it
-        with lock:
-            if expired.is_set():
-                raise Expired(f"took longer than {timeout_s:g} s")
-        conn.request("POST", path, body=body, headers=headers)
-        reply = conn.getresponse()
-        reply.read(REPLY_BYTES)
-        if expired.is_set():
             raise Expired(f"took longer than {timeout_s:g} s")
-        return reply.status
-    except (OSError, http.client.HTTPException) as e:
-        if expired.is_set():
-            raise Expired(f"took longer than {timeout_s:g} s") from None
-        raise OSError(str(e) or type(e).__name__) from None
-    finally:
-        timer.cancel()
-        conn.close()
+    result = outcome[0]
+    if isinstance(result, (OSError, http.client.HTTPException)):
+        raise OSError(str(result) or type(result).__name__) from None
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def connection(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str]:

@@ -85,6 +85,7 @@ class Notifier:
         self.sent: dict[str, list[float]] = {}
         self.suppressed: dict[str, int] = {}
         self._q: queue.Queue = queue.Queue(QUEUE_SIZE)
+        self._pending: list[str] = []  # the kinds queued or being delivered, oldest first (what close may leave)
         self._lock = threading.Lock()  # send() is called from the event loop and from the watchdog's thread
         self._thread = threading.Thread(target=self._run, name="andrea-notify", daemon=True)
         if self.enabled:
@@ -103,7 +104,9 @@ class Notifier:
             doc = event(kind, step, run_dir=self.run_dir, rank=self.rank, now=now, message=message,
                         suppressed=self.suppressed.pop(kind, 0), **detail)
         try:
-            self._q.put_nowait(doc)
+            with self._lock:
+                self._q.put_nowait(doc)
+                self._pending.append(kind)
         except queue.Full:
             log.warning("notify: %d notices waiting; dropped the %s notice of step %d", QUEUE_SIZE, kind, step)
 
@@ -116,13 +119,22 @@ class Notifier:
                 self.send(found[0], line["step"], message=found[1], **detail)
 
     def close(self, timeout: float) -> None:
-        """Deliver what is queued, waiting at most `timeout` seconds (then the daemon thread is left behind)."""
-        if self.enabled and self._thread.is_alive():
-            try:
-                self._q.put(None, timeout=timeout)
-            except queue.Full:
-                return
-            self._thread.join(timeout)
+        """Deliver what is queued, waiting at most `timeout` seconds; what is still queued or being delivered then
+        is one warning line naming each notice (then the daemon thread is left behind: the process is exiting)."""
+        if not (self.enabled and self._thread.is_alive()):
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            self._q.put(None, timeout=timeout)
+        except queue.Full:
+            pass
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            left = list(self._pending)
+        if left:
+            log.warning("notify: %d notice%s not delivered before exit (%s): still %s after %g s; dropped",
+                        len(left), "" if len(left) == 1 else "s", ", ".join(left),
+                        "being sent or queued", timeout)
 
     def _run(self) -> None:
         while (doc := self._q.get()) is not None:
@@ -131,6 +143,8 @@ class Notifier:
                 self._command(body, doc["event"])
             if self.cfg.url:
                 self._post(body, doc["event"])
+            with self._lock:
+                self._pending.remove(doc["event"])
 
     def _command(self, body: bytes, kind: str) -> None:
         try:

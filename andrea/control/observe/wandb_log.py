@@ -48,7 +48,7 @@ from typing import Any
 
 from andrea.config.schema import LogConfig
 from andrea.control.observe.scalars import RESETS, LedgerScalars
-from andrea.rundir import atomic, checkpoint as ckpt
+from andrea.rundir import atomic, checkpoint as ckpt, regular
 from andrea.rundir.ledger import read_ledger
 from andrea.rundir.names import LEDGER_NAME, QUARANTINE_DIR, WANDB_DIR, WANDB_STATE_NAME
 
@@ -120,7 +120,7 @@ class Rows:
 def read_state(run_dir: Path) -> Any:
     """`.wandb.json` as parsed JSON ({} when absent); anything unreadable is one warning line and {}."""
     try:
-        return json.loads((run_dir / WANDB_STATE_NAME).read_text())
+        return json.loads(regular.read_text(run_dir / WANDB_STATE_NAME))
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as e:  # a damaged record: a new W&B run rather than no W&B at all

@@ -56,7 +56,8 @@ from andrea.control.parallel.stall_notes import Note
 log = logging.getLogger("andrea.watchdog")
 
 COMPONENTS = ("train", "io", "boundary")  # the order a stall is named in: the most specific first
-WHAT = {"train": "the training thread", "io": "the I/O thread", "boundary": "the step boundary (event loop)"}
+WHAT = {"train": "the training thread", "io": "the I/O thread", "boundary": "the step boundary (event loop)",
+        "start": "the start (its data preparation, on the training thread)"}
 MARKER_WAIT_S = 5.0  # how long the stall marker may wait for a live I/O thread (it may be mid-commit)
 STACKS_SIGNAL = signal.SIGUSR2  # a rank's stacks to its stderr (arm_stack_dump); SIGUSR1 and SIGHUP are the run's
 PEER_DUMP_S = 1.0  # how long a peer is given to write its stacks before it is ended
@@ -304,8 +305,9 @@ def end_hung_run(note: Note, *, append_marker: Callable[[dict], None] | None, io
                  close_notices: Callable[[float], None], peers: list[int] = (),
                  post_note: Callable[[], bool] | None = None, grace: float = 0.0) -> None:
     """This rank's watchdog fired (`note`: what hung, after which step, on which rank): say so, dump every stack,
-    tell the other ranks (`post_note` posts the same note), leave a `stall` marker and a notice, end the job's ranks
-    on this host that the note has not ended within `grace` (`peers`), and exit STALL_EXIT_CODE."""
+    tell the other ranks (`post_note`: whether the same note reached them, posted by the caller first), leave a
+    `stall` marker and a notice, end the job's ranks on this host that the note has not ended within `grace`
+    (`peers`), and exit STALL_EXIT_CODE."""
     from andrea.rundir.ledger import marker
     with _then_exit():
         _say_and_dump(f"watchdog: {WHAT[note.component]} made no progress for {note.seconds:.1f} s (limit "

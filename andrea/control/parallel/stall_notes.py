@@ -18,6 +18,10 @@ listener's thread and a bounded post ever wait on it: a store that stops answeri
 
 Reads and writes one key, `andrea/stall/<TORCHELASTIC_RESTART_COUNT>` (a worker group that torchrun restarts gets
 a fresh key), set once: the first rank to post wins (compare_set), and later notes of the same hang are dropped.
+A rank whose watchdog fires after another rank's note is in the store (a peer waiting in a collective on the hung
+rank fires a little later: its clock started when it began to wait, after the hung rank's last progress) learns
+so from compare_set's answer and ends on that note (`winner`) instead of its own: one `stall` marker naming the
+rank that hung, one notice (the posting rank's), however close together the watchdogs fire.
 Its value is JSON: {"rank": r, "pid": p, "host": "gpu7", "step": S, "component": "train" | "io" | "boundary",
 "seconds": 12.3, "limit": 10.0}.
 """
@@ -85,6 +89,14 @@ def heard(raw: bytes | str | None, rank: int) -> Note | None:
     return note if note is not None and note.rank != rank else None
 
 
+def winner(mine: Note, stored: bytes | str | None) -> Note:
+    """The note the job ends on, after this rank offered `mine` and the store answered `stored` (compare_set's
+    reply: the value now at the key; None or junk: no answer worth trusting). The first note posted wins: a note
+    of another rank already there means that rank hung first; otherwise `mine` was taken."""
+    other = decode(stored) if stored else None
+    return other if other is not None else mine
+
+
 def open_store(env: Mapping[str, str] = os.environ):
     """A client of the job's store (None: not under a launcher that serves one, or unreachable: no notes)."""
     addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
@@ -134,14 +146,15 @@ class Notes:
     def stop(self) -> None:
         self._stop.set()
 
-    def post(self, note: Note) -> bool:
-        """Post `note` unless another rank's is there already; False when the store did not take it in time."""
+    def post(self, note: Note) -> Note | None:
+        """Post `note` unless another rank's is there already: the note the job ends on (`winner`: `note`, or the
+        other rank's that was first); None when the store did not answer in time (then `note` is this rank's)."""
         done, result = bounded(lambda: self.store.compare_set(self.key, "", encode(note)), STORE_TIMEOUT_S)
         if not done or isinstance(result, Exception):
             log.error("the stall note did not reach the job's store (%s): the other ranks end by their own "
                       "watchdogs", result if done else f"no answer in {STORE_TIMEOUT_S:.0f} s")
-            return False
-        return True
+            return None
+        return winner(note, result)
 
     def _raw(self) -> bytes | None:
         return self.store.get(self.key) if self.store.check([self.key]) else None

@@ -54,7 +54,7 @@ from pathlib import Path
 
 from andrea import testhooks
 from andrea.errors import UserError
-from andrea.rundir import checksum
+from andrea.rundir import checksum, regular
 from andrea.rundir.atomic import streamed
 from andrea.rundir.names import (ARCHIVE_DIR, QUARANTINE_DIR, CONFIG_NAME, DATA_DIR, LEDGER_NAME, MANIFEST_NAME, SAMPLES_NAME,
                                  REPLICA_STATUS_NAME, STATE_NAME, TOKENIZER_NAME, WANDB_STATE_NAME, checkpoint_name,
@@ -263,7 +263,7 @@ class Replica:
 
         def pieces() -> Iterator[bytes]:
             nonlocal sent
-            with open(path, "rb") as f:
+            with regular.open_file(path) as f:
                 while piece := f.read(CHUNK):
                     if check is not None:
                         check(piece)
@@ -386,7 +386,7 @@ def upload_ledger(replica: Replica, run_dir: Path, remote_size: int | None) -> i
     path = run_dir / LEDGER_NAME
     if not path.exists():
         return remote_size
-    data = path.read_bytes()
+    data = regular.read_bytes(path)
     data = data[:data.rfind(b"\n") + 1]
     if remote_size is not None and len(data) <= remote_size:
         return remote_size
@@ -417,6 +417,6 @@ def write_status(run_dir: Path, record: dict) -> None:
 
 def read_status(run_dir: Path) -> dict | None:
     try:
-        return json.loads((run_dir / STATUS_NAME).read_bytes())
+        return json.loads(regular.read_bytes(run_dir / STATUS_NAME))
     except (OSError, ValueError):
         return None

@@ -54,7 +54,7 @@ from andrea import testhooks
 from andrea.control.guard.decisions import named_checkpoints
 from andrea.control.replica.admit import claimant, run_record
 from andrea.control.replica.plan import Health, superseded, upload_plan
-from andrea.rundir import checkpoint as ckpt, checksum
+from andrea.rundir import checkpoint as ckpt, checksum, regular
 from andrea.control.replica import remote as rep
 from andrea.rundir.names import LEDGER_NAME, checkpoint_name, companion_path
 from andrea.rundir.retention import Retention
@@ -67,7 +67,7 @@ BACKOFF_BASE = testhooks.replica_backoff()  # test hook ANDREA_TEST_REPLICA_BACK
 
 def _read_json(path: Path):
     try:
-        return json.loads(path.read_bytes())
+        return json.loads(regular.read_bytes(path))
     except (OSError, ValueError):
         return None
 
@@ -318,7 +318,7 @@ class Replicator:
         for step in steps:
             local = checksum.sum_path(self.run_dir / checkpoint_name(step))
             try:
-                mine = local.read_bytes()
+                mine = regular.read_bytes(local)
             except FileNotFoundError:
                 continue  # retention took it: nothing here to differ from
             if self.replica.get(local.name) != mine:

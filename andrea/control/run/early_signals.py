@@ -7,7 +7,9 @@ exit 143); every other command calls `release()` once its arguments are parsed (
 and a signal received meanwhile is delivered again, ending the process as it always did). `train` then records
 with its own `EarlySignals(HANDLED)` (SIGTERM, SIGINT, SIGUSR1, SIGHUP) until the runtime's loop has taken over
 and replays them (control/run/runtime.py), so a SIGTERM during imports or data preparation ends in the same clean stop as
-one during training. Reads and writes nothing; imports only `signal`, so installing it costs the start nothing.
+one during training; its recorder starts the clock of a StartDeadline (control/run/start_deadline.py), so a start
+blocked where no record is ever read still ends in bounded time. Reads and writes nothing; imports only `signal`,
+so installing it costs the start nothing.
 """
 
 from __future__ import annotations
@@ -20,14 +22,17 @@ AT_START = (signal.SIGTERM, signal.SIGINT)  # what __main__ records from the fir
 class EarlySignals:
     """Plain `signal.signal` handlers for `signals` that only record, in order of arrival."""
 
-    def __init__(self, signals=AT_START) -> None:
+    def __init__(self, signals=AT_START, deadline=None) -> None:
         self.signals = tuple(signals)
         self.received: list[signal.Signals] = []
+        self.deadline = deadline  # a StartDeadline (control/run/start_deadline.py): a stop's clock, or None
         for sig in self.signals:
             signal.signal(sig, self._record)
 
     def _record(self, signum: int, frame: object) -> None:
         self.received.append(signal.Signals(signum))
+        if self.deadline is not None and signum in AT_START:
+            self.deadline.arm(signum)
 
 
 _at_start: EarlySignals | None = None  # the process's recorder, from install() until take() or release()

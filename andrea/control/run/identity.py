@@ -22,7 +22,7 @@ from typing import Any
 
 from andrea.config.schema import RunConfig
 from andrea.config.check import ConfigError
-from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir import checkpoint as ckpt, names, regular
 from andrea.rundir.ledger import readable_entries
 
 MODEL_KEYS = ("arch", "n_layer", "n_head", "n_embd", "block_size", "vocab_size")
@@ -55,7 +55,7 @@ def changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
 def tokenizer_sha256(run_dir: Path) -> str | None:
     path = run_dir / names.TOKENIZER_NAME
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return hashlib.sha256(regular.read_bytes(path)).hexdigest()
     except FileNotFoundError:
         return None
 

@@ -20,7 +20,7 @@ import numpy as np
 from andrea.config.schema import RunConfig
 from andrea.control.mixture.bandit import BanditStateError
 from andrea.control.mixture.proxy import DataProxy
-from andrea.rundir import atomic, checkpoint as ckpt, names, sidecars
+from andrea.rundir import atomic, checkpoint as ckpt, names, regular, sidecars
 from andrea.rundir.ledger import (LedgerError, ledger_problem, marker, unlisted_lines, unreadable_lines,
                                   unreadable_tail)
 
@@ -101,7 +101,7 @@ def cut_unreadable_tail(run_dir: Path, step: int, vouched: int) -> dict | None:
     (the previous process's superseded tail, which no checkpoint vouches for); the bytes cut are kept in
     quarantine/ first. Returns the `cut_tail` marker, or None when there was nothing to cut."""
     path = run_dir / names.LEDGER_NAME
-    with open(path, "rb") as f:
+    with regular.open_file(path) as f:
         f.seek(vouched)
         tail = f.read()
     at = unreadable_tail(tail)
@@ -111,7 +111,7 @@ def cut_unreadable_tail(run_dir: Path, step: int, vouched: int) -> dict | None:
     kept = run_dir / names.QUARANTINE_DIR / f"{names.LEDGER_NAME}.cut-at-{vouched + at}"
     kept.parent.mkdir(exist_ok=True)
     atomic.write_atomic(kept, cut)
-    with open(path, "rb+") as f:
+    with regular.open_file(path, "rb+") as f:
         f.truncate(vouched + at)
         os.fsync(f.fileno())
     lines = cut.count(b"\n")

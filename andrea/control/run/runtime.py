@@ -116,6 +116,8 @@ class TrainingRun:
         self.req.received.append(sig.name)
         ck = self.cfg.checkpoint
         if sig in (signal.SIGTERM, signal.SIGINT):
+            if self.early is not None and self.early.deadline is not None:
+                self.early.deadline.arm(sig)  # bounded while the start lasts (control/run/start_deadline.py)
             if self.req.stop is not None and sig == signal.SIGINT:
                 abort_now()
             self.req.stop = sig.name
@@ -154,6 +156,7 @@ class TrainingRun:
         """Rank 0 (on separate disks, the first rank of each) prepares what is not prepared yet, polling for a stop
         request (ranks.prepare_data)."""
         self.preparing = ranks.prepares(self.world)
+        watchdog.test_hang("start", 0, self.world.rank)  # test hook ANDREA_TEST_HANG=start@0 (andrea/testhooks.py)
         try:
             return ranks.prepare_data(self.world, self.cfg, self.run_dir, should_stop=lambda: self.req.stop is not None)
         finally:
@@ -313,6 +316,8 @@ class TrainingRun:
                   f"stop_at={stop_at} device={self.device} kernels={self.kernels}"
                   + (f" rank={self.world.rank}/{self.world.size}" if self.world.distributed else ""),
                   file=out, flush=True)
+            if self.early is not None and self.early.deadline is not None:
+                self.early.deadline.settled()  # the loop honours a stop from here (the watchdog watches it)
             return await self.loop(run, stop_at)
         except Interrupted as e:  # a stop during data preparation: nothing trained, everything prepared kept
             log.warning("%s", e)

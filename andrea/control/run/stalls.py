@@ -4,7 +4,9 @@ The wiring between the watchdog (control/observe/watchdog.py: what hung, and `en
 and exit 75) and the stall notes (control/parallel/stall_notes.py: the channel between ranks). Exactly one thread ends the
 process (`_ending`): the watchdog's on this rank's own stall (`on_stall`), the notes' listener on another rank's
 (`on_peer_stall`), or the event loop on a failure that a stall explains (`explain`): a collective whose peer on
-another host has just ended on its watchdog, its note posted before it ended. Rank 0 writes the `stall` marker
+another host has just ended on its watchdog, its note posted before it ended. A watchdog that fires after
+another rank's note was posted (before the listener polled) ends on that note, as the listener would have
+(`stall_notes.winner`): the rank named is the rank that hung, once. Rank 0 writes the `stall` marker
 whichever rank hung (`append_marker`, through the I/O thread); the notices go out through the notifier.
 
 Reads the job's store (torchrun's, for the notes) and the ranks' (host, pid) at `join`; writes nothing itself.
@@ -55,9 +57,14 @@ class Stalls:
             return
         note = stall_notes.Note(self.world.rank, os.getpid(), socket.gethostname(), self.step(), stall.component,
                                 stall.seconds, stall.limit)
+        won = self.notes.post(note) if self.notes is not None else None  # bounded (stall_notes.STORE_TIMEOUT_S)
+        if won is not None and won.rank != note.rank:  # another rank hung first, and this one waited on it
+            watchdog.end_for_peer(won, self.step(), io=self.io, close_notices=self.notifier.close,
+                                  append_marker=self.append_marker)
+            return
         watchdog.end_hung_run(note, io=self.io, append_marker=self.append_marker, notify=self.notifier.send,
                               close_notices=self.notifier.close, peers=self.peers,
-                              post_note=(lambda: self.notes.post(note)) if self.notes else None,
+                              post_note=(lambda: won is not None) if self.notes else None,
                               grace=stall_notes.PEER_GRACE_S)
 
     def on_peer_stall(self, note: stall_notes.Note) -> None:

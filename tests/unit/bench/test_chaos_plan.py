@@ -126,3 +126,24 @@ def test_the_loss_of_the_machine_waits_until_the_replica_holds_a_checkpoint_past
     assert plan.loss_may_strike(None, None) and plan.loss_may_strike(10, None)
     assert not plan.loss_may_strike(None, 15) and not plan.loss_may_strike(10, 15) and not plan.loss_may_strike(15, 15)
     assert plan.loss_may_strike(20, 15)
+
+
+# --- which fault broke the bytes ----------------------------------------------------------------------------------
+FAULTS_RESUMED = [("kill", 40), ("poison", 30), ("flip", 60), ("outage", None), ("term", 80)]
+
+
+def test_a_ledger_that_differs_names_the_last_recovery_that_trained_that_step_again():
+    """Issue 55: a DIFFERENT verdict beside a list of faults that 'keep the bytes' said nothing of which one broke
+    them. The settled entry of step 65 was written after the flip's recovery (from 60): the term's resumed at 80,
+    above it, and the earlier ones were superseded by the flip's."""
+    said = plan.first_broken(FAULTS_RESUMED, same_checkpoint=False, first_different_step=65, compared_through=100)
+    assert said.startswith("fault #3 (flip) broke them") and "step 60" in said and "step 65" in said, said
+    assert "fault #2 (poison)" in plan.first_broken(FAULTS_RESUMED, False, 31, 100)  # 31 > 30, not > 40
+    assert "fault #5 (term)" in plan.first_broken(FAULTS_RESUMED, False, 81, 100)
+
+
+def test_what_the_ledger_cannot_tell_is_said_and_no_fault_is_blamed():
+    assert "before any fault's recovery" in plan.first_broken(FAULTS_RESUMED, False, 12, 100)
+    said = plan.first_broken(FAULTS_RESUMED, same_checkpoint=False, first_different_step=None, compared_through=100)
+    assert "cannot be told from the ledger" in said and "step 100" in said and "fault #" not in said
+    assert plan.first_broken(FAULTS_RESUMED, True, None, 100) == "no fault changed the bytes"

@@ -8,7 +8,7 @@ import pytest
 import torch.distributed as dist
 
 from andrea.control.parallel import stall_notes
-from andrea.control.parallel.stall_notes import Note, Notes, decode, encode, heard, key
+from andrea.control.parallel.stall_notes import Note, Notes, decode, encode, heard, key, winner
 
 
 def note(rank=1, **kw) -> Note:
@@ -26,6 +26,22 @@ def test_a_listener_hears_the_other_ranks_notes_never_its_own():
     raw = encode(note(rank=1))
     assert heard(raw, 0) == note(rank=1) and heard(raw, 2) == note(rank=1)
     assert heard(raw, 1) is None and heard(None, 0) is None and heard(b"junk", 0) is None
+
+
+def test_when_two_watchdogs_fire_the_note_posted_first_names_the_rank_the_job_ends_on():
+    """Issue 55: rank 1 hung, its watchdog posted; rank 0's fired 47 ms later, before its listener polled, and
+    wrote its own rank on the marker. The store's answer to rank 0's post is rank 1's note: that one wins."""
+    mine, theirs = note(rank=0, component="boundary", seconds=10.05), note(rank=1, seconds=10.1)
+    assert winner(mine, encode(theirs)) == theirs and winner(mine, encode(theirs).encode()) == theirs
+    assert winner(theirs, encode(theirs)) == theirs  # compare_set took it: the answer is the note itself
+    assert winner(mine, None) == mine and winner(mine, b"") == mine and winner(mine, b"junk") == mine
+
+
+def test_the_second_rank_to_post_is_told_the_first_ranks_note(server):
+    store = stall_notes.open_store(server)
+    hung, waiting = Notes(store, 1, print, server), Notes(store, 0, print, server)
+    assert hung.post(note(rank=1)) == note(rank=1)
+    assert waiting.post(note(rank=0, component="boundary")) == note(rank=1)
 
 
 def test_the_marker_names_the_rank_that_hung_and_its_wait():
