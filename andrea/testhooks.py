@@ -32,8 +32,9 @@ builds. Reads the environment only.
                                                                            r or every rank, once per process
                                                                            (tests/e2e/test_watchdog_run.py); w =
                                                                            start, s = 0: the start hangs in its data
-                                                                           preparation (tests/faults/
-                                                                           test_special_files.py)
+                                                                           preparation, s = 1: on the event loop's
+                                                                           thread before the checkpoint is read
+                                                                           (tests/faults/test_special_files.py)
     ANDREA_TEST_FILE_DELAY=s       data/encode.py (each arm's job)         sleep s after each source file of a
                                                                            preparation (tests/e2e/test_prepare_cli.py)
     ANDREA_TEST_STOP_AT_COMMIT=k   data/encode.py (each preparation)       a stop request right after the k-th

@@ -80,14 +80,17 @@ def test_a_special_file_at_a_run_file_name_is_refused_by_every_command_in_one_li
         assert not (tmp_path / "hf").exists()
 
 
-def test_sigterm_during_a_start_blocked_for_good_ends_it_in_bounded_time(prepared, tmp_path):
-    """The start blocks for good in its data preparation (ANDREA_TEST_HANG=start@0, as a read of a hung disk
-    would): the stop recorded at SIGTERM has no point at which to be honoured. The start's deadline (here 2 s)
-    ends the process with 143 and one line saying where it was blocked. Before it, SIGTERM was absorbed for good."""
+@pytest.mark.parametrize("where", ["start@0", "start@1"])
+def test_sigterm_during_a_start_blocked_for_good_ends_it_in_bounded_time(prepared, tmp_path, where):
+    """The start blocks for good (ANDREA_TEST_HANG, as a read of a hung disk would) in its data preparation on the
+    training thread (start@0), or on the event loop's own thread before the checkpoint is read (start@1, where the
+    loop's signal handler never runs): the stop recorded at SIGTERM has no point at which to be honoured. The
+    start's deadline (here 2 s) ends the process with 143 and one line saying where it was blocked. Before it,
+    SIGTERM was absorbed for good."""
     run = seed_data(prepared, tmp_path / "run")
-    trainer = Trainer(run, "--steps", "5", extra_env={"ANDREA_TEST_HANG": "start@0", "ANDREA_TEST_START_GRACE": "2"})
+    trainer = Trainer(run, "--steps", "5", extra_env={"ANDREA_TEST_HANG": where, "ANDREA_TEST_START_GRACE": "2"})
     try:
-        trainer.wait_for(lambda line: "ANDREA_TEST_HANG=start@0" in line, timeout=120)
+        trainer.wait_for(lambda line: f"ANDREA_TEST_HANG={where}" in line, timeout=120)
         trainer.proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
         try:

@@ -57,7 +57,7 @@ log = logging.getLogger("andrea.watchdog")
 
 COMPONENTS = ("train", "io", "boundary")  # the order a stall is named in: the most specific first
 WHAT = {"train": "the training thread", "io": "the I/O thread", "boundary": "the step boundary (event loop)",
-        "start": "the start (its data preparation, on the training thread)"}
+        "start": "the start (its data preparation on the training thread, or the event loop's thread)"}
 MARKER_WAIT_S = 5.0  # how long the stall marker may wait for a live I/O thread (it may be mid-commit)
 STACKS_SIGNAL = signal.SIGUSR2  # a rank's stacks to its stderr (arm_stack_dump); SIGUSR1 and SIGHUP are the run's
 PEER_DUMP_S = 1.0  # how long a peer is given to write its stacks before it is ended

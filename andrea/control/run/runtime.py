@@ -192,6 +192,7 @@ class TrainingRun:
         # (model/init_from.py)
         imported = await loop.run_in_executor(self.train, load_init_weights, self.init_from, trainer,
                                               self.run_dir)
+        watchdog.test_hang("start", 1, self.world.rank)  # ANDREA_TEST_HANG=start@1: on the event loop's thread
         # rank 0 picks the checkpoint (reading and checking it once) and tells the others which
         found = resume.resume_point(self.run_dir, self.init_from, trainer.n, self.skipped) \
             if self.world.leader and not imported else None
@@ -284,6 +285,8 @@ class TrainingRun:
         if self.world.leader:  # train.pid: rank 0's pid, so `andrea ctl` and SIGHUP reach it directly
             lock.acquire()
         install_handlers(loop, self.on_signal)
+        if self.early is not None and self.early.deadline is not None:  # a start blocked on this thread: bounded too
+            self.early.deadline.chain((signal.SIGTERM, signal.SIGINT))
         for sig in self.early.received if self.early else ():
             self.on_signal(sig)
         try:

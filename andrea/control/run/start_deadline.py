@@ -6,7 +6,9 @@ next chunk. A start blocked in a system call that never returns (a FIFO or a hun
 start reads, a peer that never answers) would never get there: SIGTERM recorded, and the process alive for good.
 
 `StartDeadline` bounds that: `arm(signum)` (state only: a handler may call it) starts the clock at the first stop
-signal; `settled()` says the start is over (the loop honours stops from here, the watchdog watches it). A daemon
+signal, from the early recorder's handler, the runtime's `on_signal`, or (`chain`) in front of the event loop's
+own Python-level handler, which runs even while the loop's thread is blocked in the start; `settled()` says the
+start is over (the loop honours stops from here, the watchdog watches it). A daemon
 thread waits for the one or the other: when `grace_s` passes between them, it writes one line to stderr naming
 the signal and where the main thread is blocked, and ends the process with 128 + the signal's number (a shell's
 "killed by SIGTERM"), as the default handler would have. Nothing has been trained when it fires, so nothing is lost
@@ -50,6 +52,7 @@ class StartDeadline:
         self.signalled_at: float | None = None
         self._wake = threading.Event()  # set by arm() and by settled()
         self._settled = False
+        self._chained: dict = {}  # signal -> the handler `chain` wrapped
         self._main = threading.main_thread().ident
         threading.Thread(target=self._watch, name="andrea-start-deadline", daemon=True).start()
 
@@ -60,9 +63,26 @@ class StartDeadline:
             self._wake.set()
 
     def settled(self) -> None:
-        """The start is over: a stop is the loop's from here. The watcher ends."""
+        """The start is over: a stop is the loop's from here. The watcher ends; `chain`'s handlers are undone."""
         self._settled = True
         self._wake.set()
+        for sig, previous in self._chained.items():
+            signal.signal(sig, previous)
+        self._chained = {}
+
+    def chain(self, signals) -> None:
+        """From the main thread: run `arm` before the Python-level handler now installed for each of `signals`
+        (asyncio's or uvloop's, which only wakes the event loop: a loop blocked in a call of the start never reads
+        it), until `settled`. The loop's own wake-up (its wakeup fd) is untouched."""
+        for sig in signals:
+            previous = signal.getsignal(sig)
+
+            def handler(signum: int, frame, previous=previous) -> None:
+                self.arm(signum)
+                if callable(previous):
+                    previous(signum, frame)
+            self._chained[sig] = previous
+            signal.signal(sig, handler)
 
     def _watch(self) -> None:
         self._wake.wait()

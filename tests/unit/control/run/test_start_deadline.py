@@ -58,3 +58,21 @@ def test_where_the_main_thread_is_blocked_is_named_by_file_line_and_function():
     t.join()
     assert len(seen) == 1 and "threading.py:" in seen[0] and " in " in seen[0], seen
     assert blocked_where(None) == "an unknown place"
+
+
+def test_chained_handlers_start_the_clock_call_the_loops_own_and_are_undone_when_the_start_settles():
+    """The event loop's Python-level handler only wakes the loop (a loop blocked in the start never reads it):
+    `chain` puts `arm` in front of it while the start lasts, and `settled` puts the loop's own back."""
+    import os
+    calls: list[int] = []
+    loops_own = lambda signum, frame: calls.append(signum)  # noqa: E731
+    previous = signal.signal(signal.SIGUSR2, loops_own)
+    try:
+        deadline = StartDeadline(300.0, exit=Exits())
+        deadline.chain([signal.SIGUSR2])
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert calls == [signal.SIGUSR2] and deadline.signum == signal.SIGUSR2 and deadline.signalled_at is not None
+        deadline.settled()
+        assert signal.getsignal(signal.SIGUSR2) is loops_own
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
