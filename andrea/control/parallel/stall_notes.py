@@ -21,7 +21,11 @@ a fresh key), set once: the first rank to post wins (compare_set), and later not
 A rank whose watchdog fires after another rank's note is in the store (a peer waiting in a collective on the hung
 rank fires a little later: its clock started when it began to wait, after the hung rank's last progress) learns
 so from compare_set's answer and ends on that note (`winner`) instead of its own: one `stall` marker naming the
-rank that hung, one notice (the posting rank's), however close together the watchdogs fire.
+rank that hung, one notice (the posting rank's), however close together the watchdogs fire. A rank whose stall is
+in the step boundary (`boundary`: it waits in a collective on its peers) may fire first all the same: its clock
+started when it began to wait, which can be before the hung rank's last progress. So such a rank is a witness, not
+a suspect: before it posts, it gives a rank stalled in its own work (`train`, `io`) WITNESS_GRACE_S to post first
+(`defer`), and ends on that note when one comes.
 Its value is JSON: {"rank": r, "pid": p, "host": "gpu7", "step": S, "component": "train" | "io" | "boundary",
 "seconds": 12.3, "limit": 10.0}.
 """
@@ -32,6 +36,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -43,6 +48,8 @@ POLL_S = 0.25  # how often a listener looks: one store round trip (~0.1 ms on on
 STORE_TIMEOUT_S = 5.0  # the longest a store call may wait
 PEER_GRACE_S = 6.0  # how long the posting rank waits for its host's other ranks to end on the note, then ends them
 KEY_PREFIX = "andrea/stall/"
+WITNESS_GRACE_S = 3.0  # how long a rank waiting on its peers lets a rank stalled in its own work post first: the
+                       # hung rank's watchdog fires within about a step of the waiting one's (tiny steps to seconds)
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,12 @@ def winner(mine: Note, stored: bytes | str | None) -> Note:
     return other if other is not None else mine
 
 
+def defer(mine: Note) -> bool:
+    """Whether `mine` waits WITNESS_GRACE_S for another rank's note before it is posted: a stall in the step boundary
+    is a rank waiting in a collective on the others, the witness of a hang elsewhere more often than its cause."""
+    return mine.component == "boundary"
+
+
 def open_store(env: Mapping[str, str] = os.environ):
     """A client of the job's store (None: not under a launcher that serves one, or unreachable: no notes)."""
     addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
@@ -146,9 +159,19 @@ class Notes:
     def stop(self) -> None:
         self._stop.set()
 
-    def post(self, note: Note) -> Note | None:
+    def post(self, note: Note, grace: float = WITNESS_GRACE_S) -> Note | None:
         """Post `note` unless another rank's is there already: the note the job ends on (`winner`: `note`, or the
-        other rank's that was first); None when the store did not answer in time (then `note` is this rank's)."""
+        other rank's that was first); None when the store did not answer in time (then `note` is this rank's). A
+        witness (`defer`) first waits up to `grace` for another rank's note, and ends on it without posting."""
+        if defer(note):
+            deadline = time.monotonic() + grace
+            while True:
+                other = self.read()
+                if other is not None or time.monotonic() >= deadline:
+                    break
+                time.sleep(min(self.poll, max(0.0, deadline - time.monotonic())))
+            if other is not None:
+                return other
         done, result = bounded(lambda: self.store.compare_set(self.key, "", encode(note)), STORE_TIMEOUT_S)
         if not done or isinstance(result, Exception):
             log.error("the stall note did not reach the job's store (%s): the other ranks end by their own "

@@ -44,6 +44,29 @@ def test_the_second_rank_to_post_is_told_the_first_ranks_note(server):
     assert waiting.post(note(rank=0, component="boundary")) == note(rank=1)
 
 
+def test_a_rank_waiting_on_its_peers_lets_the_hung_rank_post_first(server):
+    """Issue 55: rank 0, waiting in the boundary's collective before rank 1 hung in its step, fired first and its
+    note named rank 0. A witness now waits for a note of a rank stalled in its own work and ends on that one; the
+    store holds the hung rank's note, so every rank's listener and rank 0's marker name rank 1."""
+    store = stall_notes.open_store(server)
+    hung, waiting = Notes(store, 1, print, server), Notes(store, 0, print, server)
+    late = threading.Timer(0.5, hung.post, args=(note(rank=1),))
+    late.start()
+    try:
+        assert waiting.post(note(rank=0, component="boundary"), grace=10.0) == note(rank=1)
+    finally:
+        late.join()
+    assert decode(store.get(key(server))) == note(rank=1)
+
+
+def test_a_witness_with_no_other_note_posts_its_own_after_the_grace(server):
+    store = stall_notes.open_store(server)
+    waiting = Notes(store, 0, print, server)
+    assert stall_notes.defer(note(component="boundary")) and not stall_notes.defer(note(component="train"))
+    assert waiting.post(note(rank=0, component="boundary"), grace=0.3) == note(rank=0, component="boundary")
+    assert decode(store.get(key(server))) == note(rank=0, component="boundary")
+
+
 def test_the_marker_names_the_rank_that_hung_and_its_wait():
     assert note(rank=3).marker_detail() == {"component": "train", "seconds": 12.3, "limit": 10.0, "rank": 3}
 
