@@ -19,6 +19,8 @@ from andrea.config.check import ConfigError
 from andrea.config.corpus import DataConfig, PolicyConfig
 from andrea.config.keepers import GuardConfig, NotifyConfig, WatchdogConfig
 from andrea.control.mixture.policy import PolicyError, validate_policy
+import andrea.optim.registry as optimizers
+from andrea.optim.schedule import SCHEDULES, WARMDOWN_SHAPES
 
 
 ARCHS = ("gpt2", "modern")
@@ -98,7 +100,17 @@ class TrainConfig:
     warmup_steps: int = 2000
     """Steps of linear warmup from lr/warmup_steps to lr."""
     lr_decay_steps: int = 200_000
-    """Horizon of the cosine decay; fixed per run so that stopping early never changes the schedule."""
+    """Horizon of the cosine decay; fixed per run so that stopping early never changes the schedule. With
+    schedule = "wsd", the step its warmdown ends at (min_lr from there on)."""
+    schedule: str = "cosine"
+    """cosine | wsd (andrea/optim/schedule.py). cosine: from lr after the warmup to min_lr at lr_decay_steps.
+    wsd: warmup, lr held constant, then a warmdown of warmdown_steps ending at lr_decay_steps: a run without a fixed
+    end keeps lr_decay_steps far ahead and anneals when it is asked for a finished model (a branch or a pivot
+    setting lr_decay_steps to the step + N and warmdown_steps to N)."""
+    warmdown_steps: int = 0
+    """schedule = "wsd": the warmdown's length in steps, from lr to min_lr (at least 1 with wsd)."""
+    warmdown_shape: str = "linear"
+    """schedule = "wsd": linear | 1-sqrt (the lr falls as 1 − √progress: faster at first, Hägele et al. 2024)."""
     weight_decay: float = 0.1
     """AdamW decoupled weight decay, on matrices only (not biases or LayerNorm gains)."""
     beta1: float = 0.9
@@ -110,7 +122,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     """Global gradient-norm clip; 0 disables it."""
     optimizer: str = "adamw"
-    """adamw | muon. muon: Muon (momentum orthogonalised by Polar Express) on the 2-D matrices inside the transformer
+    """A name in andrea/optim/registry.py's table (its error lists them): adamw | muon. muon: Muon (momentum orthogonalised by Polar Express) on the 2-D matrices inside the transformer
     blocks, AdamW (lr, beta1, beta2, eps, weight_decay above) on the embeddings, the head, biases and norm gains
     (andrea/optim/muon.py). Fixed at a run's first start (its identity); the checkpoint format is the same."""
     muon_lr: float = 0.02
@@ -169,11 +181,17 @@ class TrainConfig:
             raise ConfigError("train.eval_every, eval_batches and log_every must be >= 1")
         if not self.peak_tflops >= 0:
             raise ConfigError(f"train.peak_tflops={self.peak_tflops} must be >= 0 (0: the device table's)")
-        if self.optimizer not in ("adamw", "muon"):
-            raise ConfigError(f"train.optimizer={self.optimizer!r} must be adamw or muon")
-        if self.optimizer == "muon" and not self.lr > 0:
-            raise ConfigError(f"train.lr={self.lr} must be > 0 with train.optimizer=muon (Muon's lr follows lr's "
-                              f"schedule as muon_lr · lr_at(step) / lr)")
+        if self.schedule not in SCHEDULES or self.warmdown_shape not in WARMDOWN_SHAPES:
+            raise ConfigError(f"train.schedule={self.schedule!r} must be {' or '.join(SCHEDULES)} and "
+                              f"train.warmdown_shape={self.warmdown_shape!r} {' or '.join(WARMDOWN_SHAPES)}")
+        if self.schedule == "wsd" and not 1 <= self.warmdown_steps <= self.lr_decay_steps:
+            raise ConfigError(f"train.warmdown_steps={self.warmdown_steps} must be 1 to train.lr_decay_steps="
+                              f"{self.lr_decay_steps} with train.schedule=wsd (its warmdown ends at lr_decay_steps)")
+        if optimizers.problem(self.optimizer):
+            raise ConfigError(optimizers.problem(self.optimizer))
+        if "muon_lr" in optimizers.get(self.optimizer).keys and not self.lr > 0:
+            raise ConfigError(f"train.lr={self.lr} must be > 0 with train.optimizer={self.optimizer} (Muon's lr "
+                              f"follows lr's schedule as muon_lr · lr_at(step) / lr)")
         if not self.muon_lr > 0:
             raise ConfigError(f"train.muon_lr={self.muon_lr} must be > 0")
         if not 0.0 <= self.muon_momentum < 1.0:
