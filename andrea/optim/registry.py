@@ -68,6 +68,9 @@ MATRICES = ("the 2-D matrices inside the blocks (`h.i.…`: the GPT's c_attn, c_
 ADAMW_REST = Holds("every other one: embeddings, head, biases, norm gains", "AdamW's first moment",
                    "AdamW's second moment")
 MUON_KEYS = ("muon_lr", "muon_momentum", "muon_nesterov", "muon_weight_decay", "muon_ns_steps")
+NORMUON_KEYS = ("embed_lr", "head_lr", "lr_width", "embed_beta1", "embed_beta2", "head_beta1", "head_beta2",
+                "group_eps", "embed_weight_decay", "head_weight_decay", "normuon_beta2", "muon_momentum_start",
+                "muon_momentum_warmup", "muon_momentum_end")
 
 OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (
     Optimizer("adamw", "andrea.optim.adamw_update:AdamW",
@@ -75,6 +78,16 @@ OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (
     Optimizer("muon", "andrea.optim.muon:MuonAdamW",
               (Holds(MATRICES, "Muon's momentum (β = `train.muon_momentum`)", "0 (Muon keeps nothing else per element)"),
                ADAMW_REST), ADAMW_KEYS + MUON_KEYS,
+              whole_matrices="andrea.optim.muon:matrix_spans", workspace="andrea.optim.muon:workspace_bytes"),
+    Optimizer("normuon", "andrea.optim.normuon:NorMuon",
+              (Holds(MATRICES, "Muon's momentum (β scheduled: `train.muon_momentum_start` → `muon_momentum` → "
+                     "`muon_momentum_end`)",
+                     "NorMuon's second moment (β = `train.normuon_beta2`) in its first max(rows, cols) elements, one per "
+                     "index of the long side (per row of a square matrix; each part's, of a fused one); 0 after"),
+               Holds("the embeddings (wte, a gpt2's wpe) and the head", "AdamW's first moment (their own β1)",
+                     "AdamW's second moment (their own β2)"),
+               Holds("every other one: biases, norm gains", "AdamW's first moment", "AdamW's second moment")),
+              ADAMW_KEYS + MUON_KEYS + NORMUON_KEYS,
               whole_matrices="andrea.optim.muon:matrix_spans", workspace="andrea.optim.muon:workspace_bytes"),
 )}
 
