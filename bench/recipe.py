@@ -105,6 +105,8 @@ def train_run(job) -> dict:
             curve.append((step, sum(float(trainer.loss_of(x, y)) for x, y in held_out) / len(held_out)))
         if step < steps:
             trainer.train_step(step, *train_batches[step])
+    print(f"{cfg.model.arch} {cfg.train.optimizer} {cfg.train.schedule} lr {cfg.train.lr:g} muon_lr "
+          f"{cfg.train.muon_lr:g}: {curve[-1][1]:.3f} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return {"curve": curve, "final": curve[-1][1], "seconds": time.perf_counter() - t0}
 
 
@@ -121,9 +123,15 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (one thread each)")
     parser.add_argument("--json", type=Path, help="also write every curve here")
     parser.add_argument("--only", nargs="*", help="these subjects only")
+    parser.add_argument("--grid", action="append", default=[], metavar="SUBJECT=V1,V2",
+                        help="sweep SUBJECT over these values instead (a machine too busy for the whole sweep)")
     args = parser.parse_args()
     size = QUICK if args.quick else FULL
     subjects = {k: v for k, v in SUBJECTS.items() if not args.only or k in args.only}
+    for item in args.grid:
+        name, values = item.split("=")
+        grid = [float(x) for x in values.split(",")]
+        subjects[name] = subjects[name][:3] + (grid, grid)
     with tempfile.TemporaryDirectory() as tmp:
         cfg0 = config(size, "gpt2", {}, "lr", 1e-3)
         _, arms = prepare(cfg0.data, Path(tmp), size.vocab_size, size.block_size)

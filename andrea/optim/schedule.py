@@ -47,3 +47,19 @@ def lr_at(step: int, cfg) -> float:
         return cfg.min_lr + left * (cfg.lr - cfg.min_lr)
     progress = (step - cfg.warmup_steps) / max(1, cfg.lr_decay_steps - cfg.warmup_steps)
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
+
+
+def anneal(step: int, n: int, cfg) -> list[str]:
+    """The `--set` overrides that anneal a wsd run from `step` over `n` steps (`andrea branch --anneal N`): its
+    warmdown moved to end at step + n, the run stopping there. The same lr as the run's up to `step`, refused (a
+    ValueError, one line) unless the run is wsd and still on its plateau at `step` (a cosine's shape, or a warmdown
+    already under way, would make the lr jump)."""
+    if cfg.schedule != "wsd":
+        raise ValueError(f"--anneal needs train.schedule = \"wsd\"; this run's is {cfg.schedule!r} (its lr at each step "
+                         f"is fixed by its horizon)")
+    if n < 1:
+        raise ValueError(f"--anneal {n}: must be at least 1 step")
+    if step < cfg.warmup_steps or step > decay_start(cfg):
+        raise ValueError(f"--anneal from step {step}: the run's lr is constant only from step {cfg.warmup_steps} to "
+                         f"{decay_start(cfg)} (its warmup ends at the first, its own warmdown starts at the second)")
+    return [f"train.lr_decay_steps={step + n}", f"train.warmdown_steps={n}", f"train.steps={step + n}"]

@@ -62,3 +62,15 @@ def test_bad_schedules_are_refused_in_one_line(kw, phrase):
     with pytest.raises(ConfigError) as e:
         TrainConfig(**kw)
     assert phrase in str(e.value) and "\n" not in str(e.value)
+
+
+def test_anneal_moves_a_wsd_runs_warmdown_to_end_n_steps_after_a_plateau_step():
+    from andrea.optim.schedule import anneal
+    tc = TrainConfig(lr=1.0, min_lr=0.0, warmup_steps=10, lr_decay_steps=10**6, schedule="wsd", warmdown_steps=10**5)
+    assert anneal(500, 100, tc) == ["train.lr_decay_steps=600", "train.warmdown_steps=100", "train.steps=600"]
+    for step, n, cfg, phrase in [(500, 100, TrainConfig(), "--anneal needs train.schedule"),
+                                 (5, 100, tc, "constant only from step 10"),
+                                 (950_000, 100, tc, "to 900000"),
+                                 (500, 0, tc, "at least 1 step")]:
+        with pytest.raises(ValueError, match=phrase):
+            anneal(step, n, cfg)
