@@ -10,7 +10,7 @@ is andrea's own Trainer (`--kernels torch`, one thread); each subject's best of 
 The held-out loss is read every 5 steps to step 100, every 25 after: "steps to 5.018" interpolates linearly between
 the two reads around the crossing ("-" if never).
 
-    python bench/recipe.py                 # the sweeps and the table (~15 min on one idle core)
+    python bench/recipe.py --jobs 3        # the sweeps and the table (12 runs of ~200 s of one idle core each)
     python bench/recipe.py --quick         # smoke: a tiny shape, 12 steps, two-point sweeps (seconds)
     python bench/recipe.py --json out.json # also every curve
 
@@ -68,8 +68,8 @@ NORMUON = {"optimizer": "normuon", "grad_clip": 0.0, "muon_momentum": 0.97, "muo
 SUBJECTS = {
     "gpt2+AdamW": ("gpt2", {}, "lr", [1e-3, 2e-3, 4e-3], [1e-3, 4e-3]),
     "modern+Muon": ("modern", {"optimizer": "muon", "lr": 8e-3}, "muon_lr", [0.01, 0.02, 0.04], [0.01, 0.04]),
-    "modern+NorMuon": ("modern", {**NORMUON, "lr": 8e-3}, "muon_lr", [0.02, 0.03, 0.045], [0.02, 0.04]),
-    "modern+NorMuon, wsd": ("modern", {**NORMUON, "lr": 8e-3, "schedule": "wsd"}, "muon_lr", [0.02, 0.03, 0.045],
+    "modern+NorMuon": ("modern", {**NORMUON, "lr": 8e-3}, "muon_lr", [0.02, 0.04, 0.06], [0.02, 0.04]),
+    "modern+NorMuon, wsd": ("modern", {**NORMUON, "lr": 8e-3, "schedule": "wsd"}, "muon_lr", [0.02, 0.04, 0.06],
                             [0.02, 0.04]),
 }
 
