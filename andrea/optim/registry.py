@@ -33,11 +33,10 @@ class Hyper:
     weight_decay: float
     max_grad_norm: float | None  # None: no clipping
     progress: float = 0.0  # how far the schedule's decay has gone, 0 to 1 (andrea/optim/schedule.py)
-    scale: float = 1.0  # the guard's lr scale alone (lr includes it): what an optimizer's own peaks are multiplied by
 
     def adamw(self, **changes) -> dict:
         """The keyword arguments of adamw_reference / adamw_step (andrea/kernels/adamw.py), with `changes`."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("progress", "scale")}
+        out = {k: v for k, v in asdict(self).items() if k != "progress"}
         out.update(changes)
         return out
 

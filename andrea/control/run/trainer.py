@@ -198,7 +198,7 @@ class Trainer:
         self._wait_snapshot()
         lr = lr_at(step, tc) * self.lr_scale
         hp = Hyper(step + 1, lr, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, tc.grad_clip or None,
-                   decay_progress(step, tc), self.lr_scale)
+                   decay_progress(step, tc))
         grad_norm = self.update(self.state.w, self.state.grad, self.state.m, self.state.v, hp)
         return StepOutput(step + 1, lr, loss.detach(), grad_norm, seq_losses)
 

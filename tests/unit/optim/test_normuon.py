@@ -66,19 +66,19 @@ def test_the_embedding_and_head_groups_take_their_own_adamw_and_width_scaled_lr(
 
 
 def test_the_guards_lr_scale_reaches_every_group():
-    """Half the lr (the guard's remedy) halves the change of every parameter on a first step without decay."""
+    """The trainer's lr scale at 0.5 (the guard's remedy) halves the change of every parameter on a first step from
+    the same state and batch (no decay, no clipping): every AdamW group and the matrices."""
     cfg = tiny("model.arch=gpt2", "train.grad_clip=0", "train.weight_decay=0", "train.embed_weight_decay=0",
-               "train.head_weight_decay=0", "train.muon_weight_decay=0")
-    tc, layout = cfg.train, layout_for(cfg.model)
-    n = n_params(layout)
+               "train.head_weight_decay=0", "train.muon_weight_decay=0", "train.warmup_steps=1")
+    x = torch.randint(0, cfg.model.vocab_size, (4, 16), generator=torch.Generator().manual_seed(0))
     changes = []
     for scale in (1.0, 0.5):
-        w, g, m, v = state(n, 3)
-        w0 = w.clone()
-        NorMuon(layout, tc, adamw_reference, "torch", CPU)(w, g, m, v, Hyper(1, tc.lr * scale, tc.beta1, tc.beta2,
-                                                                            tc.eps, 0.0, None, scale=scale))
-        changes.append(w - w0)
-    for s in layout:
+        trainer = Trainer(cfg, CPU, kernels="torch")
+        trainer.lr_scale = scale
+        w0 = trainer.state.w.clone()
+        trainer.train_step(0, x, torch.roll(x, -1, dims=1))
+        changes.append(trainer.state.w - w0)
+    for s in trainer.layout:
         r = slice(s.offset, s.offset + s.numel)
         ratio = float(changes[1][r].norm() / changes[0][r].norm())
         assert ratio == pytest.approx(0.5, rel=1e-3), s.name

@@ -62,6 +62,6 @@ def test_a_new_optimizer_is_one_registration_its_table_row_and_a_trainer_that_ru
 
 
 def test_the_hyper_parameters_are_adamws_keyword_arguments():
-    hp = Hyper(3, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, progress=0.5, scale=0.5)
+    hp = Hyper(3, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, progress=0.5)
     assert hp.adamw() == dict(step=3, lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, max_grad_norm=1.0)
     assert hp.adamw(max_grad_norm=None)["max_grad_norm"] is None
