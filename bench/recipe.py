@@ -68,8 +68,8 @@ NORMUON = {"optimizer": "normuon", "grad_clip": 0.0, "muon_momentum": 0.97, "muo
 SUBJECTS = {
     "gpt2+AdamW": ("gpt2", {}, "lr", [1e-3, 2e-3, 4e-3], [1e-3, 4e-3]),
     "modern+Muon": ("modern", {"optimizer": "muon", "lr": 8e-3}, "muon_lr", [0.01, 0.02, 0.04], [0.01, 0.04]),
-    "modern+NorMuon": ("modern", {**NORMUON, "lr": 8e-3}, "muon_lr", [0.02, 0.04, 0.06], [0.02, 0.04]),
-    "modern+NorMuon, wsd": ("modern", {**NORMUON, "lr": 8e-3, "schedule": "wsd"}, "muon_lr", [0.02, 0.04, 0.06],
+    "modern+NorMuon": ("modern", {**NORMUON, "lr": 8e-3}, "muon_lr", [0.03, 0.06, 0.09], [0.02, 0.04]),
+    "modern+NorMuon, wsd": ("modern", {**NORMUON, "lr": 8e-3, "schedule": "wsd"}, "muon_lr", [0.03, 0.06, 0.09],
                             [0.02, 0.04]),
 }
 
