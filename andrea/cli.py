@@ -200,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["safetensors", "npz"], default="safetensors",
                    help="safetensors: Hugging Face names, GPT2LMHeadModel's or, for a modern run, Qwen3ForCausalLM's "
                         "(default); npz: andrea's layout names")
+    p.add_argument("--average", type=int, default=1, metavar="K",
+                   help="export the mean of the weights of the K retained checkpoints ending at --step (default 1)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("eval", help="a checkpoint's multiple-choice accuracy on a HellaSwag-format tasks file")

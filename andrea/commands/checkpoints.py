@@ -95,5 +95,5 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from andrea.model.export import export_run
-    print(export_run(Path(args.run_dir), Path(args.out), args.step, args.format))
+    print(export_run(Path(args.run_dir), Path(args.out), args.step, args.format, args.average))
     return 0

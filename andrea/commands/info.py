@@ -20,7 +20,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from andrea.control.observe.mfu import model_flops_per_token
     from andrea.model.arch import layout_for
     from andrea.model.gpt import n_params
-    from andrea.optim.muon import workspace_bytes
+    from andrea.optim import registry
     overrides = list(args.set or [])
     if args.micro_batch_size is not None:
         overrides.append(f"train.micro_batch_size={args.micro_batch_size}")
@@ -33,7 +33,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     layout = layout_for(cfg.model)
     n = n_params(layout)
     tc = cfg.train
-    workspace = workspace_bytes(layout, args.device) if tc.optimizer == "muon" else 0  # AdamW updates in place
+    workspace = registry.workspace(tc.optimizer, layout, args.device)  # 0: an update in place (AdamW)
     est = memory.estimate(cfg.model, n, memory.micro_batch_rows(tc.micro_batch_size, tc.batch_size),
                           activation_checkpointing=tc.activation_checkpointing, device=args.device,
                           optimizer_workspace=workspace)

@@ -208,6 +208,12 @@ def cmd_branch(args: argparse.Namespace) -> int:
     parent, dest, step = Path(args.run_dir), Path(args.to), args.step
     parent_cfg = configload.run_config(parent)
     overrides = list(args.set or [])
+    if args.anneal is not None:  # after the user's --set: the anneal's keys win (andrea/optim/schedule.py)
+        from andrea.optim.schedule import anneal
+        try:
+            overrides += anneal(step, args.anneal, parent_cfg.train)
+        except ValueError as e:
+            raise ConfigError(f"branch: {e}") from None
     cfg = configload.load(base=parent_cfg.to_dict(), config_file=args.config, overrides=overrides,
                           base_source=str(parent / CONFIG_NAME))
     if cfg.checkpoint.replica and cfg.checkpoint.replica == parent_cfg.checkpoint.replica:
@@ -362,6 +368,8 @@ def add_commands(sub) -> None:
     p.add_argument("--config", metavar="FILE.toml", help="a TOML file layered over the parent's run.toml")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
                    help="override one key of the branch (repeatable)")
+    p.add_argument("--anneal", type=int, metavar="N", help="a wsd run's finished model: the branch warms its lr down "
+                   "to min_lr over N steps from --step and stops there (default: no anneal)")
     p.set_defaults(func=cmd_branch)
 
     p = sub.add_parser("compare", help="compare two runs' loss curves from their branch point")

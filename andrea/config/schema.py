@@ -19,6 +19,8 @@ from andrea.config.check import ConfigError
 from andrea.config.corpus import DataConfig, PolicyConfig
 from andrea.config.keepers import GuardConfig, NotifyConfig, WatchdogConfig
 from andrea.control.mixture.policy import PolicyError, validate_policy
+import andrea.optim.registry as optimizers
+from andrea.optim.schedule import SCHEDULES, WARMDOWN_SHAPES
 
 
 ARCHS = ("gpt2", "modern")
@@ -98,7 +100,17 @@ class TrainConfig:
     warmup_steps: int = 2000
     """Steps of linear warmup from lr/warmup_steps to lr."""
     lr_decay_steps: int = 200_000
-    """Horizon of the cosine decay; fixed per run so that stopping early never changes the schedule."""
+    """Horizon of the cosine decay; fixed per run so that stopping early never changes the schedule. With
+    schedule = "wsd", the step its warmdown ends at (min_lr from there on)."""
+    schedule: str = "cosine"
+    """cosine | wsd (andrea/optim/schedule.py). cosine: from lr after the warmup to min_lr at lr_decay_steps.
+    wsd: warmup, lr held constant, then a warmdown of warmdown_steps ending at lr_decay_steps: a run without a fixed
+    end keeps lr_decay_steps far ahead and anneals when it is asked for a finished model (a branch or a pivot
+    setting lr_decay_steps to the step + N and warmdown_steps to N)."""
+    warmdown_steps: int = 0
+    """schedule = "wsd": the warmdown's length in steps, from lr to min_lr (at least 1 with wsd)."""
+    warmdown_shape: str = "linear"
+    """schedule = "wsd": linear | 1-sqrt (the lr falls as 1 − √progress: faster at first, Hägele et al. 2024)."""
     weight_decay: float = 0.1
     """AdamW decoupled weight decay, on matrices only (not biases or LayerNorm gains)."""
     beta1: float = 0.9
@@ -110,7 +122,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     """Global gradient-norm clip; 0 disables it."""
     optimizer: str = "adamw"
-    """adamw | muon. muon: Muon (momentum orthogonalised by Polar Express) on the 2-D matrices inside the transformer
+    """A name in andrea/optim/registry.py's table (its error lists them): adamw | muon | normuon. normuon
+    (andrea/optim/normuon.py): muon with NorMuon's per-row variance reduction, a scheduled momentum, cautious
+    scheduled weight decay (muon_weight_decay) and AdamW groups for the embeddings and the head. muon: Muon (momentum orthogonalised by Polar Express) on the 2-D matrices inside the transformer
     blocks, AdamW (lr, beta1, beta2, eps, weight_decay above) on the embeddings, the head, biases and norm gains
     (andrea/optim/muon.py). Fixed at a run's first start (its identity); the checkpoint format is the same."""
     muon_lr: float = 0.02
@@ -125,6 +139,36 @@ class TrainConfig:
     muon_ns_steps: int = 5
     """Polar Express (Newton–Schulz) steps per update, 1 to 5 (each its own coefficients; 5 reaches singular values
     within ~[0.9, 1])."""
+    embed_lr: float = 0.3
+    """normuon: the embeddings' AdamW peak lr (wte, and a gpt2's wpe) at width lr_width; it follows lr's schedule
+    and the guard's remedy as muon_lr does."""
+    head_lr: float = 0.008
+    """normuon: the output head's AdamW peak lr at width lr_width."""
+    lr_width: int = 768
+    """normuon: embed_lr and head_lr are multiplied by sqrt(lr_width / n_embd) (nanochat's width scaling, tuned at
+    768); 0 leaves them as set."""
+    embed_beta1: float = 0.8
+    """normuon: the embeddings' AdamW beta1."""
+    embed_beta2: float = 0.995
+    """normuon: the embeddings' AdamW beta2."""
+    head_beta1: float = 0.8
+    """normuon: the head's AdamW beta1."""
+    head_beta2: float = 0.96
+    """normuon: the head's AdamW beta2."""
+    group_eps: float = 1e-10
+    """normuon: the embeddings' and the head's AdamW epsilon (biases and norm gains keep eps)."""
+    embed_weight_decay: float = 0.001
+    """normuon: the embeddings' AdamW weight decay."""
+    head_weight_decay: float = 0.01
+    """normuon: the head's AdamW weight decay."""
+    normuon_beta2: float = 0.9
+    """normuon: decay of the per-row second moment of the orthogonalised update (kept in the matrix's v)."""
+    muon_momentum_start: float = 0.85
+    """normuon: Muon's momentum at step 0, raised linearly to muon_momentum over muon_momentum_warmup steps."""
+    muon_momentum_warmup: int = 400
+    """normuon: steps of the momentum's warmup (0: none)."""
+    muon_momentum_end: float = 0.9
+    """normuon: the momentum after the warmup eases from muon_momentum to this as the lr's decay progresses."""
     eval_every: int = 500
     """Validation cadence in steps: an `eval` marker with per-arm held-out losses in .loss.json."""
     eval_batches: int = 8
@@ -169,17 +213,31 @@ class TrainConfig:
             raise ConfigError("train.eval_every, eval_batches and log_every must be >= 1")
         if not self.peak_tflops >= 0:
             raise ConfigError(f"train.peak_tflops={self.peak_tflops} must be >= 0 (0: the device table's)")
-        if self.optimizer not in ("adamw", "muon"):
-            raise ConfigError(f"train.optimizer={self.optimizer!r} must be adamw or muon")
-        if self.optimizer == "muon" and not self.lr > 0:
-            raise ConfigError(f"train.lr={self.lr} must be > 0 with train.optimizer=muon (Muon's lr follows lr's "
-                              f"schedule as muon_lr · lr_at(step) / lr)")
+        if self.schedule not in SCHEDULES or self.warmdown_shape not in WARMDOWN_SHAPES:
+            raise ConfigError(f"train.schedule={self.schedule!r} must be {' or '.join(SCHEDULES)} and "
+                              f"train.warmdown_shape={self.warmdown_shape!r} {' or '.join(WARMDOWN_SHAPES)}")
+        if self.schedule == "wsd" and not 1 <= self.warmdown_steps <= self.lr_decay_steps:
+            raise ConfigError(f"train.warmdown_steps={self.warmdown_steps} must be 1 to train.lr_decay_steps="
+                              f"{self.lr_decay_steps} with train.schedule=wsd (its warmdown ends at lr_decay_steps)")
+        if optimizers.problem(self.optimizer):
+            raise ConfigError(optimizers.problem(self.optimizer))
+        if "muon_lr" in optimizers.get(self.optimizer).keys and not self.lr > 0:
+            raise ConfigError(f"train.lr={self.lr} must be > 0 with train.optimizer={self.optimizer} (Muon's lr "
+                              f"follows lr's schedule as muon_lr · lr_at(step) / lr)")
         if not self.muon_lr > 0:
             raise ConfigError(f"train.muon_lr={self.muon_lr} must be > 0")
         if not 0.0 <= self.muon_momentum < 1.0:
             raise ConfigError(f"train.muon_momentum={self.muon_momentum} must be in [0, 1)")
         if not self.muon_weight_decay >= 0:
             raise ConfigError(f"train.muon_weight_decay={self.muon_weight_decay} must be >= 0")
+        for key in ("embed_beta1", "embed_beta2", "head_beta1", "head_beta2", "normuon_beta2", "muon_momentum_start",
+                    "muon_momentum_end"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"train.{key}={getattr(self, key)} must be in [0, 1)")
+        for key in ("embed_lr", "head_lr", "group_eps", "embed_weight_decay", "head_weight_decay", "lr_width",
+                    "muon_momentum_warmup"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"train.{key}={getattr(self, key)} must be >= 0")
         if not 1 <= self.muon_ns_steps <= 5:
             raise ConfigError(f"train.muon_ns_steps={self.muon_ns_steps} must be 1 to 5 (Polar Express has five "
                               f"steps' coefficients)")

@@ -53,6 +53,7 @@ from andrea.config.load import load, preset_names
 from andrea.model.arch import layout_for
 from andrea.model.gpt import n_params
 from andrea.control.run.trainer import update_fn
+from andrea.optim.registry import Hyper
 
 # The kernel modules by import path: the package re-exports functions named like two of them (attention,
 # cross_entropy), so attribute access on andrea.kernels would find those instead.
@@ -165,8 +166,7 @@ def trainer_launches(preset: str, overrides: tuple[str, ...] = ()) -> list[Launc
         # the trainer's optimizer and call (Trainer.train_step): AdamW, or Muon on the hidden matrices and AdamW on the
         # rest; decay mask always, clipping unless grad_clip is 0
         update = update_fn(t, layout, "triton", torch.device("meta"))
-        update(w, g, mom, var, step=1, lr=t.lr, beta1=t.beta1, beta2=t.beta2, eps=t.eps, weight_decay=t.weight_decay,
-               decay_mask=torch.empty(n, dtype=torch.bool, **meta), max_grad_norm=t.grad_clip or None)
+        update(w, g, mom, var, Hyper(1, t.lr, t.beta1, t.beta2, t.eps, t.weight_decay, t.grad_clip or None))
     use = (preset.removeprefix("andrea-"), " ".join(o.split(".", 1)[1] for o in overrides))
     for launch in launches:
         launch.use = use

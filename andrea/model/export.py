@@ -162,11 +162,36 @@ def pick_checkpoint(run_dir: Path, n: int, step: int | None, purpose: str = "exp
     return info.path
 
 
-def export_run(run_dir: Path, out: Path, step: int | None = None, fmt: str = "safetensors") -> Path:
-    """Write the export directory `out` from a run's checkpoint (the newest valid one unless `step`)."""
+def average_weights(payloads: list[np.ndarray], n: int) -> np.ndarray:
+    """The mean of the payloads' weights (their first n floats), summed in float64, as float32: one payload's are
+    returned as they are, bit for bit."""
+    if len(payloads) == 1:
+        return payloads[0][:n]
+    total = np.zeros(n, dtype=np.float64)
+    for p in payloads:
+        total += p[:n]
+    return (total / len(payloads)).astype(np.float32)
+
+
+def averaged_steps(run_dir: Path, newest: int, k: int) -> list[int]:
+    """The steps of the k retained checkpoints up to `newest` (its own included), oldest first; refused in one
+    line when the run keeps fewer."""
+    steps = [s for s, _ in ckpt.list_checkpoints(run_dir) if s <= newest][-k:]
+    if len(steps) < k:
+        raise ExportError(f"--average {k}: {run_dir} keeps {len(steps)} checkpoint(s) up to step {newest} "
+                          f"({', '.join(map(str, steps)) or 'none'})")
+    return steps
+
+
+def export_run(run_dir: Path, out: Path, step: int | None = None, fmt: str = "safetensors",
+               average: int = 1) -> Path:
+    """Write the export directory `out` from a run's checkpoint (the newest valid one unless `step`), or from the
+    mean of the weights of the `average` retained checkpoints ending there (a tail average without an anneal)."""
     from andrea.config.load import run_config
     if fmt not in FORMATS:
         raise ExportError(f"--format {fmt}: not one of {', '.join(FORMATS)}")
+    if average < 1:
+        raise ExportError(f"--average {average}: must be at least 1 checkpoint")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out}: exists and is not an empty directory; export writes a new one")
     cfg = run_config(run_dir)
@@ -174,7 +199,10 @@ def export_run(run_dir: Path, out: Path, step: int | None = None, fmt: str = "sa
     layout = layout_for(cfg.model)
     path = pick_checkpoint(run_dir, n_params(layout), step)
     header_step, payload = ckpt.read_payload(path, n_params(layout))
-    weights = payload[:n_params(layout)]
+    steps = averaged_steps(run_dir, header_step, average) if average > 1 else [header_step]
+    payloads = [payload] + [ckpt.read_payload(run_dir / names.checkpoint_name(s), n_params(layout))[1]
+                            for s in steps[:-1]]
+    weights = average_weights(payloads, n_params(layout))
     files: dict[str, bytes | Callable[[Path], None]] = {}
     source = tokenizer_source(cfg, run_dir)
     if source is not None:
@@ -189,6 +217,8 @@ def export_run(run_dir: Path, out: Path, step: int | None = None, fmt: str = "sa
         from safetensors.numpy import save_file
         tensors = hf_state(layout, weights, cfg.model)
         meta = {"format": "pt", "andrea_step": str(header_step), "andrea_run": str(run_dir.resolve())}
+        if average > 1:
+            meta["andrea_average_of_steps"] = ",".join(map(str, steps))
         files[SAFETENSORS_NAME] = lambda p: save_file(tensors, str(p), metadata=meta)
     else:
         arrays = andrea_arrays(layout, weights)

@@ -1,1 +1,1 @@
-"""The optimizers beside the trainer's AdamW: Muon on the hidden matrices (train.optimizer = "muon")."""
+"""The optimizers (andrea/optim/registry.py: one table of them), their hyper-parameters per step and the lr schedules."""

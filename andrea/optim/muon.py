@@ -1,8 +1,9 @@
 """Muon on the hidden matrices, AdamW on the rest (train.optimizer = "muon"): one update over a range of the flat state.
 
 Reads and updates device memory only (the trainer's flat weights, gradient, m and v, or a ZeRO-1 rank's slice of
-them); no files. `MuonAdamW(...)` is called like adamw_reference/adamw_step (andrea/kernels/adamw.py), so the
-trainer's step (andrea/control/run/trainer.py) and ZeRO-1's (andrea/control/parallel/zero.py) wire it where AdamW was.
+them); no files. `MuonAdamW(...)` is registered in andrea/optim/registry.py and called as every update there,
+`update(w, g, m, v, hp)`, so the trainer's step (andrea/control/run/trainer.py) and ZeRO-1's
+(andrea/control/parallel/zero.py) wire it where AdamW was.
 
 Which optimizer updates a parameter is a pure function of the layout (`muon_matrices`): Muon takes every 2-D
 parameter inside a transformer block (`h.<i>.…`: the GPT's attn.c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj, and
@@ -49,6 +50,7 @@ import torch
 
 from andrea.config.schema import TrainConfig
 from andrea.model.gpt import ParamSpec, decay_mask
+from andrea.optim.registry import Hyper
 
 # Five steps, each (a, b, c) for X <- a X + (b A + c A^2) X; from the Polar Express paper's schedule for Muon
 # (lower bound 1e-3 on the normalised singular values, the 1.02 safety factor applied below).
@@ -233,22 +235,28 @@ class MuonAdamW:
         self.packed_mask = mask[self.packed] if short else None
 
     @torch.no_grad()
-    def __call__(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, step: int, lr: float,
-                 beta1: float, beta2: float, eps: float, weight_decay: float, decay_mask: torch.Tensor | None = None,
-                 max_grad_norm: float | None = None) -> torch.Tensor:
-        """adamw_reference's signature over the range's w, g, m, v (length hi - lo); `decay_mask` is unused (the
-        layout's, sliced at construction). Returns the pre-clip norm of g, a 0-d device tensor."""
+    def __call__(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, hp: Hyper) -> torch.Tensor:
+        """The update over the range's w, g, m, v (length hi - lo), called as every registered update
+        (andrea/optim/registry.py). Returns the pre-clip norm of g, a 0-d device tensor."""
+        norm = self.clip_gradient(g, hp.max_grad_norm)
+        adamw = hp.adamw(max_grad_norm=None)
+        self.adamw_part(w, g, m, v, adamw)
+        self._muon(w, g, m, hp.lr * self.tc.muon_lr / self.tc.lr)
+        return norm
+
+    def clip_gradient(self, g: torch.Tensor, max_grad_norm: float | None) -> torch.Tensor:
+        """g clipped by its global norm, in place; returns the pre-clip norm, a 0-d device tensor."""
         norm, coef = self.clip(g, max_grad_norm)
         if coef is not None and not (g.device.type == "cpu" and coef.item() == 1.0):
             g.mul_(coef)  # every parameter's gradient, once; on a CPU g * 1.0 == g is skipped
-        adamw = dict(step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
-                     max_grad_norm=None)
+        return norm
+
+    def adamw_part(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, adamw: dict) -> None:
+        """AdamW (the kernel's keyword arguments `adamw`) on every element outside the matrices."""
         for (a, b), mask in zip(self.runs, self.masks):
             self.adamw(w[a:b], g[a:b], m[a:b], v[a:b], decay_mask=mask, **adamw)
         if self.packed is not None:
             self._adamw_packed(w, g, m, v, adamw)
-        self._muon(w, g, m, lr * self.tc.muon_lr / self.tc.lr)
-        return norm
 
     def _adamw_packed(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, adamw: dict) -> None:
         """AdamW over the short runs gathered into one call; the gathered copies die with this frame."""

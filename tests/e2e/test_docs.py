@@ -177,7 +177,7 @@ BENCH_TESTS = {
     "bench/peer.py": "tests/e2e/test_gpu_check.py::test_the_selftest_runs_every_part_into_one_results_directory",
     "bench/chaos.py":
         "tests/e2e/test_chaos.py::test_the_chaos_run_reaches_its_target_with_the_fault_free_bytes_and_reports_every_fault",
-    "bench/recipe.py": "tests/e2e/test_bench_smoke.py::test_recipe_bench_quick_prints_the_sweep_the_ratios_and_a_plot",
+    "bench/recipe.py": "tests/e2e/test_bench_smoke.py::test_recipe_bench_quick_prints_the_sweeps_and_the_anchors",
 }
 
 # External tools shown in ```sh blocks -> the tests that exercise what the docs claim of them.

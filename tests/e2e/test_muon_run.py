@@ -118,3 +118,48 @@ def test_the_guard_rolls_a_muon_run_back_and_it_heals(prepared, tmp_path):
     assert [e["step"] for e in history(ledger(run)) if "event" not in e] == list(range(1, TARGET + 1))
     assert checkpoints(run)[-1] == TARGET
     assert andrea_here("verify", str(run)).returncode == 0
+
+
+NORMUON = ["--set", "model.arch=modern", "--set", "train.optimizer=normuon", "--set", "train.schedule=wsd",
+           "--set", "train.warmdown_steps=8", "--set", "train.lr_decay_steps=20", "--set", "train.muon_weight_decay=0.1",
+           "--set", "train.muon_momentum_warmup=10", "--checkpoint-every", "5"]
+
+
+def resumed_from_10(run, stopped, launch) -> None:
+    """`run` as it stood at step 10 (its later checkpoints gone) copied to `stopped`, and run again to TARGET."""
+    shutil.copytree(run, stopped)
+    for step in (15, 20):
+        (stopped / names.checkpoint_name(step)).unlink()
+    launch(stopped)
+    assert [e["step"] for e in ledger(stopped) if e.get("event") == "resume"] == [10]
+
+
+def test_normuon_on_wsd_resumes_bit_exact_in_one_process_and_on_two_ranks(prepared, tmp_path):
+    """train.optimizer = normuon (its second moment in v, its scheduled momentum and decay) on train.schedule = wsd
+    (the warmdown crossing the resume): 1 -> 1 and 2 -> 2 end in the bytes of the run that never stopped."""
+    def one(run):
+        r = train(run, "--steps", str(TARGET), *NORMUON, *QUIET)
+        assert r.returncode == 0, r.stderr[-4000:]
+
+    def two(run):
+        two_ranks(run, "--steps", str(TARGET), *NORMUON, *QUIET)
+
+    for launch, name in ((one, "one"), (two, "two")):
+        run = seed_data(prepared, tmp_path / name)
+        launch(run)
+        resumed_from_10(run, tmp_path / f"{name}-stopped", launch)
+        assert final(tmp_path / f"{name}-stopped") == final(run), name
+        v = np.frombuffer(final(run), dtype="<f4", offset=8).reshape(3, -1)[2]
+        assert (v != 0).any()  # NorMuon's second moments and AdamW's, in the file
+        assert andrea_here("verify", str(run)).returncode == 0
+
+
+def test_the_guard_rolls_a_normuon_run_back_and_it_heals(prepared, tmp_path):
+    run = seed_data(prepared, tmp_path / "run")
+    r = train(run, "--steps", str(TARGET), *NORMUON, *QUIET, "--set", "guard.confirm_steps=5",
+              extra_env={"ANDREA_TEST_POISON_STEPS": "15"})
+    assert r.returncode == 0, r.stderr[-4000:]
+    [rollback] = [e for e in ledger(run) if e.get("event") == "rollback"]
+    assert rollback["from"] == 15 and rollback["step"] in (5, 10), rollback
+    assert [e["step"] for e in history(ledger(run)) if "event" not in e] == list(range(1, TARGET + 1))
+    assert andrea_here("verify", str(run)).returncode == 0

@@ -8,8 +8,8 @@ andrea/control/parallel/distributed.py, [lo, hi) of the flat n, padded to P·s i
                still reduced ONCE per step, by step 2's reduce-scatter (no no_sync needed: there are no hooks).
     memory     w: the full weights (P·s, the model's parameters are views into its first n), the full
                gradient (P·s), and m, v of the slice only (2·(hi - lo)): the optimizer state is 1/P per rank.
-    muon       train.optimizer = "muon": the bounds keep every Muon matrix whole on one rank
-               (distributed.whole_cuts); the rank orthogonalises the matrices it owns, and step 5 gathers them
+    muon       train.optimizer = "muon" (any optimizer whose registration names whole matrices): the bounds keep
+               every Muon matrix whole on one rank (distributed.whole_cuts); the rank orthogonalises the matrices it owns, and step 5 gathers them
                with the rest. Those slices are not all s long at r·s: the collectives then go through one
                exchange buffer (P·s), each rank's slice copied to r·s before the reduce-scatter and back after
                the all-gather (2·n floats copied per step; the equal split needs no copy).
@@ -18,8 +18,8 @@ andrea/control/parallel/distributed.py, [lo, hi) of the flat n, padded to P·s i
                2. ONE reduce-scatter (mean) of the flat gradient → this rank's slice g_r;
                3. ONE all-reduce of Σ g_r² → the global pre-clip norm, the same quantity as one process's
                   (only the summation order differs), so the clip factor min(1, c / (norm + 1e-6)) is global;
-               4. AdamW (the fused Triton kernel on GPU, the reference on CPU) on w[lo:hi], g_r·clip, m, v with
-                  the decay mask sliced identically (Muon: andrea/optim/muon.py's update of the same slices);
+               4. the optimizer's update (andrea/optim/registry.py; AdamW: the fused Triton kernel on GPU, the
+                  reference on CPU, with the decay mask sliced identically) on w[lo:hi], g_r·clip, m, v;
                5. ONE all-gather rebuilds w on every rank; the per-sequence losses are all-gathered (B,) so
                   every rank's data proxy sees the whole batch.
     snapshot   this rank's slices w[lo:hi], m, v (three views of a ShardImage) for the sharded checkpoint writer
@@ -35,13 +35,16 @@ multi-GPU measurement shows the reduce-scatter above a few percent of the step.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from andrea.control.parallel import distributed as dist_
 from andrea.config.schema import RunConfig
 from andrea.control.parallel.distributed import World
 from andrea.model.gpt import bind_flat
-from andrea.optim.muon import matrix_spans
+from andrea.optim import registry
+from andrea.optim.registry import Hyper
 from andrea.control.run.trainer import Fence, StepOutput, Trainer, update_fn
 
 
@@ -76,8 +79,9 @@ class ZeroTrainer(Trainer):
         super().__init__(cfg, device, kernels)
         dist_.check_batch(cfg.train.batch_size, world.size, cfg.train.micro_batch_size)
         self.world = world
-        if cfg.train.optimizer == "muon":  # whole matrices per rank; the commits and the sharing read world.cuts
-            world.cuts = dist_.whole_cuts(self.n, world.size, matrix_spans(self.layout))
+        spans = registry.spans(cfg.train.optimizer, self.layout)
+        if spans is not None:  # whole matrices per rank; the commits and the sharing read world.cuts
+            world.cuts = dist_.whole_cuts(self.n, world.size, spans)
         full = self.state
         self.state = ShardState(self.n, world, device)
         self.state.w.copy_(full.w)
@@ -85,7 +89,6 @@ class ZeroTrainer(Trainer):
         bind_flat(self.model, self.state.w, self.state.grad)
         self.lo, self.hi = self.state.lo, self.state.hi
         self.rows = dist_.row_bounds(cfg.train.batch_size, world.size, world.rank)
-        self.decay_shard = self.decay[self.lo:self.hi]  # one view, kept: the CPU reference caches plans per mask
         self._shard_update = update_fn(cfg.train, self.layout, kernels, device, self.lo, self.hi)
         self.update = self._zero_update
 
@@ -124,13 +127,11 @@ class ZeroTrainer(Trainer):
         return bool(flag.item())
 
     @torch.no_grad()
-    def _zero_update(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, step: int,
-                    lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
-                    decay_mask: torch.Tensor | None = None, max_grad_norm: float | None = None) -> torch.Tensor:
+    def _zero_update(self, w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, hp: Hyper) -> torch.Tensor:
         """The optimizer call Trainer.train_step makes, ZeRO-1: reduce-scatter, global norm, slice update, gather.
 
-        Same signature as adamw_reference/adamw_step (w, g, m, v are this trainer's state); returns the global
-        pre-clip gradient norm as a 0-d device tensor (no host sync on CUDA).
+        Called as every registered update (w, g, m, v are this trainer's state); returns the global pre-clip
+        gradient norm as a 0-d device tensor (no host sync on CUDA).
         """
         st, k = self.state, self.shard_len
         if not st.aligned:
@@ -141,12 +142,10 @@ class ZeroTrainer(Trainer):
         sumsq = torch.linalg.vector_norm(g_r, 2.0, dtype=torch.float32).double().square().view(1)
         dist_.all_reduce_sum(sumsq)
         norm = sumsq.sqrt().float().view(())
-        if max_grad_norm:
+        if hp.max_grad_norm:
             # clip_coefficient's formula on the global norm; g·c with the same c is what the update would do.
-            g_r.mul_(torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0))
-        self._shard_update(st.w[self.lo:self.hi], g_r, st.m, st.v, step=step, lr=lr, beta1=beta1, beta2=beta2,
-                           eps=eps, weight_decay=weight_decay,
-                           decay_mask=self.decay_shard if decay_mask is not None else None, max_grad_norm=None)
+            g_r.mul_(torch.clamp(hp.max_grad_norm / (norm + 1e-6), max=1.0))
+        self._shard_update(st.w[self.lo:self.hi], g_r, st.m, st.v, replace(hp, max_grad_norm=None))
         st.w_send[:k].copy_(st.w[self.lo:self.hi])
         dist_.all_gather(st.w_padded, st.w_send)
         if not st.aligned:

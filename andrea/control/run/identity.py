@@ -1,7 +1,8 @@
 """A run's identity: what its checkpoints' bytes mean, fixed at its first start and checked at every later one.
 
 The model's arch and shape (every field that changes what the flat `[w | m | v]` means, not only n_params), the
-optimizer (`train.optimizer`: what `m` and `v` hold, docs/formats.md), the tokenizer (its file's SHA-256) and the
+optimizer (`train.optimizer`: what `m` and `v` hold, docs/formats.md), the lr schedule's kind (`train.schedule`:
+cosine or wsd, a resume switching them would jump the lr), the tokenizer (its file's SHA-256) and the
 seed (initialisation and data order). A resume whose configuration
 would change one of them is refused in one line naming the field and both values, before anything is written;
 deliberate changes keep their ways: `--set` of train-time keys, pivots for the data policy, a new run from a
@@ -29,16 +30,17 @@ MODEL_KEYS = ("arch", "n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 ARCH_KEYS = {"gpt2": ("bias",), "modern": ("rope_base",)}  # what only that model reads (a modern model has no biases)
 # What a record written before a field existed means by its absence: the only value there was then, so a resume
 # that would change it is refused, not let through.
-BEFORE_RECORDED = {"model.arch": "gpt2", "train.optimizer": "adamw"}
+BEFORE_RECORDED = {"model.arch": "gpt2", "train.optimizer": "adamw", "train.schedule": "cosine"}
 
 
 def identity(cfg: RunConfig, tokenizer_sha256: str | None) -> dict[str, Any]:
     """The identity of a run trained with `cfg` and the tokenizer whose file hashes to `tokenizer_sha256`:
     `model.arch`, the shape, `model.bias` of a gpt2 model or `model.rope_base` of a modern one, the optimizer, the
-    seed and the tokenizer. (A record written before a key was dropped still holds it; `changes` skips it.)"""
+    lr schedule's kind, the seed and the tokenizer. (A record written before a key was dropped still holds it; `changes` skips it.)"""
     keys = MODEL_KEYS + ARCH_KEYS[cfg.model.arch]
     out: dict[str, Any] = {f"model.{k}": getattr(cfg.model, k) for k in keys}
     out["train.optimizer"] = cfg.train.optimizer
+    out["train.schedule"] = cfg.train.schedule  # cosine or wsd: a resume switching them would jump the lr
     out["train.seed"] = cfg.train.seed
     if tokenizer_sha256 is not None:
         out["tokenizer.sha256"] = tokenizer_sha256
@@ -126,12 +128,14 @@ def check_init_from(init_from: Path, cfg: RunConfig, tokenizer: str | None = Non
     rows are token ids) must be this run's; `tokenizer`: this run's tokenizer's SHA-256 where it is known yet
     (`run_tokenizer_sha256`; a tokenizer trained at the start is checked once it is, `check_init_from_tokenizer`).
     Its run is the checkpoint's directory; a checkpoint kept outside any run is taken on its parameter count alone.
-    The seed may differ: the new run draws its own data order. (Weights imported from an export are a deliberate
-    new start: model/init_from.py warns of another tokenizer there, and checks their shape.)"""
+    The seed may differ: the new run draws its own data order; so may the lr schedule. (Weights imported from an
+    export are a deliberate new start: model/init_from.py warns of another tokenizer there, and checks their
+    shape.)"""
     recorded = of_run(init_from.parent)
     if recorded is None:
         return
     recorded.pop("train.seed", None)  # the new run's own
+    recorded.pop("train.schedule", None)  # its own too: the schedule gives no byte of w, m or v another meaning
     _refuse(init_from, changes(recorded, identity(cfg, tokenizer)))
 
 

@@ -5,8 +5,8 @@ plane). Everything a step does is a pure function of (config, seed, step, batch,
 a resumed run bit-identical to one that never stopped:
 - the learning rate comes from the step (`lr_at`), never from a counter that could drift;
 - the AdamW bias correction uses step + 1, the header step of the checkpoint the update produces;
-- the optimizer (`train.optimizer`): AdamW over the whole flat buffer, or Muon on the hidden matrices and AdamW on
-  the rest (andrea/optim/muon.py, `update_fn`), each a pure function of the state and the step;
+- the optimizer (`train.optimizer`, andrea/optim/registry.py: AdamW over the whole flat buffer, Muon on the hidden
+  matrices and AdamW on the rest, ...; `update_fn`), each a pure function of the state and the step;
 - dropout (off by default) draws from a generator seeded by (seed, step).
 
 Memory layout: `state.buffer` is ONE fp32 tensor of 3·n = [weights | m | v]; model parameters are views into
@@ -29,7 +29,6 @@ its forward (an injected CUDA out-of-memory, on any device); never in production
 from __future__ import annotations
 
 import logging
-import math
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -47,19 +46,11 @@ from andrea.data.store import DROPOUT_STREAM, rng_for
 from andrea.model import arch
 from andrea.model.gpt import ModelMath, ParamSpec, bind_flat, decay_mask, n_params, param_layout
 from andrea.model.modern import split_heads
-from andrea.optim.muon import MuonAdamW
+from andrea.optim import registry
+from andrea.optim.registry import Hyper
+from andrea.optim.schedule import decay_progress, lr_at  # noqa: F401 (lr_at: the trainer's schedule, imported from here)
 
 log = logging.getLogger("andrea.control.run.trainer")
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to `lr`, cosine decay to `min_lr` at `lr_decay_steps`, then flat (nanoGPT's schedule)."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    if step >= cfg.lr_decay_steps:
-        return cfg.min_lr
-    progress = (step - cfg.warmup_steps) / max(1, cfg.lr_decay_steps - cfg.warmup_steps)
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -132,7 +123,7 @@ class Trainer:
         bind_flat(self.model, self.state.w, self.state.grad)
         self.model.to(device)  # buffers only: parameters already live in the flat state
         self.decay = decay_mask(self.layout, device)
-        self.update = update_fn(cfg.train, self.layout, kernels, device)  # AdamW's signature, either optimizer
+        self.update = update_fn(cfg.train, self.layout, kernels, device)  # update(w, g, m, v, hp), any optimizer
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext())
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         # CPU: snapshots copy on their own thread while the next forward and backward run (see snapshot).
@@ -206,9 +197,9 @@ class Trainer:
         loss = seq_losses.mean()  # (B,) -> (): the whole batch's mean, as one pass computes it
         self._wait_snapshot()
         lr = lr_at(step, tc) * self.lr_scale
-        grad_norm = self.update(self.state.w, self.state.grad, self.state.m, self.state.v, step=step + 1, lr=lr,
-                                beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay,
-                                decay_mask=self.decay, max_grad_norm=tc.grad_clip or None)
+        hp = Hyper(step + 1, lr, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, tc.grad_clip or None,
+                   decay_progress(step, tc))
+        grad_norm = self.update(self.state.w, self.state.grad, self.state.m, self.state.v, hp)
         return StepOutput(step + 1, lr, loss.detach(), grad_norm, seq_losses)
 
     def _accumulate(self, step: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -304,9 +295,6 @@ def _adamw_fn(kernels: str):
 
 def update_fn(tc: TrainConfig, layout: list[ParamSpec], kernels: str, device: torch.device, lo: int = 0,
               hi: int | None = None):
-    """The optimizer update of the flat range [lo, hi) (all of it by default), called as adamw_reference is:
-    AdamW itself, or MuonAdamW (Muon on the range's hidden matrices, AdamW on the rest) for train.optimizer=muon."""
-    adamw = _adamw_fn(kernels)
-    if tc.optimizer == "muon":
-        return MuonAdamW(layout, tc, adamw, kernels, device, lo, hi)
-    return adamw
+    """The optimizer update of the flat range [lo, hi) (all of it by default), `update(w, g, m, v, hp)`: the one
+    train.optimizer names in andrea/optim/registry.py, over AdamW's kernel or its torch reference."""
+    return registry.build(tc.optimizer, layout, tc, _adamw_fn(kernels), kernels, device, lo, hi)

@@ -5,6 +5,7 @@ In process, on the CPU (fp32, deterministic); no trainer process."""
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 import weakref
 
 import pytest
@@ -17,6 +18,7 @@ from andrea.config.schema import TrainConfig
 from andrea.kernels import adamw_reference
 from andrea.model import arch
 from andrea.model.gpt import decay_mask, layout_for, n_params
+from andrea.optim.registry import Hyper
 from andrea.optim.muon import MuonAdamW, adamw_runs, matrix_spans, muon_matrices, polar_express, workspace_bytes
 from andrea.control.parallel.distributed import shard_bounds, whole_cuts
 from andrea.control.run.trainer import Trainer, lr_at
@@ -138,8 +140,7 @@ def test_one_update_is_muon_on_the_matrices_and_adamw_on_the_rest(nesterov):
     coef = min(1.0, 0.5 / (float(g.norm()) + 1e-6))
     want = by_hand(layout, tc, w, g, m, v, 7, 3e-4, coef)
     got = [t.clone() for t in (w, g, m, v)]
-    norm = muon(*got, step=7, lr=3e-4, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay,
-                max_grad_norm=0.5)
+    norm = muon(*got, Hyper(7, 3e-4, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, 0.5))
     assert float(norm) == pytest.approx(float(g.norm()), rel=1e-6)  # pre-clip
     is_muon = torch.zeros(n, dtype=torch.bool)
     for x in muon_matrices(layout):
@@ -161,11 +162,10 @@ def test_the_fused_elementwise_kernels_give_the_references_update():
     n = n_params(layout)
     gen = torch.Generator().manual_seed(5)
     state = [torch.randn(n, generator=gen) for _ in range(3)] + [torch.rand(n, generator=gen)]
-    kw = dict(step=4, lr=1e-3, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay,
-              max_grad_norm=1.0)
+    hp = Hyper(4, 1e-3, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, 1.0)
     plain, fused = [t.clone() for t in state], [t.clone() for t in state]
-    MuonAdamW(layout, tc, adamw_reference, "torch", CPU)(*plain, **kw)
-    MuonAdamW(layout, tc, adamw_step, "triton", CPU)(*fused, **kw)
+    MuonAdamW(layout, tc, adamw_reference, "torch", CPU)(*plain, hp)
+    MuonAdamW(layout, tc, adamw_step, "triton", CPU)(*fused, hp)
     for i in (0, 2, 3):  # w, m, v
         assert torch.allclose(fused[i], plain[i], rtol=1e-6, atol=1e-7)
     assert not torch.equal(fused[0], state[0])
@@ -183,9 +183,8 @@ def test_muons_learning_rate_follows_lrs_warmup_and_decay():
     sizes = {}
     for step in (0, 4, 10, 20, 40):
         w, m, v = torch.zeros(n), torch.zeros(n), torch.zeros(n)
-        MuonAdamW(layout, tc, adamw_reference, "torch", CPU)(w, g.clone(), m, v, step=step + 1,
-                                                              lr=lr_at(step, tc), beta1=tc.beta1, beta2=tc.beta2,
-                                                              eps=tc.eps, weight_decay=tc.weight_decay)
+        MuonAdamW(layout, tc, adamw_reference, "torch", CPU)(w, g.clone(), m, v, Hyper(
+            step + 1, lr_at(step, tc), tc.beta1, tc.beta2, tc.eps, tc.weight_decay, None))
         sizes[step] = float(w[s].norm())
     unit = sizes[10] / tc.muon_lr  # at the peak: lr_at = lr
     for step, size in sizes.items():
@@ -206,13 +205,13 @@ def test_zero1_bounds_keep_every_matrix_whole_and_the_slices_update_as_the_whole
     gen = torch.Generator().manual_seed(2)
     w, g, m = (torch.randn(n, generator=gen) for _ in range(3))
     v = torch.rand(n, generator=gen)
-    kw = dict(step=3, lr=1e-3, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay)
+    hp = Hyper(3, 1e-3, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, None)
     whole = [t.clone() for t in (w, g, m, v)]
-    MuonAdamW(layout, tc, adamw_reference, "torch", CPU)(*whole, **kw)
+    MuonAdamW(layout, tc, adamw_reference, "torch", CPU)(*whole, hp)
     for r in range(size):
         lo, hi = shard_bounds(n, size, r, cuts)
         part = [t[lo:hi].clone() for t in (w, g, m, v)]
-        MuonAdamW(layout, tc, adamw_reference, "torch", CPU, lo, hi)(*part, **kw)
+        MuonAdamW(layout, tc, adamw_reference, "torch", CPU, lo, hi)(*part, hp)
         for a, b in zip(part, whole):
             assert torch.allclose(a, b[lo:hi], rtol=0, atol=1e-6)
 
@@ -254,11 +253,11 @@ def test_the_workspace_estimate_bounds_what_an_update_allocates(model):
     n = n_params(layout)
     state = [torch.randn(n) for _ in range(3)] + [torch.rand(n)]
     update = MuonAdamW(layout, tc, adamw_reference, "torch", CPU)
-    kw = dict(lr=1e-3, beta1=tc.beta1, beta2=tc.beta2, eps=tc.eps, weight_decay=tc.weight_decay, max_grad_norm=1.0)
-    update(*state, step=3, **kw)  # the first call also finds the decay mask's runs, once for the run's life
+    hp = Hyper(3, 1e-3, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, 1.0)
+    update(*state, hp)  # the first call also finds the decay mask's runs, once for the run's life
     kept = [t for t in (update.packed, update.packed_mask, *update.masks) if t is not None]  # its own, for life
     with LiveBytes(state + kept) as live:
-        update(*state, step=4, **kw)
+        update(*state, replace(hp, step=4))
     modelled = workspace_bytes(layout, "cpu")
     assert live.peak <= modelled + 64 <= 1.5 * live.peak, (live.peak, modelled)  # + the norms' 0-d scalars
 
@@ -288,7 +287,6 @@ def test_a_muon_trainer_is_deterministic_and_keeps_v_zero_on_its_matrices():
 
 
 @pytest.mark.parametrize("key,value,message", [
-    ("optimizer", "sgd", "train.optimizer='sgd' must be adamw or muon"),
     ("muon_lr", 0.0, "train.muon_lr=0.0 must be > 0"),
     ("muon_momentum", 1.0, "train.muon_momentum=1.0 must be in [0, 1)"),
     ("muon_weight_decay", -0.1, "train.muon_weight_decay=-0.1 must be >= 0"),

@@ -154,3 +154,14 @@ def test_a_modern_run_is_not_held_to_a_bias_it_does_not_have(tmp_path):
     gpt2 = recorded_run(tmp_path / "gpt2", cfg())
     with pytest.raises(ConfigError, match="model.bias from True to False"):
         identity.check_resume(gpt2, cfg(bias=False), cfg())
+
+
+def test_a_resume_may_not_switch_the_schedule_and_an_older_record_is_a_cosine_runs(tmp_path):
+    """train.schedule is part of the identity: cosine ↔ wsd at a resume would jump the learning rate."""
+    wsd = configload.from_dict({"model": SHAPE, "train": {"schedule": "wsd", "warmdown_steps": 100}})
+    assert identity.identity(cfg(), None)["train.schedule"] == "cosine"
+    assert identity.changes(identity.identity(wsd, None), identity.identity(cfg(), None)) == \
+        ["train.schedule from 'wsd' to 'cosine'"]
+    older = {k: v for k, v in identity.identity(cfg(), None).items() if k != "train.schedule"}
+    assert identity.changes({**identity.BEFORE_RECORDED, **older}, identity.identity(wsd, None)) == \
+        ["train.schedule from 'cosine' to 'wsd'"]
