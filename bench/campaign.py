@@ -189,9 +189,10 @@ class Campaign:
         if last["replica_down"] > last["replica_back"] and holds is not None and holds >= d.config.steps:
             out.append(f"REPLICA DOWN LEFT STANDING: the ledger's last replica marker is replica_down, yet the "
                        f"replica holds step {holds}")
-        pivots = sum(1 for k in rec.struck if k == "pivot")
-        if marks.count("pivot") < pivots:
-            out.append(f"a pivot left no `pivot` marker ({marks.count('pivot')} of {pivots})")
+        pivots = sum(1 for k in rec.struck if k == "pivot")  # (a branch or --init-from leaves them behind: all lines)
+        seen = [json.loads(line).get("event") for line in rec.seen] + marks
+        if seen.count("pivot") < pivots:
+            out.append(f"a pivot left no `pivot` marker ({seen.count('pivot')} of {pivots})")
         if rec.damaged or {"delete", "branch", "init_from", "restore"} & set(rec.struck):
             out += self.verify(rec)  # (a run nothing touched on disk: the bytes check above says enough)
         return out
@@ -257,14 +258,22 @@ class Campaign:
         return o
 
 
+# What torchrun's launcher itself prints when it is signalled or a worker exits non-zero: its report, not andrea's
+LAUNCHER = ("torch.distributed.elastic.multiprocessing.api.SignalException",
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError")
+
+
 def traceback_failures(rec: Record) -> list[str]:
     out = []
     for p in rec.procs:
-        text = p.output()
-        if "Traceback (most recent call last)" in text:
-            at = text.index("Traceback (most recent call last)")
-            tail = [l for l in text[at:].splitlines() if l.strip()]
-            out.append(f"traceback in `{' '.join(p.argv[:1])}`: {tail[-1][:200] if tail else ''}")
+        for block in p.output().split("Traceback (most recent call last)")[1:]:
+            lines = [line for line in block.splitlines() if line.strip() and not line.startswith((" ", "\t"))]
+            last = next((line for line in lines if not line.startswith(":")), "")
+            if last.startswith(LAUNCHER):
+                continue
+            name = "torchrun" if p.popen is not None else p.argv[0]
+            out.append(f"traceback in `{name}`: {last[:200]}")
+            break
     return out
 
 

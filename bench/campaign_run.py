@@ -301,6 +301,7 @@ class Sequence:
             else:
                 seed_data(self.template, new)
                 self.init_from = self.run_dir / f"step_{s:06d}.bin"
+            self.ledger()  # its lines stay on the record of this sequence
             self.run_dir = new
             if self.uri:
                 self.uri = f"s3://{BUCKET}/{self.work.name}-{new.name}"
@@ -312,6 +313,7 @@ class Sequence:
             if not (remote.read_status(self.run_dir) or {}).get("step"):
                 self.rec.skipped.append("restore: the replica held no checkpoint within 30 s")
                 return
+            self.ledger()
             shutil.rmtree(self.run_dir)
             rc, out = self.command("restore", self.uri, "--run-dir", str(self.run_dir))
             if rc != 0:
