@@ -76,6 +76,8 @@ class Campaign:
             return self.count
 
     def prepare(self) -> Path:
+        if self.args.template is not None:
+            return self.args.template
         where = self.work / "template"
         p = self.zygote.spawn(["prepare", "--preset", "andrea-tiny", "--run-dir", str(where)], {},
                               self.work / "prepare.log")
@@ -301,6 +303,7 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=1, help="sequences run at once (each its own S3 server)")
     p.add_argument("--verbose", action="store_true", help="print every process of a sequence")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--template", type=Path, default=None, help="a prepared andrea-tiny run directory to copy data from")
     p.add_argument("--json", type=Path, default=None, help="also write every outcome as JSON here")
     args = p.parse_args()
     if os.geteuid() == 0 and os.environ.get(IN_NAMESPACE) != "1" and shutil.which("unshare"):
