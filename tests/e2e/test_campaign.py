@@ -41,12 +41,14 @@ def test_two_fixed_seeds_hold_against_the_perfect_machine(prepared, tmp_path):
 # Seeds whose shrunk sequence loses the guard's data offset: the trajectory's, kept only with the known-good checkpoint
 OFFSET_LOST = "the guard's data offset after a rollback lives only in the known-good checkpoint's guard state: "
 REGRESSIONS = [
-    ("24", "0,2", OFFSET_LOST + "poison@9 -> delete@18 (the known-good step's .bin): the next start says the guard "
-     "starts afresh and reads the data from offset 0, so step 19 on differs from the perfect run "
-     "(control/run/resume.py, control/guard/rollback.py)"),
-    ("156", "1,2", OFFSET_LOST + "poison@12 -> init_from@13 (a checkpoint older than the rollback's end): the "
-     "--init-from run starts the guard afresh with offset 0, so step 9 on differs (control/run/resume.py "
-     "resume_point's --init-from path)"),
+    ("24", "0,2", OFFSET_LOST + "poison@9 (rolled back to the initial state, data offset 9) -> delete@18 of "
+     "step_000000.bin: the start at 18 says 'its known-good checkpoint step_000000.bin is not in ...; the guard "
+     "starts afresh', reads the data from offset 0, and step 19 on differs from the perfect run "
+     "(control/run/resume.py, control/guard/: issue 55's hole 2)"),
+    ("156", "1,2", OFFSET_LOST + "poison@12 (rolled back to the initial state, data offset 12) -> --init-from "
+     "step_000008.bin into a fresh directory, which has no step_000000.bin: the guard starts afresh with offset "
+     "0, and step 9 on differs (the --init-from start path; its ledger also opens with `resume`, no `start`: "
+     "issue 55's holes 1 and 2)"),
 ]
 
 
