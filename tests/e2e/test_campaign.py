@@ -121,3 +121,37 @@ def test_seed_20_a_replica_down_left_by_one_process_is_closed_by_the_next_that_r
         assert marks[-1] == "replica_back", marks
     finally:
         server.stop()
+
+
+@pytest.mark.skipif(weed_binary() is None, reason="needs SeaweedFS (weed)")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="seed 157 (sigkill during the first start): a first "
+                   "start SIGKILLed after its replicator recorded it as the replica's owner (replica.json's `started` "
+                   "= its start marker's time) and before its first checkpoint; the next start begins again from "
+                   "step 0 with a new `start` marker, and its own replica calls it 'another run': a warning, no "
+                   "replica, and once it has a checkpoint every later start is refused (exit 1, for good, advising "
+                   "a restore of a replica that holds no checkpoint). control/replica/remote.py check_owner compares "
+                   "`started`; the restart from 0 is the same run (its directory, its identity)")
+def test_seed_157_a_run_killed_before_its_first_checkpoint_starts_again_with_its_own_replica(prepared, tmp_path,
+                                                                                             monkeypatch):
+    from andrea.control.replica.remote import Replica, read_status
+    from andrea.rundir.checkpoint import list_checkpoints
+    from tests.runs import wait_until
+    server = S3Server(tmp_path / "s3").start()
+    try:
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        run = seed_data(prepared, tmp_path / "run")
+        uri = f"s3://{BUCKET}/seed157"
+        argv = ["--device", "cpu", "--steps", "20", "--checkpoint-every", "10", "--set", f'checkpoint.replica="{uri}"',
+                "--set", "sample.every=1000000", "--set", "train.eval_every=1000000"]
+        t = Trainer(run, *argv, extra_env={**server.env(), "ANDREA_TEST_STEP_DELAY": "1"})
+        wait_until(lambda: (Replica(uri).owner() or {}).get("started") is not None, 120, "the replica's owner record")
+        if list_checkpoints(run):
+            pytest.fail("a checkpoint was committed before the kill: not seed 157's sequence")
+        t.kill()
+        t = Trainer(run, *argv, extra_env=server.env())
+        assert t.wait_exit(120) == 0
+        assert "already holds another run" not in t.output(), t.output()[-2000:]
+        assert (read_status(run) or {}).get("step") == 20
+    finally:
+        server.stop()
