@@ -104,16 +104,18 @@ class Campaign:
         work.mkdir()
         disk = self.mount(work, d) if any(e.kind == "disk" for e in events) and self.root else None
         failures: list[str] = []
-        seq = Sequence(d, events, work, self.template, self.zygote,
-                       server=self.s3() if d.config.replica else None, disk=disk)
+        seq = None
         try:
-            try:
+            try:  # (a store that will not start is the campaign's failure too, not a lost worker)
+                seq = Sequence(d, events, work, self.template, self.zygote,
+                               server=self.s3() if d.config.replica else None, disk=disk)
                 rec = seq.run()
                 failures = list(rec.failures) + self.judge(d, events, rec, seq)
             except Exception as e:  # noqa: BLE001 - the campaign's own defect: said as such, the campaign goes on
                 import traceback
                 (work / "harness-error.txt").write_text(traceback.format_exc())
-                rec, failures = seq.rec, [f"HARNESS ERROR ({type(e).__name__}: {e}; {work}/harness-error.txt)"]
+                rec = seq.rec if seq is not None else Record()
+                failures = [f"HARNESS ERROR ({type(e).__name__}: {str(e)[:200]}; {work}/harness-error.txt)"]
                 for p in rec.procs:
                     if p.poll() is None:
                         p.kill_all()
