@@ -6,7 +6,8 @@ PRESET ?= andrea-12m
 RUN_DIR ?= runs/$(PRESET)
 ARGS ?=
 
-.PHONY: train test quick durations faults chaos mutants bench venv venv-test clean kernels-gpu-triton compile-check
+.PHONY: train test quick durations faults chaos campaign mutants bench venv venv-test clean kernels-gpu-triton \
+	compile-check
 
 # Two install markers: `make train` installs what training needs (andrea and its dependencies: `pip install -e .`),
 # everything else here the test extras too (pytest, SeaweedFS, wandb, transformers, pandas: `.[test]`).
@@ -63,6 +64,14 @@ faults: venv-test
 CHAOS ?= --preset andrea-12m --every 60 --checkpoint-every 1
 chaos: venv-test
 	$(PY) bench/chaos.py $(CHAOS) $(ARGS)
+
+# The seeded campaign of random fault sequences (bench/campaign.py; docs/testing.md says how to read and replay one):
+# per seed, a run configuration and a sequence of faults drawn from the seed alone, each judged against the same
+# commands on a perfect machine; a failing seed is shrunk and printed with the command that replays it. One table at
+# the end. Opt-in, like `make chaos`: SEEDS=0-199 for a long one, SEEDS=17 replays seed 17.
+SEEDS ?= 0-9
+campaign: venv-test
+	OMP_NUM_THREADS=1 $(PY) bench/campaign.py --seeds $(SEEDS) $(ARGS)
 
 # Mutations of the durable paths and the step boundary's order, one at a time in a scratch copy, each followed by
 # the tests that should catch it: one table, exit 0 only if every one is caught (tests/mutants.py; ~7 min on 2

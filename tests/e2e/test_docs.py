@@ -154,6 +154,7 @@ MAKE_TARGETS = {
     "test": "-m pytest",  # CI itself (.ci/run)
     "quick": "-m pytest",  # the unit tests of `make test`, for the development loop
     "chaos": "bench/chaos.py",  # the long chaos run; its short version runs in the suite (BENCH_TESTS)
+    "campaign": "bench/campaign.py --seeds $(SEEDS)",  # the long campaign; two seeds run in the suite (BENCH_TESTS)
 }
 
 # bench scripts shown in the docs -> the test that runs them (each test's source names its script).
@@ -178,6 +179,7 @@ BENCH_TESTS = {
     "bench/chaos.py":
         "tests/e2e/test_chaos.py::test_the_chaos_run_reaches_its_target_with_the_fault_free_bytes_and_reports_every_fault",
     "bench/recipe.py": "tests/e2e/test_bench_smoke.py::test_recipe_bench_quick_prints_the_sweeps_and_the_anchors",
+    "bench/campaign.py": "tests/e2e/test_campaign.py::test_two_fixed_seeds_hold_against_the_perfect_machine",
 }
 
 # External tools shown in ```sh blocks -> the tests that exercise what the docs claim of them.
