@@ -38,8 +38,10 @@ def test_two_fixed_seeds_hold_against_the_perfect_machine(prepared, tmp_path):
     assert "## Campaign: 2 sequences, 0 failing" in r.stdout and "| pivot | 1 | 1 | 0 |" in r.stdout
 
 
-# Seeds whose shrunk sequence loses the guard's data offset: the trajectory's, kept only with the known-good checkpoint
-OFFSET_LOST = "the guard's data offset after a rollback lives only in the known-good checkpoint's guard state: "
+# Seeds the campaign found failing, kept as regression tests once mended: their shrunk sequences lost the guard's data
+# offset, which lived only with the known-good checkpoint (issue 55's hole 2: now the trajectory's, kept by the
+# checkpoint a start resumes from and by the ledger's rollback markers)
+OFFSET_LOST = "the guard's data offset after a rollback must outlive its known-good checkpoint: "
 REGRESSIONS = [
     ("24", "0,2", OFFSET_LOST + "poison@9 (rolled back to the initial state, data offset 9) -> delete@18 of "
      "step_000000.bin: the start at 18 says 'its known-good checkpoint step_000000.bin is not in ...; the guard "
@@ -53,22 +55,19 @@ REGRESSIONS = [
 
 
 @pytest.mark.parametrize("seed,events,reason", REGRESSIONS, ids=[f"seed{s}" for s, _, _ in REGRESSIONS])
-def test_a_seed_the_campaign_found_failing_holds(seed, events, reason, prepared, tmp_path, request):
-    request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason))
+def test_a_seed_the_campaign_found_failing_holds(seed, events, reason, prepared, tmp_path):
     r = subprocess.run([sys.executable, "bench/campaign.py", "--seed", seed, "--events", events, "--shrink", "0",
                         "--template", str(prepared)], capture_output=True, text=True, timeout=300,
                        env={**env(), "TMPDIR": str(tmp_path)}, cwd=ROOT)
-    if "HARNESS ERROR" in r.stdout or "Traceback" in r.stderr:  # the campaign's own defect: a failure, not the xfail
+    if "HARNESS ERROR" in r.stdout or "Traceback" in r.stderr:  # the campaign's own defect: a failure of the harness, not of the run
         pytest.fail(r.stdout[-3000:] + r.stderr[-3000:])
-    assert r.returncode == 0, r.stdout[-3000:]
+    assert r.returncode == 0, reason + "\n" + r.stdout[-3000:]
 
 
 @pytest.mark.skipif(weed_binary() is None, reason="needs SeaweedFS (weed)")
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="seed 7 (outage@36): a replica that comes back while the stop waits for it "
-                   "(checkpoint.replica_wait) posts its replica_back marker to a ledger whose I/O executor has "
-                   "shut down: a traceback (RuntimeError: cannot schedule new futures after shutdown, "
-                   "control/run/runtime.py marker_from_thread -> ledger_feed.flush) and no replica_back on the "
-                   "record, which ends saying the replica is down")
+# seed 7 (outage@36), mended: a replica that came back while the stop waited for it (checkpoint.replica_wait) posted
+# its replica_back marker to a ledger whose I/O executor had shut down: a traceback (cannot schedule new futures after
+# shutdown) and no replica_back, the record ending on replica_down. The stop's wait now appends such a marker itself.
 def test_seed_7_a_replica_back_during_the_stops_wait_is_on_the_record_without_a_traceback(prepared, tmp_path):
     server = S3Server(tmp_path / "s3").start()
     try:

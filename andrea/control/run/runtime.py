@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -94,6 +95,10 @@ class TrainingRun:
         self.notifier = notify.Notifier(cfg.notify, run_dir, self.world.rank)
         self.views: views.Views | None = None  # log.tensorboard, log.wandb: the ledger's lines as scalars
         self.replicator: replicator.Replicator | None = None  # checkpoint.replica: copies off the machine
+        # Where a marker from another thread goes: "loop" (the event loop's feed), "direct" (the stop's wait for the
+        # replica: the loop is blocked in it and the I/O thread is done, so the replicator's thread appends), then
+        # "closed" (the ledger is closed: the log line is the record). Changed and used under _ledger_lock.
+        self._marker_route, self._ledger_lock = "loop", threading.Lock()
         self.early = early
         self.preparing = False  # rank 0 is preparing data (a stop then ends the preparation, not a step)
         self.skipped: list[str] = []  # newer checkpoints the start skipped as invalid, and why (control/run/resume.py)
@@ -334,12 +339,16 @@ class TrainingRun:
             self.world.quiet()
             self.train.shutdown(wait=True)
             self.io.shutdown(wait=True)
+            with self._ledger_lock:
+                self._marker_route = "direct" if self.started is not None else "closed"
             if self.replicator is not None:  # bounded: checkpoint.replica_wait, then exit all the same
                 self.replicator.finish(self.cfg.checkpoint.replica_wait)
             if self.views is not None:  # each bounded (log.wandb_timeout_s)
                 self.views.close(self.boundary.settled_step() if self.boundary is not None else None)
-            if self.started is not None:
-                self.started.ledger.close()
+            with self._ledger_lock:
+                self._marker_route = "closed"
+                if self.started is not None:
+                    self.started.ledger.close()
             lock.release()
             self.notifier.close(self.cfg.notify.timeout_s)
 
@@ -390,10 +399,22 @@ class TrainingRun:
             feed.flush(force_sync=True)
 
         def put(kind: str, detail: dict) -> None:
+            with self._ledger_lock:
+                route = self._marker_route
+                if route == "direct":  # the stop waits for the replica (a replica_back then is the record's end)
+                    line = marker(kind, self.step, **detail)
+                    feed.ledger.append([line])
+                    feed.ledger.sync()
+                    if feed.on_flush is not None:
+                        feed.on_flush([line])
+                    return
             try:
-                loop.call_soon_threadsafe(on_loop, kind, detail)
-            except RuntimeError:  # the loop has ended (the process's last pass): the log line is the record
-                log.info("%s after the run's end: not in the ledger (%s)", kind, detail)
+                if route == "loop":
+                    loop.call_soon_threadsafe(on_loop, kind, detail)
+                    return
+            except RuntimeError:  # the loop has ended
+                pass
+            log.info("%s after the run's end: not in the ledger (%s)", kind, detail)
         return put
 
     def _append_marker(self, line: dict) -> None:
