@@ -244,5 +244,5 @@ def test_losing_the_known_good_checkpoint_keeps_the_rollbacks_data_offset_and_lr
     for run in (flipped, branch, lost):
         assert (run / "step_000080.bin").read_bytes() == expected, run.name
         assert settled(run) == settled(ref), run.name
-    status = json.loads(andrea_here("status", str(flipped)).stdout)
+    status = json.loads(andrea_here("status", str(flipped), "--json").stdout)
     assert (status["guard"]["data_offset"], status["guard"]["lr_scale"]) == (25, 1.0)
