@@ -45,19 +45,7 @@ class Inbox:
 
             def trickle(self, every: float) -> None:
                 self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Trickle: ")
-                with inbox._cond:
-                    inbox.hung += 1
-                try:
-                    while not inbox._closed.wait(every):
-                        self.wfile.write(b"z")
-                        self.wfile.flush()
-                except OSError:  # the client gave up: what a deadline is for
-                    pass
-                finally:
-                    with inbox._cond:
-                        inbox.hung -= 1
-                        inbox._cond.notify_all()
-                    self.close_connection = True
+                self.hold(lambda: self.wfile.write(b"z") or self.wfile.flush(), every)
 
             def drip(self, every: float) -> None:
                 self.wfile.write(b"HTTP/1.0 200 OK\r\nContent-Length: 60\r\n\r\n")
