@@ -80,7 +80,7 @@ mutants: venv-test
 	$(PY) -m tests.mutants $(ARGS)
 
 # Every Triton kernel at every launch configuration compiled for sm_80, sm_89 and sm_90 on this CPU, one table
-# (andrea/kernels/compile_check.py; ~1.5 min on 2 cores). `make test` compiles for sm_89 and sm_90.
+# (andrea/kernels/compile_check.py; ~1.5 min on 2 cores). `make test` compiles for sm_89 alone.
 compile-check: venv-test
 	TRITON_INTERPRET=0 $(PY) -m andrea.kernels.compile_check $(ARGS)
 

@@ -5,7 +5,8 @@ restart → … ANDREA_FAULT_KILLS times in all (split over the chains), then on
 never-killed reference run with the same arguments to F: the final checkpoints must be byte-identical and every
 ledger entry either run ever wrote must equal the reference's for that step.
 
-Kill moments (chosen per segment by a seeded RNG, so a failure reproduces from its seed):
+Kill moments (chosen per segment by a seeded RNG, so a failure reproduces from its seed: a chain's first seven kills
+meet each kind once, in a seeded order; later ones are weighted draws):
     startup        at a random time after spawn: imports, lock, ledger open, checkpoint load, data load (resume)
     first-steps    just after `ready`: the first steps after a resume
     steps          anywhere in training (with a small cadence this often lands in a commit or a ledger flush)
@@ -136,8 +137,9 @@ def run_chain(chain: Chain, template: Path, root: Path, n: int) -> Chain:
     rng = random.Random(chain.seed)
     chain.run_dir = seed_data(template, root / f"chain-{chain.name}")
     modes, weights = list(MODES), list(MODES.values())
+    unmet = rng.sample(modes, len(modes))  # each kind of moment once, in a seeded order, before the weighted draws
     while chain.kills_done < chain.kills:
-        mode = rng.choices(modes, weights)[0]
+        mode = unmet.pop() if unmet else rng.choices(modes, weights)[0]
         label = f"chain {chain.name} seed {chain.seed} trial {chain.trials} ({mode})"
         expected = newest_committed(chain.run_dir)
         env = {"ANDREA_TEST_COMMIT_DELAY": str(COMMIT_DELAY)} if mode == "commit-window" else None
@@ -205,8 +207,8 @@ def campaign(prepared, tmp_path_factory, n_params) -> list[Chain]:
 
 def test_kill_campaign_delivers_the_requested_number_of_kills_at_every_kind_of_moment(campaign):
     assert sum(c.kills_done for c in campaign) >= FAULT_KILLS, [c.crashes for c in campaign]
-    if FAULT_KILLS >= 30:  # the seeded draws of 15 kills a chain reach every kind of moment
-        assert set(REPORT.kills) == set(MODES), REPORT.kills
+    if min(c.kills for c in CHAINS) >= len(MODES):  # a chain's first kills meet every kind of moment once
+        assert all(REPORT.kills[mode] >= len(CHAINS) for mode in MODES), REPORT.kills
 
 
 def test_killed_trainers_never_leave_a_torn_or_invalid_checkpoint(campaign):
