@@ -5,8 +5,9 @@ the run's (control/run/identity.py), an interrupted `andrea restore`, a bad repl
 --init-from, a notice command that does not exist, a batch the ranks cannot split, a device or kernels the machine
 cannot run; then the run directory is created and the run starts. A run already at its target step (train.steps,
 which run.toml keeps) trains nothing: one line on stdout saying so and how to go further, exit 0
-(control/run/target.py). Heavy imports (torch) come after the early signal
-handlers: a SIGTERM from the first moment on ends in a clean stop.
+(control/run/target.py; under torchrun rank 0 reads its checkpoints once the process group is joined, and every
+rank follows). Heavy imports (torch) come after the early signal handlers: a SIGTERM from the first moment on ends
+in a clean stop.
 """
 
 from __future__ import annotations
@@ -69,6 +70,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     from andrea.control.run.runtime import TrainingRun
     world.init(device, cfg.watchdog.collective_timeout_s if cfg.watchdog.enabled else None)
     try:
+        if init_from is None and world.distributed:  # under torchrun rank 0's checkpoints decide, for every rank
+            from andrea.control.run import target
+            step = target.agreed(run_dir, cfg.train.steps, world)
+            if step is not None:
+                if world.leader:
+                    print(target.note(run_dir, step, cfg.train.steps, from_flag=args.steps is not None), flush=True)
+                return 0
         run = TrainingRun(cfg, run_dir, device=device, kernels=kernels, init_from=init_from, early=early,
                           world=world, accept_ledger_gap=args.accept_ledger_gap)
         return run_async(run.main(cfg.train.steps))

@@ -355,8 +355,8 @@ class LogConfig:
     """Longest time a TensorBoard scalar waits in memory before it is written to RUN_DIR/tb/."""
     wandb: bool = False
     """Also stream the ledger's settled history to Weights & Biases, one W&B run per andrea run across restarts
-    (andrea/control/observe/wandb_log.py; needs `pip install 'andrea[wandb]'` and, online, WANDB_API_KEY in the
-    environment)."""
+    (andrea/control/observe/wandb_log.py; needs the wandb extra, `pip install -e '.[wandb]'` from andrea's clone,
+    and, online, WANDB_API_KEY in the environment)."""
     wandb_project: str = ""
     """The W&B project; empty: W&B's own WANDB_PROJECT from the environment, else "andrea"."""
     wandb_entity: str = ""

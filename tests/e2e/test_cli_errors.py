@@ -234,3 +234,24 @@ def test_plot_and_compare_of_a_run_without_a_step_say_so(command, tmp_path, caps
     [line] = capsys.readouterr().err.splitlines()
     assert line == f"andrea: error: {run}: no training step in .loss.json yet: nothing to {command}", line
     assert not (tmp_path / "x.png").exists()
+
+
+def no_cuda() -> bool:
+    import torch
+    return not torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("flags, words", [
+    (("--device", "cpu", "--kernels", "triton"), "train.kernels=triton on a CPU"),
+    pytest.param(("--device", "cuda"), "train.device=cuda but",
+                 marks=pytest.mark.skipif(not no_cuda(), reason="this machine has a CUDA GPU: cuda runs here")),
+])
+def test_a_device_or_kernels_this_machine_cannot_run_is_refused_before_the_run_directory_exists(flags, words,
+                                                                                                tmp_path):
+    run = tmp_path / "run"
+    result = andrea("train", *TINY, "--run-dir", str(run), "--steps", "1", *flags,
+                    extra_env={"TRITON_INTERPRET": "0"})  # Triton's CPU interpreter is asked for by this variable only
+    assert result.returncode == 2, result.stderr  # configuration (README: exit 2)
+    [line] = result.stderr.splitlines()
+    assert line.startswith("andrea: error: ") and words in line, line
+    assert not run.exists() and result.stdout == ""  # refused before anything was written

@@ -244,6 +244,18 @@ def test_two_ranks_follow_one_process_and_write_one_truth(straight):
     assert_state_close(two / names.checkpoint_name(TARGET), one / names.checkpoint_name(TARGET))
 
 
+def test_a_torchrun_start_of_a_run_at_its_target_says_so_in_one_line_and_trains_nothing(straight, tmp_path):
+    run = tmp_path / "two"
+    shutil.copytree(straight[1], run)  # the two-rank run at TARGET; run.toml keeps train.steps = TARGET
+    before = tree_digest(run)
+    result = torchrun(run)  # exit 0, as a one-process start's
+    said = [line for line in result.stdout.splitlines() if "nothing to train" in line]
+    assert said == [f"{run}: nothing to train: already at its target step {TARGET} (train.steps, kept in run.toml "
+                    f"from an earlier --steps or --set); `--steps N` with N > {TARGET} trains further, and run.toml "
+                    "keeps N"], result.stdout  # once: rank 0's
+    assert not re.search(r"^ready ", result.stdout, re.M) and tree_digest(run) == before  # no rank started the run
+
+
 def test_sigterm_to_the_launcher_then_resume_on_two_ranks_and_on_one_then_two(straight, prepared, tmp_path):
     one, two = straight
     run = seed_data(prepared, tmp_path / "run")

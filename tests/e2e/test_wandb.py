@@ -172,7 +172,7 @@ def test_without_the_sdk_the_run_goes_on_with_one_line(tmp_path, monkeypatch, ca
         view.settle(step)
     view.close(10)
     said = [r.getMessage() for r in caplog.records if r.name == "andrea.wandb"]
-    assert len(said) == 1 and "pip install 'andrea[wandb]'" in said[0]
+    assert len(said) == 1 and "pip install -e '.[wandb]'" in said[0]
     assert not (tmp_path / ".wandb.json").exists()
     assert not view.rows.rows  # nothing held for a W&B that will not come
 

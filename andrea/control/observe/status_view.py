@@ -67,8 +67,10 @@ def view(report: dict[str, Any]) -> list[str]:
                      + (f", {_num(report['val_loss'])} held-out (step {report['val_step']:,})"
                         if report.get("val_loss") is not None else ", no held-out loss yet"))
         mfu = (report.get("mfu") or {}).get("value")
+        unmeasured = (report.get("mfu") or {}).get("peak")  # why there is none: a CPU, a GPU not in the table
         lines.append(f"pace      {_num(p.get('seconds_per_step'), '.3g')} s/step"
-                     + (f", MFU {100 * mfu:.1f} %" if mfu is not None else "")
+                     + (f", MFU {100 * mfu:.1f} %" if mfu is not None
+                        else ", MFU not measured (set train.peak_tflops)" if unmeasured else "")
                      + (f", {p['tokens']:,} tokens seen" if p.get("tokens") is not None else ""))
         at_target = target is not None and report["step"] >= target
         lines.append(f"time      {duration(p.get('elapsed_s'))} since the first step, "

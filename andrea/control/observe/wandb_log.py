@@ -269,8 +269,8 @@ class WandbLog:
         try:
             import wandb
         except ImportError:
-            self._stop("log.wandb=true but the W&B SDK is not installed: `pip install 'andrea[wandb]'`; training "
-                       "goes on without W&B")
+            self._stop("log.wandb=true but the W&B SDK is not installed: `pip install -e '.[wandb]'` from andrea's "
+                       "clone; training goes on without W&B")
             return False
         try:
             if self.id is None:

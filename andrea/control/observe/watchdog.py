@@ -2,7 +2,7 @@
 
 A run that hangs (a deadlocked collective, a driver stuck, a write that never returns) is a run that is lost until
 someone looks; one that exits non-zero is restarted by its supervisor (systemd `Restart=on-failure`, a Kubernetes
-Job, SLURM's requeue) and resumes from its newest checkpoint to the same bytes (docs/operating.md#the-watchdog).
+Job, SLURM's requeue) and resumes from its newest checkpoint to the same bytes (docs/operating.md#the-watchdog-and-notices).
 
 Three components are watched, each by plain counters its own thread bumps (`Beats`, one writer per counter):
     train     the training thread (`andrea-train`): a job (step, snapshot, eval, load) starting or returning, and

@@ -2,8 +2,9 @@
 
 The target is `train.steps`, which run.toml keeps like every other key (an earlier `--steps` included), so a plain
 restart resumes towards the same step. `note` is the decision, a pure function over the steps; `reached` reads
-the run directory's newest checkpoint (validated whole: a damaged one is left to the resume, which falls back).
-Reads checkpoints; writes nothing.
+the run directory's newest checkpoint (validated whole: a damaged one is left to the resume, which falls back);
+`agreed` is the same reading under torchrun, rank 0's, so that every rank trains or none does. Reads checkpoints;
+writes nothing.
 """
 
 from __future__ import annotations
@@ -35,3 +36,10 @@ def reached(run_dir: Path, target: int) -> int | None:
         return ckpt.validate(found[-1][1], deep=True).step
     except ckpt.CheckpointError:  # the resume skips it and trains from an older one
         return None
+
+
+def agreed(run_dir: Path, target: int, world) -> int | None:
+    """`reached` as rank 0 reads it, on every rank of `world` (control/parallel/distributed.py's World, its process
+    group joined): on separate disks only rank 0's directory holds the checkpoints, and a rank that decided alone
+    would end while its peers wait for it in a collective. One process: `reached`."""
+    return world.broadcast(reached(run_dir, target) if world.leader else None)

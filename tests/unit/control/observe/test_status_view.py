@@ -45,6 +45,9 @@ def test_the_view_says_each_figure_an_operator_watches_for_in_a_dozen_lines():
     assert "replica   s3://b/x: step 1400, 100 steps behind" in lines
     assert "incident  incident at step 1,200: loss spike (1 rollbacks in all)" in lines  # the newest by time
     assert len(lines) <= 12 and "{" not in text
+    cpu = {"value": None, "peak": "cpu: no peak to measure against (set train.peak_tflops)"}  # mfu.py's reason
+    assert "pace      0.5 s/step, MFU not measured (set train.peak_tflops), 6,144,000 tokens seen" in \
+        status_view.view({**REPORT, "mfu": cpu})  # said, not silently left out
     done = status_view.view({**REPORT, "step": 3000, "pace": {**REPORT["pace"], "eta_s": 0.0}})
     assert "time      00:13:20 since the first step, at its target (`--steps N` trains further)" in done
 

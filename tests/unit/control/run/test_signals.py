@@ -5,7 +5,7 @@ from andrea.control.run.signals import Requests, boundary_action, checkpoint_tar
 
 def test_usr1_alignment_step_or_cadence():
     assert checkpoint_target(41, 100, "step") == 42
-    assert checkpoint_target(112_619, 100, "cadence") == 112_700  # docs/operating.md#resume-pivots-and-branches's pivot
+    assert checkpoint_target(112_619, 100, "cadence") == 112_700  # docs/operating.md#pivots-and-branches's pivot
     assert checkpoint_target(99, 100, "cadence") == 100
 
 
