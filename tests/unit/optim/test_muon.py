@@ -18,8 +18,9 @@ from andrea.config.schema import TrainConfig
 from andrea.kernels import adamw_reference
 from andrea.model import arch
 from andrea.model.gpt import decay_mask, layout_for, n_params
+from andrea.optim import registry
 from andrea.optim.registry import Hyper
-from andrea.optim.muon import MuonAdamW, adamw_runs, matrix_spans, muon_matrices, polar_express, workspace_bytes
+from andrea.optim.muon import MuonAdamW, adamw_runs, matrix_spans, muon_matrices, polar_express
 from andrea.control.parallel.distributed import shard_bounds, whole_cuts
 from andrea.control.run.trainer import Trainer, lr_at
 
@@ -246,19 +247,25 @@ class LiveBytes(TorchDispatchMode):
             self.live -= self.holders.pop(key)[1]
 
 
+@pytest.mark.parametrize("optimizer", ["muon", "normuon"])
 @pytest.mark.parametrize("model", ["gpt2", "modern"])
-def test_the_workspace_estimate_bounds_what_an_update_allocates(model):
-    cfg = tiny(f"model.arch={model}")
+def test_the_workspace_estimate_bounds_what_an_update_allocates(model, optimizer):
+    """`info`'s optimizer workspace (the registry names muon.workspace_bytes for both): NorMuon's extra tensors (its
+    per-row moments, the AdamW groups' gathered copies) stay inside Muon's Newton-Schulz peak."""
+    from andrea.optim.normuon import NorMuon
+    cfg = tiny(f"model.arch={model}", f"train.optimizer={optimizer}")
     tc, layout = cfg.train, arch.layout_for(cfg.model)
     n = n_params(layout)
     state = [torch.randn(n) for _ in range(3)] + [torch.rand(n)]
-    update = MuonAdamW(layout, tc, adamw_reference, "torch", CPU)
+    update = (NorMuon if optimizer == "normuon" else MuonAdamW)(layout, tc, adamw_reference, "torch", CPU)
     hp = Hyper(3, 1e-3, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, 1.0)
     update(*state, hp)  # the first call also finds the decay mask's runs, once for the run's life
     kept = [t for t in (update.packed, update.packed_mask, *update.masks) if t is not None]  # its own, for life
+    for _, long, idx, packed_mask in getattr(update, "groups", ()):  # NorMuon's groups: indices and masks, for life
+        kept += [mask for _, mask in long] + [t for t in (idx, packed_mask) if t is not None]
     with LiveBytes(state + kept) as live:
         update(*state, replace(hp, step=4))
-    modelled = workspace_bytes(layout, "cpu")
+    modelled = registry.workspace(optimizer, layout, "cpu")  # what `info` prints
     assert live.peak <= modelled + 64 <= 1.5 * live.peak, (live.peak, modelled)  # + the norms' 0-d scalars
 
 
