@@ -28,21 +28,23 @@ venv-test: $(VENV)/.installed-test
 train: venv
 	$(PY) -m andrea train --preset $(PRESET) --run-dir $(RUN_DIR) $(ARGS)
 
-# Two workers, one test file each at a time (pytest-xdist, --dist loadfile: a module's fixtures are built once):
-# most tests wait on single-threaded trainer processes, so one worker leaves a core idle (2 cores: 18.6 min
-# against 26.8 serially, 2026-12-02; the whole suite takes 9-10 min on two workers, 2026-12-03). More cores take up to 4
-# workers. --no-loadscope-reorder hands the files out in collection order, the longest first by the durations
-# record (tests/durations.json; tests/conftest.py), so no worker is left alone on a long file at the end.
-# --durations=12 prints the slowest tests of every run: what to look at when the suite grows (<= 10 min).
+# One worker more than the cores (up to 4), one test file each at a time (pytest-xdist, --dist loadfile: a module's
+# fixtures are built once). Most of a test's time is a single-threaded trainer process, and much of the rest is waiting
+# on purpose (a watchdog's limit, a webhook that drips, a grace period, an S3 server starting): a worker per core
+# leaves the cores idle through those waits, and the extra worker fills them. --no-loadscope-reorder hands the files
+# out in collection order, the longest first by the durations record (tests/durations.json; tests/conftest.py), so
+# no worker is left alone on a long file at the end. --durations=12 prints the slowest tests of every run: what to
+# look at when the suite grows (<= 10 min on 2 cores).
+WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) + 1))")
 test: venv-test
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder -m "not slow" --durations=12 $(ARGS)
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" --durations=12 $(ARGS)
 
 # Regenerates the durations record that orders `make test` (tests/durations.py): the suite as `make test` runs it,
 # every test's time into build/durations.txt, then each file's seconds into tests/durations.json (commit it).
 # ARGS=tests/e2e/test_x.py measures and updates that file's entry alone.
 durations: venv-test
 	@mkdir -p build
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder -m "not slow" --durations=0 \
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" --durations=0 \
 	    $(ARGS) > build/durations.txt || true
 	$(PY) -m tests.durations build/durations.txt
 
