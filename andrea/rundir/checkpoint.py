@@ -49,6 +49,11 @@ class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be used; the message is one line naming the file and the problem."""
 
 
+class OtherModelError(CheckpointError):
+    """A sound checkpoint of another model than the command configures (`n_params` differs): the configuration's
+    to fix (a forgotten `--preset`), not the file's."""
+
+
 def checkpoint_bytes(n_params: int) -> int:
     return HEADER.size + 12 * n_params
 
@@ -119,7 +124,7 @@ def validate(path: str | Path, n_params: int | None = None, *, deep: bool = Fals
     if step != name_step:
         raise CheckpointError(f"{path}: header step {step} disagrees with the file name (step {name_step})")
     if n_params is not None and n != n_params:
-        raise CheckpointError(f"{path}: checkpoint of another model: n_params={n}, this model has {n_params}")
+        raise OtherModelError(f"{path}: checkpoint of another model: n_params={n}, this model has {n_params}")
     if not deep:
         return CheckpointInfo(path, step, n)
     recorded = _recorded_checksum(path)  # read first: a checksum that vanishes with its file is no false alarm
@@ -198,19 +203,23 @@ def newest_valid(run_dir: str | Path, n_params: int) -> tuple[CheckpointInfo | N
     return info, skipped
 
 
-def newest_loaded(run_dir: str | Path, n_params: int) -> tuple[CheckpointInfo | None, np.ndarray | None, list[str]]:
-    """`newest_valid` with the payload it checked (`load`): a start reads its checkpoint once."""
-    (info, payload), skipped = _newest(run_dir, lambda path: load(path, n_params))
+def newest_loaded(run_dir: str | Path, n_params: int, errors: list[CheckpointError] | None = None
+                  ) -> tuple[CheckpointInfo | None, np.ndarray | None, list[str]]:
+    """`newest_valid` with the payload it checked (`load`): a start reads its checkpoint once. `errors` receives
+    the skipped files' errors themselves (of another model, or damaged: a start's refusal tells them apart)."""
+    (info, payload), skipped = _newest(run_dir, lambda path: load(path, n_params), errors)
     return info, payload, skipped
 
 
-def _newest(run_dir, check) -> tuple[tuple, list[str]]:
+def _newest(run_dir, check, errors: list[CheckpointError] | None = None) -> tuple[tuple, list[str]]:
     skipped = []
     for _, path in reversed(list_checkpoints(run_dir)):
         try:
             return check(path), skipped
         except CheckpointError as e:
             skipped.append(str(e))
+            if errors is not None:
+                errors.append(e)
     return (None, None), skipped
 
 
