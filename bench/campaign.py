@@ -54,7 +54,8 @@ from tests.s3server import S3Server  # noqa: E402
 
 IN_NAMESPACE = "ANDREA_CAMPAIGN_NAMESPACE"
 SETTLED = ("step", "loss", "lr", "grad_norm", "tokens", "phase")
-CHECKED = ("bin", "sum.json", "ledger.json")  # the files a checkpoint's checksum covers (docs/formats.md)
+CHECKED = ("bin", "sum.json", "ledger.json", "guard.json")  # the files a checkpoint's checksum or seal covers
+# (docs/formats.md)
 
 
 class Campaign:

@@ -139,7 +139,8 @@ class Sequence:
         """Every checkpoint on disk has a file the campaign damaged (or lost a companion): none can be resumed."""
         steps = [s for s, _ in list_checkpoints(self.run_dir)]
         return bool(steps) and all(
-            any(str(self.run_dir / f"step_{s:06d}.{f}") in self.rec.damaged for f in ("bin", "sum.json", "ledger.json"))
+            any(str(self.run_dir / f"step_{s:06d}.{f}") in self.rec.damaged
+                for f in ("bin", "sum.json", "ledger.json", "guard.json"))
             or not (self.run_dir / f"step_{s:06d}.sum.json").exists() for s in steps)
 
     def newest(self) -> int | None:

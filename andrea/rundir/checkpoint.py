@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from andrea.errors import UserError
-from andrea.rundir import checksum, regular
-from andrea.rundir.names import DATA_DIR, TMP_SUFFIX, is_own_tmp, step_of
+from andrea.rundir import checksum, regular, sidecars
+from andrea.rundir.names import DATA_DIR, TMP_SUFFIX, companion_path, is_own_tmp, step_of
 
 HEADER = struct.Struct("<ii")
 WRITE_CHUNK = 64 << 20  # bytes per read or write() call: bounded syscalls, lets a slow disk report progress
@@ -141,7 +141,8 @@ def validate(path: str | Path, n_params: int | None = None, *, deep: bool = Fals
 def _recorded_checksum(path: Path) -> dict | None:
     """The checkpoint's `.sum.json`; None for one from before checksums. CheckpointError for one that cannot be
     read, or that is missing or another run's where its companions say it should be this run's
-    (checksum.companion_problem): unverified, refused like a bad one."""
+    (checksum.companion_problem), or whose guard companion's seal is broken (rundir/sidecars.py's `seal_problem`):
+    unverified, refused like a bad one."""
     try:
         recorded = checksum.read(path)
     except checksum.ChecksumError as e:
@@ -149,6 +150,9 @@ def _recorded_checksum(path: Path) -> dict | None:
     problem = checksum.check_companions(path, recorded)
     if problem is not None:
         raise CheckpointError(f"{path}: {problem}")
+    guard = sidecars.seal_problem(companion_path(path.parent, step_of(path), "guard"))
+    if guard is not None:  # its data offset and lr scale steer every later step: a changed one is never used
+        raise CheckpointError(f"{path}: its guard companion is damaged ({guard}): unverified")
     return recorded
 
 

@@ -7,16 +7,18 @@ decisions. Its whole state is JSON (`Guard.to_state`), saved beside every checkp
 `step_NNNNNN.guard.json` (written by control/run/boundary.py with each checkpoint and control/guard/rollback.py at
 a rollback; deleted with its checkpoint by the writer):
 
-    {"version": 1, "step": S,                       the checkpoint this describes
+    {"version": 2, "step": S,                       the checkpoint this describes (1: from before the seal)
      "detector": {"losses": [...], "grads": [...],  the healthy baseline: newest `window` healthy values
                   "flags": [false, ...]},           anomaly flags of the last `persist_window` records
      "good": {"step": G, "path": "step_000040.bin" | "/abs/file.bin" | null,   newest known-good point
               "detector": {...}},                   (null path: the initial state, re-created from the seed)
      "tentative": [{"step": C, "seen": n, "detector": {...}}],   committed, not yet confirmed good
      "remedy": {"attempts": a, "since": T | null,   rollbacks in the open incident series (opened at step T)
-                "data_offset": o, "lr_scale": s}}   in force: batch t draws stream key t + o; lr = lr_at(t)·s
+                "data_offset": o, "lr_scale": s},   in force: batch t draws stream key t + o; lr = lr_at(t)·s
                                                     (the trajectory's, not the known-good pointer's: a start
                                                     whose known-good checkpoint is gone keeps them, `repoint`)
+     "checksum": "<32 hex digits>"}                 the seal, added by the file side (control/guard/rollback.py,
+                                                    rundir/sidecars.py's `seal`): the xxh3-128 of the rest
 
 Detection (why robust statistics): a healthy loss is noisy (a batch of 8 sequences moves it by 10-15 %), the
 bandit shifts the mixture every few steps and the gradient norm of a healthy run spikes 4x on single batches.
@@ -71,7 +73,8 @@ from typing import Any
 from andrea.config.keepers import GuardConfig
 from andrea.rundir.ledger import live_markers
 
-VERSION = 1
+VERSION = 2  # sealed: its companion carries the checksum of its content (version 1, from before it, has none)
+LEGACY_VERSION = 1  # from before the seal (rundir/sidecars.py's UNSEALED_VERSION)
 TENTATIVE_PER_WINDOW = 8  # tentative checkpoints kept per confirm_steps (`thin`)
 HEALTHY, SUSPECT, INCIDENT = "healthy", "suspect", "incident"
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this = its standard deviation
@@ -372,7 +375,7 @@ class Guard:
         try:
             if not isinstance(d, dict):
                 raise GuardStateError("not a JSON object")
-            if d.get("version") != VERSION:
+            if d.get("version") not in (LEGACY_VERSION, VERSION):
                 raise GuardStateError(f"field 'version' is {d.get('version')!r}, expected {VERSION}")
             if d.get("step") != step:
                 raise GuardStateError(f"field 'step' is {d.get('step')!r}, expected {step}")
