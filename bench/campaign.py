@@ -54,7 +54,8 @@ from tests.s3server import S3Server  # noqa: E402
 
 IN_NAMESPACE = "ANDREA_CAMPAIGN_NAMESPACE"
 SETTLED = ("step", "loss", "lr", "grad_norm", "tokens", "phase")
-CHECKED = ("bin", "sum.json", "ledger.json")  # the files a checkpoint's checksum covers (docs/formats.md)
+CHECKED = ("bin", "sum.json", "ledger.json", "guard.json")  # the files a checkpoint's checksum or seal covers
+# (docs/formats.md)
 
 
 class Campaign:
@@ -262,9 +263,22 @@ class Campaign:
         return o
 
 
-# What torchrun's launcher itself prints when it is signalled or a worker exits non-zero: its report, not andrea's
-LAUNCHER = ("torch.distributed.elastic.multiprocessing.api.SignalException",
-            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError")
+# What torchrun's launcher itself prints, never andrea: torch.distributed.launcher.api.launch_agent re-raises the
+# SignalException its handler raises when the launcher is sent SIGTERM/SIGINT (after forwarding the signal to the
+# workers, which stop cleanly), and ChildFailedError when a worker exits non-zero; torch.distributed.run's main lets
+# either end the interpreter, which prints the traceback. andrea has no launcher of its own to end quietly (an
+# operator runs torchrun itself: docs/operating.md). So each is expected exactly there: SignalException only from a
+# torchrun job the campaign signalled, ChildFailedError only from one that exited non-zero; anywhere else, and any
+# other traceback in a job's output (a worker's), is andrea's.
+SIGNALLED = "torch.distributed.elastic.multiprocessing.api.SignalException"
+CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+
+
+def launchers_own(p, last: str) -> bool:
+    """Whether `last`, the last line of a traceback in `p`'s output, is torchrun's expected report (above)."""
+    if p.popen is None:
+        return False
+    return (last.startswith(SIGNALLED) and bool(p.signals)) or (last.startswith(CHILD_FAILED) and p.rc not in (0, None))
 
 
 def traceback_failures(rec: Record) -> list[str]:
@@ -273,7 +287,7 @@ def traceback_failures(rec: Record) -> list[str]:
         for block in p.output().split("Traceback (most recent call last)")[1:]:
             lines = [line for line in block.splitlines() if line.strip() and not line.startswith((" ", "\t"))]
             last = next((line for line in lines if not line.startswith(":")), "")
-            if last.startswith(LAUNCHER):
+            if launchers_own(p, last):
                 continue
             name = "torchrun" if p.popen is not None else p.argv[0]
             out.append(f"traceback in `{name}`: {last[:200]}")

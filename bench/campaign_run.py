@@ -21,8 +21,11 @@ import shutil
 import signal
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import tomli_w
 
 from andrea.control.replica import remote
 from andrea.rundir.checkpoint import list_checkpoints
@@ -63,6 +66,7 @@ class Sequence:
         self.rec = Record(run=self.run_dir)
         self.accept_gap = False
         self.init_from: Path | None = None
+        self.inherited: Path | None = None  # the parent's [policy], restated for its --init-from run (`offline`)
         self.n = 0
         self.poison = sorted(e.at for e in events if e.kind == "poison")
         self.hit: set[int] = set()  # poisoned steps a start met and stopped at (the guard off: no ledger record)
@@ -100,6 +104,8 @@ class Sequence:
             argv.append("--accept-ledger-gap")
         if self.init_from is not None and not list_checkpoints(self.run_dir):
             argv += ["--init-from", str(self.init_from)]
+            if self.inherited is not None:
+                argv += ["--config", str(self.inherited)]
         return argv
 
     def start(self, target: int) -> Proc:
@@ -139,7 +145,8 @@ class Sequence:
         """Every checkpoint on disk has a file the campaign damaged (or lost a companion): none can be resumed."""
         steps = [s for s, _ in list_checkpoints(self.run_dir)]
         return bool(steps) and all(
-            any(str(self.run_dir / f"step_{s:06d}.{f}") in self.rec.damaged for f in ("bin", "sum.json", "ledger.json"))
+            any(str(self.run_dir / f"step_{s:06d}.{f}") in self.rec.damaged
+                for f in ("bin", "sum.json", "ledger.json", "guard.json"))
             or not (self.run_dir / f"step_{s:06d}.sum.json").exists() for s in steps)
 
     def newest(self) -> int | None:
@@ -301,6 +308,13 @@ class Sequence:
             else:
                 seed_data(self.template, new)
                 self.init_from = self.run_dir / f"step_{s:06d}.bin"
+                # --init-from starts a new run configured by its own command line (docs/operating.md): an operator
+                # moving a pivoted run on restates the policy it trains under, as run.toml holds it (a branch copies
+                # run.toml). Without it the new run's policy is the preset's, its bandit restarts in a new phase, and
+                # it is not the perfect run's continuation (seed 15: pivot@11 -> init_from@15, phase 2 for 1)
+                parent = tomllib.loads((self.run_dir / "run.toml").read_text()).get("policy")
+                self.inherited = self.work / f"policy-of-{new.name}.toml"
+                self.inherited.write_text(tomli_w.dumps({"policy": parent or {}}))
             self.ledger()  # its lines stay on the record of this sequence
             self.run_dir = new
             if self.uri:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from andrea.config.schema import GuardConfig  # noqa: E402
 from andrea.config.load import load  # noqa: E402
-from andrea.control.guard.decisions import Detector, band  # noqa: E402
+from andrea.control.guard.detector import Detector, band  # noqa: E402
 from andrea.rundir.ledger import history, read_ledger  # noqa: E402
 
 

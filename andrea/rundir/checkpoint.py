@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from andrea.errors import UserError
-from andrea.rundir import checksum, regular
-from andrea.rundir.names import DATA_DIR, TMP_SUFFIX, is_own_tmp, step_of
+from andrea.rundir import checksum, regular, sidecars
+from andrea.rundir.names import DATA_DIR, TMP_SUFFIX, companion_path, is_own_tmp, step_of
 
 HEADER = struct.Struct("<ii")
 WRITE_CHUNK = 64 << 20  # bytes per read or write() call: bounded syscalls, lets a slow disk report progress
@@ -47,6 +47,11 @@ WRITE_CHUNK = 64 << 20  # bytes per read or write() call: bounded syscalls, lets
 
 class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be used; the message is one line naming the file and the problem."""
+
+
+class OtherModelError(CheckpointError):
+    """A sound checkpoint of another model than the command configures (`n_params` differs): the configuration's
+    to fix (a forgotten `--preset`), not the file's."""
 
 
 def checkpoint_bytes(n_params: int) -> int:
@@ -119,7 +124,7 @@ def validate(path: str | Path, n_params: int | None = None, *, deep: bool = Fals
     if step != name_step:
         raise CheckpointError(f"{path}: header step {step} disagrees with the file name (step {name_step})")
     if n_params is not None and n != n_params:
-        raise CheckpointError(f"{path}: checkpoint of another model: n_params={n}, this model has {n_params}")
+        raise OtherModelError(f"{path}: checkpoint of another model: n_params={n}, this model has {n_params}")
     if not deep:
         return CheckpointInfo(path, step, n)
     recorded = _recorded_checksum(path)  # read first: a checksum that vanishes with its file is no false alarm
@@ -136,7 +141,8 @@ def validate(path: str | Path, n_params: int | None = None, *, deep: bool = Fals
 def _recorded_checksum(path: Path) -> dict | None:
     """The checkpoint's `.sum.json`; None for one from before checksums. CheckpointError for one that cannot be
     read, or that is missing or another run's where its companions say it should be this run's
-    (checksum.companion_problem): unverified, refused like a bad one."""
+    (checksum.companion_problem), or whose guard companion's seal is broken (rundir/sidecars.py's `seal_problem`):
+    unverified, refused like a bad one."""
     try:
         recorded = checksum.read(path)
     except checksum.ChecksumError as e:
@@ -144,6 +150,9 @@ def _recorded_checksum(path: Path) -> dict | None:
     problem = checksum.check_companions(path, recorded)
     if problem is not None:
         raise CheckpointError(f"{path}: {problem}")
+    guard = sidecars.seal_problem(companion_path(path.parent, step_of(path), "guard"))
+    if guard is not None:  # its data offset and lr scale steer every later step: a changed one is never used
+        raise CheckpointError(f"{path}: its guard companion is damaged ({guard}): unverified")
     return recorded
 
 
@@ -198,19 +207,23 @@ def newest_valid(run_dir: str | Path, n_params: int) -> tuple[CheckpointInfo | N
     return info, skipped
 
 
-def newest_loaded(run_dir: str | Path, n_params: int) -> tuple[CheckpointInfo | None, np.ndarray | None, list[str]]:
-    """`newest_valid` with the payload it checked (`load`): a start reads its checkpoint once."""
-    (info, payload), skipped = _newest(run_dir, lambda path: load(path, n_params))
+def newest_loaded(run_dir: str | Path, n_params: int, errors: list[CheckpointError] | None = None
+                  ) -> tuple[CheckpointInfo | None, np.ndarray | None, list[str]]:
+    """`newest_valid` with the payload it checked (`load`): a start reads its checkpoint once. `errors` receives
+    the skipped files' errors themselves (of another model, or damaged: a start's refusal tells them apart)."""
+    (info, payload), skipped = _newest(run_dir, lambda path: load(path, n_params), errors)
     return info, payload, skipped
 
 
-def _newest(run_dir, check) -> tuple[tuple, list[str]]:
+def _newest(run_dir, check, errors: list[CheckpointError] | None = None) -> tuple[tuple, list[str]]:
     skipped = []
     for _, path in reversed(list_checkpoints(run_dir)):
         try:
             return check(path), skipped
         except CheckpointError as e:
             skipped.append(str(e))
+            if errors is not None:
+                errors.append(e)
     return (None, None), skipped
 
 

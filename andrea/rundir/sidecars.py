@@ -8,6 +8,12 @@ Writes:
     .samples.json             the last `sample.keep` sample audits: {"audits": [{"step", "prompt", "text"}]}
     archive/phase-K/          `.state.json` and `.samples.json` of a finished policy phase
 A reader sees the old or the new file, never half.
+
+A companion a run trusts to continue its trajectory (the guard's `step_NNNNNN.guard.json`: its data offset and lr
+scale) is sealed (`seal`): it carries `"checksum"`, the xxh3-128 of its own content (every other field, as canonical
+JSON: sorted keys, no spaces), so a bit that changes after it was written — one that leaves valid JSON and a value a
+field check accepts, a digit of a data offset — is found (`seal_problem`, `unseal`), never used: every reader of the
+checkpoint refuses it like a bad one (rundir/checkpoint.py), and a start falls back to the next older one.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import json
 import shutil
 from pathlib import Path
 from typing import Any
+
+import xxhash
 
 from andrea.errors import UserError
 from andrea.rundir import jsonfile
@@ -38,6 +46,53 @@ def write_json(path: Path, obj: Any) -> None:
 def read_json(path: Path) -> Any | None:
     """The parsed file, None if it does not exist; SidecarError on garbage (NaN and Infinity included)."""
     return jsonfile.read_json(path, SidecarError, invalid="not valid JSON: {e}", constants=False)
+
+
+SEAL = "checksum"  # the field of a sealed companion that holds the xxh3-128 of the rest
+UNSEALED_VERSION = 1  # a companion of this format version was written before seals (a sealed kind's is 2 or later)
+
+
+def _digest(obj: dict) -> str:
+    return xxhash.xxh3_128_hexdigest(json.dumps(obj, sort_keys=True, separators=(",", ":"),
+                                                allow_nan=False).encode())
+
+
+def seal(obj: dict) -> dict:
+    """`obj` with its checksum (`SEAL`: the xxh3-128 of its canonical JSON), for a companion a run trusts."""
+    return {**obj, SEAL: _digest(obj)}
+
+
+def unseal(obj: Any, source: str) -> dict:
+    """A sealed companion as read, without its checksum; SidecarError naming `source` when it is not an object,
+    has no checksum or its content is not what was sealed (a bit changed after the write)."""
+    if not isinstance(obj, dict) or not isinstance(obj.get(SEAL), str):
+        raise SidecarError(f"{source}: no {SEAL!r} field: not a sealed companion, or a bit changed its name")
+    body = {k: v for k, v in obj.items() if k != SEAL}
+    if _digest(body) != obj[SEAL]:
+        raise SidecarError(f"{source}: its content does not match its checksum (recorded {obj[SEAL]}, content "
+                           f"{_digest(body)}): a bit changed after it was written")
+    return body
+
+
+def opened(obj: Any, source: str) -> Any:
+    """A sealed companion as read (`read_json`'s value), its seal checked and removed. One of format version 1
+    (`"version": 1`, UNSEALED_VERSION) without a seal predates seals and passes as it is (no single bit turns the
+    version 2 of a sealed kind into a 1); None (no file) is None. SidecarError naming `source`: the seal is broken or
+    missing."""
+    if obj is None or (isinstance(obj, dict) and obj.get("version") == UNSEALED_VERSION and SEAL not in obj):
+        return obj
+    return unseal(obj, source)
+
+
+def seal_problem(path: Path) -> str | None:
+    """Why the sealed companion at `path` is damaged (no JSON, or `opened` refuses it), in words; None when it is
+    intact, absent or from before seals. Every reader of a checkpoint asks (rundir/checkpoint.py): a checkpoint
+    whose guard companion is damaged is refused like a bad one."""
+    try:
+        opened(read_json(path), str(path))
+    except SidecarError as e:
+        return str(e)
+    return None
 
 
 def checkpoint_state_path(run_dir: Path, step: int) -> Path:

@@ -51,6 +51,16 @@ REGRESSIONS = [
      "step_000008.bin into a fresh directory, which has no step_000000.bin: the guard starts afresh with offset "
      "0, and step 9 on differs (the --init-from start path; its ledger also opens with `resume`, no `start`: "
      "issue 55's holes 1 and 2)"),
+    ("64", "0,1,2", "a flipped bit in step_N.guard.json must never steer the run: sigkill@4 -> flip@6 of "
+     "step_000006.guard.json -> poison@25: the start took the damaged companion as unreadable and started the guard "
+     "afresh from step_000006.bin, so the rollback at 25 went to step 6 (data offset 19) where the perfect run's went "
+     "to the initial state (offset 25): the companion is now sealed, and a checkpoint whose companion changed is "
+     "refused by every reader, a start falling back to step_000005.bin (rundir/sidecars.py, rundir/checkpoint.py)"),
+    ("15", "0,1", "the campaign's operator must move a pivoted run on under its policy: pivot@11 -> init_from@15 started "
+     "the new run under the preset's policy, its bandit restarted in phase 2 where the perfect run is in phase 1 "
+     "(settled step 16 on differed; before that the oracle missed the parent's pivot marker): the harness now "
+     "restates the parent's [policy] with --init-from (bench/campaign_run.py), as docs/operating.md says a new run "
+     "is configured by its own command line"),
 ]
 
 

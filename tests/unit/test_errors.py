@@ -19,7 +19,7 @@ INTERNAL = {
     "andrea.control.commit.shards.ShardFailure": "a CommitFailed",
     "andrea.data.encode.Interrupted": "a stop during data preparation: exit 0 with what is done kept",
     "andrea.data.jsonscan.NotJSON": "a bad source line: counted and skipped by data/read.py",
-    "andrea.control.guard.decisions.GuardStateError": "a bad guard companion: said as a warning by control/guard/rollback.py",
+    "andrea.control.guard.detector.GuardStateError": "a bad guard companion: said as a warning by control/guard/rollback.py",
     "andrea.control.observe.delivery.Expired": "a notice past its deadline: logged by control/observe/notify.py, the run goes on",
     "andrea.rundir.checkpoint_write._Refused": "O_DIRECT refused: the write goes buffered",
 }

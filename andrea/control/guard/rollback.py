@@ -4,7 +4,9 @@ Reads and writes, in the run directory:
     step_NNNNNN.guard.json   the guard's state as of that checkpoint (format: control/guard/decisions.py), written
                              atomically beside each checkpoint and rewritten on the known-good checkpoint at a
                              rollback, so a run stopped in the middle of an incident resumes with the decisions
-                             already taken; deleted with its checkpoint by the writer (`step_NNNNNN.*.json`)
+                             already taken; deleted with its checkpoint by the writer (`step_NNNNNN.*.json`).
+                             Sealed (`companion_bytes`: rundir/sidecars.py's `seal`): a bit flipped in it, even one
+                             that leaves a valid data offset, makes it unreadable at the next start, never used
     step_NNNNNN.bin          (deletes) the checkpoints after the known-good one at a rollback: they belong to
                              the abandoned timeline, and a restart must not resume from them
 Reads the known-good state's payload: a checkpoint, imported --init-from weights, or the seeded initialisation.
@@ -27,6 +29,11 @@ def companion_path(run_dir: Path, step: int) -> Path:
     return names.companion_path(run_dir, step, "guard")
 
 
+def companion_bytes(state: dict) -> bytes:
+    """The bytes of the companion of a guard state (`Guard.to_state`): sealed with its checksum."""
+    return sidecars.json_bytes(sidecars.seal(state))
+
+
 def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
                init_from: str | None = None,
                read_json: Callable[[Path], object] = sidecars.read_json,
@@ -40,9 +47,9 @@ def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
     of the companion is kept: its data offset and lr scale are the trajectory's (the data each later step reads, its
     learning rate), not the pointer's, so losing the pointer changes neither; tentative checkpoints that are gone
     are dropped (none of them may become the good point).
-    A companion that is missing or unreadable: the guard starts afresh from the checkpoint resumed from, with the
-    data offset and lr scale the ledger's rollback markers put in force at its step (`ledger_remedy()`:
-    decisions.py's `remedy_in_force`, None for none).
+    A companion that is missing or unreadable (its seal broken, which every reader of its checkpoint refuses
+    first: rundir/checkpoint.py): the guard starts afresh from the checkpoint resumed from, with the data offset and lr scale the ledger's rollback markers
+    put in force at its step (`ledger_remedy()`: decisions.py's `remedy_in_force`, None for none).
     `read_json`, `exists`: how this rank reads the companion and sees a checkpoint (on separate disks, rank 0
     answers: control/parallel/sharing.py)."""
     warmup = cfg.train.warmup_steps  # the gradient norm's grace (control/guard/decisions.py)
@@ -51,7 +58,7 @@ def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
     path = companion_path(info.path.parent, info.step)
     name = info.path.name if info.path.parent == run_dir else str(info.path.resolve())
     try:
-        d = read_json(path)
+        d = sidecars.opened(read_json(path), str(path))
         if d is not None:
             guard = Guard.from_state(cfg.guard, d, info.step, str(path), warmup_steps=warmup)
             gone = {s for s in named_checkpoints(d)
@@ -129,4 +136,4 @@ def drop_after(run_dir: Path, step: int) -> list[str]:
 
 
 def write_companion(run_dir: Path, step: int, state: dict) -> None:
-    sidecars.write_json(companion_path(run_dir, step), state)
+    atomic.write_atomic(companion_path(run_dir, step), companion_bytes(state))

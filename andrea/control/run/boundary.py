@@ -236,7 +236,7 @@ class Boundary:
             state_json = sidecars.json_bytes(state)
             atomic.write_many({sidecars.checkpoint_state_path(self.run_dir, step): state_json,
                                self.run_dir / names.STATE_NAME: state_json,
-                               rollback.companion_path(self.run_dir, step): sidecars.json_bytes(guard_state),
+                               rollback.companion_path(self.run_dir, step): rollback.companion_bytes(guard_state),
                                # the ledger as this checkpoint vouches for it: a later start checks it
                                names.companion_path(self.run_dir, step, "ledger"):
                                    sidecars.json_bytes(self.feed.ledger.seal())})

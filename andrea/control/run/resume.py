@@ -27,12 +27,20 @@ from andrea.rundir.ledger import (LedgerError, ledger_problem, marker, unlisted_
 log = logging.getLogger("andrea.control.run")
 
 
+class OtherModelsCheckpoints(ckpt.CheckpointError):
+    """A start that finds only checkpoints of another model in its run directory: the command's configuration does
+    not fit the run (a forgotten `--preset`), so it exits 2, as every configuration error does (README)."""
+
+    exit_code = 2
+
+
 def resume_point(run_dir: Path, init_from: Path | None, n: int,
                  skipped_out: list[str] | None = None) -> tuple[ckpt.CheckpointInfo, np.ndarray] | None:
     """The checkpoint to start from and its payload, checked as read (`ckpt.load`: the file is read once):
     `--init-from`'s, else the newest valid one in `run_dir`, else None (a fresh start). Refuses what would
     silently bury a run: checkpoints newer than `--init-from`'s (two timelines in one directory), or checkpoints
-    none of which fits this model. `skipped_out` receives the newer checkpoints' failures ("PATH: reason"), for the
+    none of which fits this model (exit 2 when every one is a sound checkpoint of another model: the configuration's
+    error; 1 when any is damaged). `skipped_out` receives the newer checkpoints' failures ("PATH: reason"), for the
     incident markers (rundir/incidents.py)."""
     if init_from is not None:
         info, payload = ckpt.load(init_from, n)
@@ -41,10 +49,13 @@ def resume_point(run_dir: Path, init_from: Path | None, n: int,
             raise ckpt.CheckpointError(f"{run_dir}: holds checkpoints newer than {info.path.name} "
                                        f"({newer[-1]}); use `andrea branch` or move them away first")
         return info, payload
-    info, payload, skipped = ckpt.newest_loaded(run_dir, n)
+    errors: list[ckpt.CheckpointError] = []
+    info, payload, skipped = ckpt.newest_loaded(run_dir, n, errors)
     if info is None and skipped:  # e.g. a forgotten --preset
-        raise ckpt.CheckpointError(f"{skipped[0]} (no checkpoint in {run_dir} fits this model; "
-                                   "refusing to start over in a run directory that holds checkpoints)")
+        refusal = OtherModelsCheckpoints if all(isinstance(e, ckpt.OtherModelError) for e in errors) \
+            else ckpt.CheckpointError
+        raise refusal(f"{skipped[0]} (no checkpoint in {run_dir} fits this model; "
+                      "refusing to start over in a run directory that holds checkpoints)")
     for line in skipped:
         log.warning("skipping invalid checkpoint, resuming from an older one: %s", line)
     if skipped_out is not None:

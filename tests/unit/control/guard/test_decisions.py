@@ -1,4 +1,5 @@
-"""The divergence guard's decisions (andrea/control/guard/decisions.py) on plain records: no processes, no files."""
+"""The divergence guard's decisions (andrea/control/guard/decisions.py) and its detector (control/guard/detector.py) on
+plain records: no processes, no files."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import pytest
 from andrea.config.check import ConfigError
 from andrea.config.keepers import GuardConfig
 from andrea.config.load import load
-from andrea.control.guard.decisions import (HEALTHY, INCIDENT, SUSPECT, Guard, GuardStateError, advice, band,
+from andrea.control.guard.decisions import (HEALTHY, INCIDENT, SUSPECT, Guard, GuardStateError, advice,
                                             ledger_summary, most_tentative, remedy_in_force, spacing, thin)
+from andrea.control.guard.detector import band
 from andrea.rundir.ledger import history
 from andrea.rundir.retention import Policy, victims
 

@@ -4,7 +4,11 @@ from in one line, keeping the remedy, never a rollback that cannot read its chec
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import numpy as np
+import pytest
 
 from andrea.config.keepers import GuardConfig
 from andrea.config.schema import RunConfig
@@ -67,3 +71,73 @@ def test_a_lost_or_unreadable_companion_keeps_the_ledgers_data_offset_and_lr_sca
     assert guard.remedy["data_offset"] == 0 and "data offset 0 and lr scale 1" in warning
     rollback.companion_path(tmp_path, 30).unlink()
     assert rollback.load_guard(RunConfig(), info, tmp_path)[1] is None  # a run from before the guard: silent
+
+
+def test_a_bit_flipped_in_the_companion_is_never_used_the_ledgers_remedy_is(tmp_path):
+    """Seed 64 of the campaign (flip@6 of step_N.guard.json): one bit turns the data offset 25 into 27 (the digit
+    '5', 0x35, into '7', 0x37): valid JSON and a value every field check accepts. The seal catches it; the guard
+    starts afresh with the ledger's offset and scale, said in one line (docs/operating.md: a guard companion
+    unreadable), and never reads the data from offset 27."""
+    info = ckpt.CheckpointInfo(tmp_path / names.checkpoint_name(30), 30, 64)
+    (tmp_path / names.checkpoint_name(10)).write_bytes(b"")
+    saved = state(10, [20, 30])
+    saved["remedy"] = {"attempts": 1, "since": 12, "data_offset": 25, "lr_scale": 0.5}
+    rollback.write_companion(tmp_path, 30, saved)
+    guard, warning = rollback.load_guard(RunConfig(), info, tmp_path)
+    assert warning is None and guard.remedy == saved["remedy"] and guard.good["step"] == 10  # sealed, read back
+    path = rollback.companion_path(tmp_path, 30)
+    data = bytearray(path.read_bytes())
+    at = data.index(b'"data_offset": 25') + len(b'"data_offset": 2')
+    data[at] ^= 0x02  # '5' -> '7'
+    path.write_bytes(bytes(data))
+    assert json.loads(data)["remedy"]["data_offset"] == 27  # what the old start used, silently
+    recorded = {"data_offset": 25, "lr_scale": 0.5}
+    guard, warning = rollback.load_guard(RunConfig(), info, tmp_path, ledger_remedy=lambda: dict(recorded))
+    assert (guard.remedy["data_offset"], guard.remedy["lr_scale"]) == (25, 0.5) and guard.good["step"] == 30
+    assert "does not match its checksum" in warning and "starts afresh from step_000030.bin" in warning
+    assert str(path) in warning and "\n" not in warning
+
+
+def test_a_companion_from_before_the_seal_is_still_read(tmp_path):
+    info = ckpt.CheckpointInfo(tmp_path / names.checkpoint_name(30), 30, 64)
+    (tmp_path / names.checkpoint_name(10)).write_bytes(b"")
+    old = {**state(10, [20, 30]), "version": 1}
+    old["remedy"] = {"attempts": 1, "since": 12, "data_offset": 25, "lr_scale": 0.5}
+    rollback.companion_path(tmp_path, 30).write_text(json.dumps(old))  # version 1: written without a checksum
+    guard, warning = rollback.load_guard(RunConfig(), info, tmp_path)
+    assert warning is None and guard.remedy == old["remedy"] and guard.good["step"] == 10
+    rollback.companion_path(tmp_path, 30).write_text(json.dumps({**old, "version": 2}))  # a sealed one lost its seal
+    guard, warning = rollback.load_guard(RunConfig(), info, tmp_path)
+    assert "no 'checksum' field" in warning and guard.good["step"] == 30 and guard.remedy["data_offset"] == 0
+
+
+def test_a_checkpoint_whose_guard_companion_changed_is_refused_by_every_reader_and_a_start_falls_back(tmp_path):
+    """Seed 64 of the campaign: a bit flipped in step_N.guard.json must not steer the run. Each reader of a
+    checkpoint (rundir/checkpoint.py: verify, a start, a rollback, export) refuses one whose guard companion's seal
+    is broken, as it refuses one whose checksum is, so a start resumes from the next older checkpoint and writes
+    the bytes of a run never corrupted. A flip in the digit of the data offset, in the seal's own name, and none."""
+    from andrea.rundir.checkpoint_write import commit_checkpoint
+    n = 40
+    for step in (20, 30):
+        commit_checkpoint(tmp_path, step, np.zeros(3 * n, np.float32))
+        saved = state(None, [20, 30] if step == 30 else [20], step)
+        saved["remedy"] = {"attempts": 1, "since": 12, "data_offset": 25, "lr_scale": 1.0}
+        rollback.write_companion(tmp_path, step, saved)
+    assert ckpt.newest_valid(tmp_path, n)[0].step == 30  # intact: read back
+    path = rollback.companion_path(tmp_path, 30)
+    intact = path.read_bytes()
+    for needle, bit in ((b'"data_offset": 25', len(b'"data_offset": 2')), (b'"checksum"', 3)):
+        data = bytearray(intact)
+        data[data.index(needle) + bit] ^= 0x02  # '5' -> '7'; "checksum" -> "chgcksum"
+        path.write_bytes(bytes(data))
+        json.loads(data)  # still JSON, every value in range: only the seal tells
+        info, skipped = ckpt.newest_valid(tmp_path, n)
+        assert info.step == 20 and len(skipped) == 1, skipped
+        assert "step_000030.bin: its guard companion is damaged" in skipped[0] and "\n" not in skipped[0]
+        with pytest.raises(ckpt.CheckpointError, match="guard companion is damaged"):
+            ckpt.load(tmp_path / names.checkpoint_name(30), n)
+    path.write_bytes(intact)
+    assert ckpt.newest_valid(tmp_path, n)[0].step == 30
+    old = {**{k: v for k, v in json.loads(intact).items() if k != "checksum"}, "version": 1}
+    path.write_text(json.dumps(old))  # unsealed, from before seals: judged
+    assert ckpt.newest_valid(tmp_path, n)[0].step == 30                # by load_guard alone, as before

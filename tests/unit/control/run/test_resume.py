@@ -81,3 +81,20 @@ def test_both_states_unusable_is_a_fresh_bandit_and_one_line_never_a_refused_sta
     assert len(said) == 1 and said[0].startswith(str(own)), said  # the first problem named, the rest in the line
     assert said[0].endswith(f"the bandit starts fresh at step {STEP} (data order after this point differs from "
                             "the original run's)")
+
+
+def test_a_run_directory_holding_only_another_models_checkpoints_is_a_configuration_refusal(tmp_path):
+    """README's exit codes: 2 for configuration, 1 otherwise. Only sound checkpoints of another model (a forgotten
+    `--preset`) is the configuration's error: exit 2; a damaged one among them is the run directory's: exit 1."""
+    from andrea.control.run.resume import resume_point
+    n = 16
+    for step in (10, 20):  # sound checkpoints of a model of n + 4 parameters
+        (tmp_path / names.checkpoint_name(step)).write_bytes(
+            ckpt.header(step, n + 4) + np.zeros(3 * (n + 4), "<f4").tobytes())
+    with pytest.raises(ckpt.CheckpointError, match="refusing to start over") as e:
+        resume_point(tmp_path, None, n)
+    assert e.value.exit_code == 2 and "checkpoint of another model" in str(e.value)
+    (tmp_path / names.checkpoint_name(20)).write_bytes(ckpt.header(20, n + 4))  # truncated: damaged
+    with pytest.raises(ckpt.CheckpointError, match="refusing to start over") as e:
+        resume_point(tmp_path, None, n)
+    assert e.value.exit_code == 1
