@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.runs import ROOT, Trainer, andrea_here, env, ledger, seed_data
+from tests.runs import ROOT, Trainer, andrea_here, env, ledger, seed_data, wait_until
 from tests.s3server import BUCKET, S3Server, weed_binary
 
 SEEDS = {4: {"branch", "disk", "flip"}, 149: {"sigkill", "poison", "pivot"}}
@@ -100,7 +100,20 @@ def test_seed_7_a_replica_back_during_the_stops_wait_is_on_the_record_without_a_
 # never wrote replica_back (each process started as healthy, the open replica_down on the record unread), so the
 # record said the replica was down for good. A start now takes an outage left open on the record as its own
 # (control/replica/plan.py `open_outage`), and its first pass that reaches the store closes it.
-def test_seed_20_a_replica_down_left_by_one_process_is_closed_by_the_next_that_reaches_the_store(prepared, tmp_path):
+def serves(uri: str, monkeypatch, server: S3Server) -> bool:
+    """Whether the store answers a GET of the replica's owner record (a restarted weed lists its buckets before it
+    serves their objects: until then a start is refused, the store answering 500)."""
+    from andrea.control.replica import owner, remote
+    for k, v in server.env().items():
+        monkeypatch.setenv(k, v)
+    try:
+        return owner.read(remote.Replica(uri, timeout_s=5)) is not None
+    except remote.ReplicaError:
+        return False
+
+
+def test_seed_20_a_replica_down_left_by_one_process_is_closed_by_the_next_that_reaches_the_store(prepared, tmp_path,
+                                                                                                 monkeypatch):
     server = S3Server(tmp_path / "s3").start()
     try:
         run = seed_data(prepared, tmp_path / "run")
@@ -112,8 +125,9 @@ def test_seed_20_a_replica_down_left_by_one_process_is_closed_by_the_next_that_r
         server.kill()  # down until this process has exited: it ends with replica_down on the record
         assert t.wait_exit(120) == 0
         server.start()
+        wait_until(lambda: serves(f"s3://{BUCKET}/seed20", monkeypatch, server), 60, "the store serving objects again")
         t = Trainer(run, "--steps", "33", *argv, "--set", "checkpoint.replica_wait=30", extra_env=extra)
-        assert t.wait_exit(120) == 0
+        assert t.wait_exit(120) == 0, t.output()[-3000:]
         assert "holds step 33" in t.output()  # the replica caught up
         marks = [e["event"] for e in ledger(run) if e.get("event", "").startswith("replica_")]
         assert marks and marks[0] == "replica_down", marks  # the sequence did what seed 20 did
@@ -138,7 +152,6 @@ def test_seed_157_a_run_killed_before_its_first_checkpoint_starts_again_with_its
     from andrea.control.replica.owner import read
     from andrea.control.replica.remote import Replica, read_status
     from andrea.rundir.checkpoint import list_checkpoints
-    from tests.runs import wait_until
     server = S3Server(tmp_path / "s3").start()
     try:
         for k, v in server.env().items():

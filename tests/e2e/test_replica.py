@@ -188,21 +188,27 @@ def append_lines(run: Path, *lines: dict) -> None:
 
 
 def test_an_outage_a_process_ended_with_is_closed_by_the_next_processes_first_pass(tmp_path, caplog):
-    """Campaign seed 20: the process that wrote replica_down ended before the store was back; the next one, whose
-    store answers, closes the outage on the record (one replica_back, down since the marker) and no later one
-    does it again. An outage of another replica (a changed checkpoint.replica) is not this one's to close."""
+    """Campaign seed 20: the process that wrote replica_down ended before the store was back; the next one says
+    the outage in its log while it lasts (no second replica_down), closes it on the record once the store answers
+    (one replica_back, down since the marker), and no later process does it again. An outage of another replica
+    (a changed checkpoint.replica) is not this one's to close."""
     run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
     append_lines(run, {**marker("replica_down", 10, uri="s3://b/old", problem="unreachable", error="x"),
                        "time": 1.0},
                  {**marker("replica_down", 10, uri=str(remote), problem="unreachable", error="y"),
                   "time": time.time() - 30})
-    markers = []
-    r = replicator(run, remote, on_incident=lambda kind, detail: markers.append((kind, detail)))
+    markers, now, store = [], [0.0], Flaky(str(remote))
+    store.down = True  # still down when the next process starts: said in its log, not a second time on the record
+    r = replicator(run, remote, replica=store, clock=lambda: now[0],
+                   on_incident=lambda kind, detail: markers.append((kind, detail)))
     with caplog.at_level(logging.WARNING, "andrea.control.replica"):
+        assert not r.pass_once()
+        assert [rec.message.count("cannot be reached") for rec in caplog.records] == [1] and markers == []
+        store.down, now[0] = False, 10.0
         assert r.pass_once() and r.newest == 10
     assert [kind for kind, _ in markers] == ["replica_back"] and markers[0][1]["uri"] == str(remote)
-    assert markers[0][1]["down_s"] >= 30 and markers[0][1]["replica_step"] == 10
-    assert any("reachable again" in rec.message for rec in caplog.records)
+    assert markers[0][1]["down_s"] >= 40 and markers[0][1]["replica_step"] == 10  # since the marker: 30 s + 10
+    assert "reachable again" in caplog.records[-1].message
     append_lines(run, marker("replica_back", 10, **markers[0][1]))  # as the runtime writes it
     later = []
     assert replicator(run, remote, on_incident=lambda kind, detail: later.append(kind)).pass_once() and not later

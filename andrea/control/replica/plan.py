@@ -52,13 +52,14 @@ class Health:
     cap: float = 60.0
     failures: int = 0
     next_try: float = 0.0
-    said: str | None = None  # the kind of problem last said
+    said: str | None = None  # the kind of problem last said (in this process's log)
+    recorded: str | None = None  # the kind of problem of the replica_down last on the record
     error: str | None = None
     down_since: float | None = None  # the first failed pass of the outage in progress
 
     def failed(self, e: ReplicaError, now: float) -> str | None:
-        """Record a failed pass; the warning line to log (and the replica_down marker to write), or None when this
-        problem was already said."""
+        """Record a failed pass; the warning line to log (and, when `record` says so, the replica_down marker to
+        write), or None when this problem was already said."""
         if self.failures == 0:
             self.down_since = now
         self.failures += 1
@@ -69,21 +70,29 @@ class Health:
         self.said = e.kind
         return f"{e}; training goes on, the replica retries with backoff and catches up when it can"
 
+    def record(self, kind: str) -> bool:
+        """Whether a problem just said (`failed`) is a replica_down marker to write: not when the outage open on the
+        record already names it (`inherit`)."""
+        due, self.recorded = self.recorded != kind, kind
+        return due
+
     def succeeded(self) -> str | None:
         """Record a pass that succeeded; the line to log (and the replica_back marker to write) after an outage."""
         back = self.failures > 0
         self.failures, self.next_try, self.said, self.error, self.down_since = 0, 0.0, None, None, None
+        self.recorded = None
         return "replica reachable again: caught up" if back else None
 
     def inherit(self, outage: Sequence[dict], now: float, wall: float) -> None:
-        """Start failing, as a previous process left the record (`outage`: `open_outage`'s markers): its problem
-        already said (a first pass that fails the same way writes no second replica_down; one that succeeds says
-        the replica is back, and the record gets the replica_back that closes the outage), down since its first
-        marker's time (`wall`: the time now; `now`: the clock's). No outage: nothing changes."""
+        """Start failing, as a previous process left the record (`outage`: `open_outage`'s markers): its problem on
+        the record (a first pass that fails the same way says so in this process's log but writes no second
+        replica_down; one that succeeds says the replica is back, and the record gets the replica_back that closes
+        the outage), down since its first marker's time (`wall`: the time now; `now`: the clock's). No outage:
+        nothing changes."""
         if not outage:
             return
         self.failures = max(self.failures, 1)
-        self.said, self.error = outage[-1].get("problem"), outage[-1].get("error")
+        self.recorded, self.error = outage[-1].get("problem"), outage[-1].get("error")
         began = outage[0].get("time")
         since = now - max(0.0, wall - began) if isinstance(began, (int, float)) else now
         self.down_since = since if self.down_since is None else min(self.down_since, since)

@@ -206,6 +206,7 @@ class Replicator:
             line = self.health.failed(error, self.clock())
             if line:
                 log.warning("%s", line)
+            if line and self.health.record(error.kind):  # not twice on the record: an outage left open is this one
                 self._incident("replica_down", problem=error.kind, error=str(error))
             if isinstance(e, rep.ReplicaError):
                 self._status()

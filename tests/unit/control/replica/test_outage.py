@@ -43,8 +43,13 @@ def test_a_process_that_inherits_an_open_outage_says_it_back_once_and_no_second_
     h.inherit([down(17, 1000.0), down(18, 1001.0, "full")], now=5.0, wall=1030.0)
     assert h.error and h.due(5.0)  # status shows the error until a pass; the first pass is not delayed
     assert h.outage_s(5.0) == pytest.approx(30.0)  # since the outage's first marker, in wall seconds
-    assert h.failed(ReplicaError("replica x: full", "full"), 6.0) is None  # the same problem: not said again
+    full = ReplicaError("replica x: full", "full")
+    assert "replica x: full" in h.failed(full, 6.0)  # said in this process's log ...
+    assert not h.record("full")  # ... but the record already has its replica_down
+    assert h.failed(full, 7.0) is None  # then said no more
+    assert h.record("unreachable")  # another problem: a marker of its own
     assert h.succeeded() == "replica reachable again: caught up"  # the replica_back that closes it
+    assert h.record("full")  # an outage after it: on the record again
     fresh = Health()
     fresh.inherit([], now=5.0, wall=1030.0)
     assert fresh.succeeded() is None and fresh.error is None  # no outage on the record: nothing to close
