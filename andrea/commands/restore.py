@@ -27,8 +27,9 @@ from pathlib import Path
 
 from andrea.control.guard import decisions as guard_decisions
 from andrea.control.replica.admit import run_record
+from andrea.control.replica.plan import same_run
 from andrea.rundir import checksum, regular
-from andrea.control.replica import remote as rep
+from andrea.control.replica import owner as replica_owner, remote as rep
 from andrea.rundir.atomic import fsync_dir, write_atomic
 from andrea.rundir.ledger import ledger_problem
 from andrea.rundir.names import LEDGER_NAME, RESTORING_NAME, checkpoint_name, companion_path
@@ -59,10 +60,11 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def restore(uri: str, run_dir: Path, out=None) -> int:
     resumed = check_target(run_dir)
     replica = rep.Replica(uri, create=False)
-    owner = replica.owner()
+    owner = replica_owner.read(replica)
     listing = replica.listing()
     if owner is None:
-        raise rep.ReplicaError(f"replica {uri}: no {rep.OWNER_KEY}: not an andrea replica (or an empty one)", "owner")
+        raise rep.ReplicaError(f"replica {uri}: no {replica_owner.OWNER_KEY}: not an andrea replica (or an empty one)",
+                               "owner")
     if not rep.published_steps(listing):
         raise rep.ReplicaError(f"replica {uri}: holds no published checkpoint (none has its .sum.json)", "corrupt")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -101,9 +103,9 @@ def restore(uri: str, run_dir: Path, out=None) -> int:
     for key in _run_keys(listing):
         fetched.append(_fetch(replica, run_dir, key, listing))
     record = run_record(run_dir)
-    if record is not None and any(record.get(k) != owner.get(k) for k in ("started", "identity", "branched")):
-        raise rep.ReplicaError(f"replica {uri}: its ledger's start marker is not the run {rep.OWNER_KEY} names",
-                               "owner")
+    if record is not None and not same_run(owner, record):
+        raise rep.ReplicaError(f"replica {uri}: its ledger's start marker is not the run "
+                               f"{replica_owner.OWNER_KEY} names", "owner")
     for s in kept:  # the restored checkpoint last: once it is in place, its guard's are too
         staged = run_dir / (checkpoint_name(s) + ".restore")
         if staged.exists():

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.runs import ROOT, Trainer, env, ledger, seed_data
+from tests.runs import ROOT, Trainer, andrea_here, env, ledger, seed_data, wait_until
 from tests.s3server import BUCKET, S3Server, weed_binary
 
 SEEDS = {4: {"branch", "disk", "flip"}, 149: {"sigkill", "poison", "pivot"}}
@@ -105,12 +105,25 @@ def test_seed_7_a_replica_back_during_the_stops_wait_is_on_the_record_without_a_
 
 
 @pytest.mark.skipif(weed_binary() is None, reason="needs SeaweedFS (weed)")
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="seed 20 (outage@17 -> sigterm@22): a process that "
-                   "ends with its replica down leaves replica_down as the ledger's last replica marker; the next "
-                   "start uploads everything (the replica holds the final step) but never writes replica_back, so "
-                   "the record says the replica is down for good (control/replica/replicator.py starts each "
-                   "process as healthy: the open replica_down on the record is not read)")
-def test_seed_20_a_replica_down_left_by_one_process_is_closed_by_the_next_that_reaches_the_store(prepared, tmp_path):
+# seed 20 (outage@17 -> sigterm@22; seed 179 too), mended: a process that ended with its replica down left
+# replica_down as the ledger's last replica marker; the next start (the store reachable again) uploaded everything but
+# never wrote replica_back (each process started as healthy, the open replica_down on the record unread), so the
+# record said the replica was down for good. A start now takes an outage left open on the record as its own
+# (control/replica/plan.py `open_outage`), and its first pass that reaches the store closes it.
+def serves(uri: str, monkeypatch, server: S3Server) -> bool:
+    """Whether the store answers a GET of the replica's owner record (a restarted weed lists its buckets before it
+    serves their objects: until then a start is refused, the store answering 500)."""
+    from andrea.control.replica import owner, remote
+    for k, v in server.env().items():
+        monkeypatch.setenv(k, v)
+    try:
+        return owner.read(remote.Replica(uri, timeout_s=5)) is not None
+    except remote.ReplicaError:
+        return False
+
+
+def test_seed_20_a_replica_down_left_by_one_process_is_closed_by_the_next_that_reaches_the_store(prepared, tmp_path,
+                                                                                                 monkeypatch):
     server = S3Server(tmp_path / "s3").start()
     try:
         run = seed_data(prepared, tmp_path / "run")
@@ -122,29 +135,33 @@ def test_seed_20_a_replica_down_left_by_one_process_is_closed_by_the_next_that_r
         server.kill()  # down until this process has exited: it ends with replica_down on the record
         assert t.wait_exit(120) == 0
         server.start()
+        wait_until(lambda: serves(f"s3://{BUCKET}/seed20", monkeypatch, server), 60, "the store serving objects again")
         t = Trainer(run, "--steps", "33", *argv, "--set", "checkpoint.replica_wait=30", extra_env=extra)
-        assert t.wait_exit(120) == 0
+        assert t.wait_exit(120) == 0, t.output()[-3000:]
         assert "holds step 33" in t.output()  # the replica caught up
         marks = [e["event"] for e in ledger(run) if e.get("event", "").startswith("replica_")]
         assert marks and marks[0] == "replica_down", marks  # the sequence did what seed 20 did
         assert marks[-1] == "replica_back", marks
+        report = json.loads(andrea_here("status", str(run), "--json").stdout)
+        assert report["incidents"]["replica_back"] is not None and report["replica"]["error"] is None
+        assert report["replica"]["step"] == 33 and not report["replica"]["lag_steps"]  # status: healthy
     finally:
         server.stop()
 
 
 @pytest.mark.skipif(weed_binary() is None, reason="needs SeaweedFS (weed)")
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="seed 157 (sigkill during the first start): a first "
-                   "start SIGKILLed after its replicator recorded it as the replica's owner (replica.json's `started` "
-                   "= its start marker's time) and before its first checkpoint; the next start begins again from "
-                   "step 0 with a new `start` marker, and its own replica calls it 'another run': a warning, no "
-                   "replica, and once it has a checkpoint every later start is refused (exit 1, for good, advising "
-                   "a restore of a replica that holds no checkpoint). control/replica/remote.py check_owner compares "
-                   "`started`; the restart from 0 is the same run (its directory, its identity)")
+# seed 157 (sigkill during the first start; seed 167 too), mended: a first start SIGKILLed after its replicator
+# recorded it as the replica's owner (replica.json's `started` = its start marker's time) and before its first
+# checkpoint; the next start began again from step 0 with a new `start` marker (a new time, a new run id), and its
+# own replica called it "another run": a warning, no replica, and once it had a checkpoint every later start was
+# refused (exit 1, for good, advising a restore of a replica that held no checkpoint). The restart from 0 is the
+# same run: the owner record of an earlier start of its run directory that published no checkpoint is claimed
+# again (control/replica/plan.py `owner_verdict`).
 def test_seed_157_a_run_killed_before_its_first_checkpoint_starts_again_with_its_own_replica(prepared, tmp_path,
                                                                                              monkeypatch):
+    from andrea.control.replica.owner import read
     from andrea.control.replica.remote import Replica, read_status
     from andrea.rundir.checkpoint import list_checkpoints
-    from tests.runs import wait_until
     server = S3Server(tmp_path / "s3").start()
     try:
         for k, v in server.env().items():
@@ -154,7 +171,7 @@ def test_seed_157_a_run_killed_before_its_first_checkpoint_starts_again_with_its
         argv = ["--device", "cpu", "--steps", "20", "--checkpoint-every", "10", "--set", f'checkpoint.replica="{uri}"',
                 "--set", "sample.every=1000000", "--set", "train.eval_every=1000000"]
         t = Trainer(run, *argv, extra_env={**server.env(), "ANDREA_TEST_STEP_DELAY": "1"})
-        wait_until(lambda: (Replica(uri).owner() or {}).get("started") is not None, 120, "the replica's owner record")
+        wait_until(lambda: (read(Replica(uri)) or {}).get("started") is not None, 120, "the replica's owner record")
         if list_checkpoints(run):
             pytest.fail("a checkpoint was committed before the kill: not seed 157's sequence")
         t.kill()
@@ -162,5 +179,12 @@ def test_seed_157_a_run_killed_before_its_first_checkpoint_starts_again_with_its
         assert t.wait_exit(120) == 0
         assert "already holds another run" not in t.output(), t.output()[-2000:]
         assert (read_status(run) or {}).get("step") == 20
+        starts = [e for e in ledger(run) if e.get("event") == "start"]
+        assert len(starts) == 2  # the sequence did what seed 157 did: a second start from step 0
+        assert read(Replica(uri))["run"] == starts[-1]["run"]  # the replica is the run's as it goes on
+        argv[argv.index("--steps") + 1] = "30"
+        t = Trainer(run, *argv, extra_env=server.env())  # a later start, with checkpoints: not refused
+        assert t.wait_exit(120) == 0, t.output()[-2000:]
+        assert (read_status(run) or {}).get("step") == 30
     finally:
         server.stop()

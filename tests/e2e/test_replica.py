@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from andrea.commands.restore import restore
 from andrea.config.keepers import GuardConfig
 from andrea.config.schema import RunConfig
 from andrea.control.guard.decisions import Guard
-from andrea.control.replica import admit, plan, replicator as rp
+from andrea.control.replica import admit, owner, plan, replicator as rp
 from andrea.control.guard import rollback
 from andrea.rundir import checkpoint as ckpt
 from andrea.rundir.checkpoint_write import commit_checkpoint
@@ -178,6 +179,67 @@ def test_an_outage_costs_one_line_backs_off_and_catches_up(tmp_path, caplog):
     down, back = markers[0][1], markers[1][1]
     assert down["problem"] == "unreachable" and "cannot be reached" in down["error"] and down["uri"] == str(remote)
     assert back == {"uri": str(remote), "down_s": 7.0, "replica_step": 30}  # first failure at 1.0, back at 8.0
+
+
+def append_lines(run: Path, *lines: dict) -> None:
+    led = LossLedger(run / LEDGER_NAME)
+    led.append(list(lines))
+    led.close()
+
+
+def test_an_outage_a_process_ended_with_is_closed_by_the_next_processes_first_pass(tmp_path, caplog):
+    """Campaign seed 20: the process that wrote replica_down ended before the store was back; the next one says
+    the outage in its log while it lasts (no second replica_down), closes it on the record once the store answers
+    (one replica_back, down since the marker), and no later process does it again. An outage of another replica
+    (a changed checkpoint.replica) is not this one's to close."""
+    run, remote = make_run(tmp_path / "run", [10]), tmp_path / "replica"
+    append_lines(run, {**marker("replica_down", 10, uri="s3://b/old", problem="unreachable", error="x"),
+                       "time": 1.0},
+                 {**marker("replica_down", 10, uri=str(remote), problem="unreachable", error="y"),
+                  "time": time.time() - 30})
+    markers, now, store = [], [0.0], Flaky(str(remote))
+    store.down = True  # still down when the next process starts: said in its log, not a second time on the record
+    r = replicator(run, remote, replica=store, clock=lambda: now[0],
+                   on_incident=lambda kind, detail: markers.append((kind, detail)))
+    with caplog.at_level(logging.WARNING, "andrea.control.replica"):
+        assert not r.pass_once()
+        assert [rec.message.count("cannot be reached") for rec in caplog.records] == [1] and markers == []
+        store.down, now[0] = False, 10.0
+        assert r.pass_once() and r.newest == 10
+    assert [kind for kind, _ in markers] == ["replica_back"] and markers[0][1]["uri"] == str(remote)
+    assert markers[0][1]["down_s"] >= 40 and markers[0][1]["replica_step"] == 10  # since the marker: 30 s + 10
+    assert "reachable again" in caplog.records[-1].message
+    append_lines(run, marker("replica_back", 10, **markers[0][1]))  # as the runtime writes it
+    later = []
+    assert replicator(run, remote, on_incident=lambda kind, detail: later.append(kind)).pass_once() and not later
+
+
+def test_a_run_begun_again_from_step_0_claims_the_replica_of_its_earlier_start_and_no_other(s3, tmp_path, monkeypatch):
+    """Campaign seed 157: a first start recorded as the replica's owner, then killed before its first checkpoint;
+    the next start writes a new start marker (a new time and run id) in the same ledger, and its replica is still
+    its own. A replica with published checkpoints of that earlier start, or another directory's, is refused."""
+    def started(run: Path, t: float, rid: str) -> None:
+        run.mkdir(parents=True, exist_ok=True)
+        append_lines(run, {**marker("start", 0, identity={"train.seed": 1}, run=rid), "time": t})
+    s3_env(s3, monkeypatch)
+    run, remote = tmp_path / "run", f"s3://{BUCKET}/begun-again"
+    started(run, 1000.0, "a" * 32)
+    assert replicator(run, remote).pass_once()  # the first start's record, no checkpoint
+    assert owner.read(rep.Replica(str(remote)))["run"] == "a" * 32
+    started(run, 2000.0, "b" * 32)  # begun again from step 0
+    admit.check_at_start(str(remote), run, has_checkpoints=False)
+    make_run(run, [10])
+    assert replicator(run, remote).pass_once()
+    assert owner.read(rep.Replica(str(remote)))["run"] == "b" * 32
+    admit.check_at_start(str(remote), run, has_checkpoints=True)  # every later start: its own
+    started(run, 3000.0, "c" * 32)  # a start from 0 again, but the replica holds step 10 of "b"
+    with pytest.raises(rep.ReplicaError, match="already holds another run .*checkpoints up to step 10.*restore"):
+        admit.check_at_start(str(remote), run, has_checkpoints=False)
+    other, empty = tmp_path / "other", f"s3://{BUCKET}/begun-elsewhere"
+    started(other, 500.0, "d" * 32)
+    assert replicator(other, empty).pass_once()
+    with pytest.raises(rep.ReplicaError, match="another run .*no published checkpoint: .*delete its objects"):
+        admit.check_at_start(str(empty), run, has_checkpoints=True)
 
 
 def test_quarantine_reaches_the_replica(tmp_path):
@@ -482,7 +544,7 @@ def test_of_two_runs_started_at_once_on_one_empty_prefix_the_second_is_refused_a
     admit.check_at_start(uri, tmp_path / "first", has_checkpoints=False)  # the same run started again: its own
     first = make_run(tmp_path / "first", [10], seed=1)
     assert replicator(first, uri).pass_once()  # its first pass replaces the claim with the run's record
-    assert rep.Replica(uri).owner()["started"] == 1001.0
+    assert owner.read(rep.Replica(uri))["started"] == 1001.0
     with pytest.raises(rep.ReplicaError, match="already holds another run"):
         admit.check_at_start(uri, make_run(tmp_path / "second", [10], seed=2), has_checkpoints=True)
     assert not [k for k in rep.Replica(uri).listing() if k.startswith(rep.PROBE_PREFIX)]  # test writes removed

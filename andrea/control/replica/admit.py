@@ -1,21 +1,21 @@
 """Whether a run may use its replica, decided at its start before it writes anything in its run directory, and
-who the replica belongs to (control/replica/remote.py's `replica.json`).
+the run's record of itself that the replica's owner record holds (control/replica/owner.py's `replica.json`).
 
-Reads the run's ledger (its `start` marker: `run_record`), the replica's `replica.json` and listing, and the
-devices of the run directory and of a plain-path replica; writes, in the replica only, a test object (put, then
-deleted) and `replica.json`: the run's record, or for a run not started yet a provisional claim
+Reads the run's ledger (its `start` markers: `record_of`, `earlier_starts`), the replica's `replica.json` and
+listing, and the devices of the run directory and of a plain-path replica; writes, in the replica only, a test
+object (put, then deleted) and `replica.json`: the run's record, or for a run not started yet a provisional claim
 `{"format": 1, "claimed_by": {"host", "pid", "run_dir"}}` that the replicator's first pass replaces with the record
-(control/replica/replicator.py). The decisions are control/replica/plan.py's (`placement_problem`, `claim_holder`).
+(control/replica/replicator.py). The decisions are control/replica/plan.py's (`placement_problem`, `claim_holder`,
+`owner_verdict`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from pathlib import Path
 
-from andrea.control.replica import remote as rep
+from andrea.control.replica import owner, remote as rep
 from andrea.control.replica.plan import claim_holder, placement_problem
 from andrea.rundir.ledger import readable_entries
 from andrea.rundir.names import LEDGER_NAME
@@ -28,18 +28,30 @@ class ReplicaPlacementError(rep.ReplicaError):
 
 
 def run_record(run_dir: Path) -> dict | None:
-    """This run's {"identity", "started", "branched"}: the newest `start` marker of its ledger and the time of the
-    `branch` marker after it (an audit branch carries its parent's start marker, but is another run); None before
-    the run has a start marker. Lines that are no entries are skipped (the start reports them, and a `gap` marker
-    that `--accept-ledger-gap` writes lists them): they never make this run another one."""
-    entries = readable_entries(run_dir / LEDGER_NAME)
+    """This run's owner record (`record_of` its ledger); None before the run has a start marker."""
+    return record_of(readable_entries(run_dir / LEDGER_NAME))
+
+
+def record_of(entries: list[dict]) -> dict | None:
+    """This run's {"identity", "started", "branched", "run"} from its ledger's `entries`: the newest `start` marker
+    (its identity, time and run id) and the time of the `branch` marker after it (an audit branch carries its
+    parent's start marker, but is another run); None before the run has a start marker. Lines that are no
+    entries are skipped (the start reports them, and a `gap` marker that `--accept-ledger-gap` writes lists them):
+    they never make this run another one."""
     starts = [i for i, e in enumerate(entries) if e.get("event") == "start"]
     if not starts:
         return None
     start = entries[starts[-1]]
     branches = [e for e in entries[starts[-1]:] if e.get("event") == "branch"]
     return {"identity": start.get("identity"), "started": start.get("time"),
-            "branched": branches[-1].get("time") if branches else None}
+            "branched": branches[-1].get("time") if branches else None, "run": start.get("run")}
+
+
+def earlier_starts(entries: list[dict]) -> list[dict]:
+    """The {"run", "started"} of every `start` marker before the newest: this run directory's earlier starts from
+    step 0 (each began the run again; its replica may hold the record of one, plan.owner_verdict's "again")."""
+    starts = [e for e in entries if e.get("event") == "start"]
+    return [{"run": e.get("run"), "started": e.get("time")} for e in starts[:-1]]
 
 
 def check_at_start(uri: str, run_dir: Path, has_checkpoints: bool) -> str | None:
@@ -58,12 +70,13 @@ def check_at_start(uri: str, run_dir: Path, has_checkpoints: bool) -> str | None
                                         "disk or machine, or an object store); nothing was written", "other")
     try:
         replica = rep.Replica(uri, timeout_s=15)
-        record = run_record(run_dir) if run_dir.is_dir() else None
+        entries = readable_entries(run_dir / LEDGER_NAME) if run_dir.is_dir() else []
+        record, earlier = record_of(entries), earlier_starts(entries)
         me = claimant(run_dir)
-        remote = replica.owner()
+        remote = owner.read(replica)
         holder = claim_holder(remote, me, _alive(remote))
         if holder not in ("ours", "stale"):  # a provisional claim of this run directory's, or of a process gone
-            replica.check_owner(record)  # refuses another run (or one starting), or objects that are no replica
+            owner.check(replica, record, earlier)  # refuses another run (or one starting), or objects that are none
         try:
             replica.probe()
         except rep.ReplicaError as e:
@@ -71,18 +84,17 @@ def check_at_start(uri: str, run_dir: Path, has_checkpoints: bool) -> str | None
                 raise
             raise rep.ReplicaError(f"{e} (a test write at start): the replica cannot be written; nothing was "
                                    "written", "readonly") from None
-        provisional = json.dumps({"format": rep.FORMAT, "claimed_by": me}).encode()
         if record is not None and holder in ("ours", "stale"):
-            replica.put(rep.OWNER_KEY, json.dumps({"format": rep.FORMAT, **record}, indent=1).encode())
+            replica.put(owner.OWNER_KEY, owner.record_body(record))
         elif record is not None:
-            replica.claim(record)
+            owner.claim(replica, record, earlier)
         elif holder in ("ours", "stale"):
-            replica.put(rep.OWNER_KEY, provisional)
+            replica.put(owner.OWNER_KEY, owner.provisional(me))
         else:
             try:
-                replica.put(rep.OWNER_KEY, provisional, create=True)
+                replica.put(owner.OWNER_KEY, owner.provisional(me), create=True)
             except FileExistsError:  # another start got there between the read and this write
-                replica.check_owner(None)
+                owner.check(replica, None)
     except rep.ReplicaError as e:
         if e.kind == "unreachable" and has_checkpoints:
             return f"{e}; training goes on and the replica catches up when the store is back"

@@ -1,4 +1,5 @@
-"""A run's replica in object storage or on a second disk: the store, its layout, and what goes into it.
+"""A run's replica in object storage or on a second disk: the store, its layout, and what goes into it (who it
+belongs to, its `replica.json`, is control/replica/owner.py's).
 
 `checkpoint.replica` names it: an object-store URI (`s3://bucket/prefix`; `gs://`, `az://`, `memory://` come with
 the library) or a plain path (`/mnt/backup/run`, `file:///...`). S3 endpoint, region and credentials come from the
@@ -13,12 +14,8 @@ gives the plain-path replica the same semantics from the same code.
 
 Layout under the replica's prefix (the run directory's own names, rundir/names.py):
 
-    replica.json              {"format": 1, "identity": {...}, "started": T, "branched": B}: the run this replica
-                              belongs to (the `identity` and `time` of the ledger's `start` marker, and the time of
-                              the `branch` marker after it, null for a run that is no branch); written first, with
-                              create-if-absent, and checked before anything else is written; before a new run has a
-                              record, a provisional claim {"format": 1, "claimed_by": {"host", "pid", "run_dir"}}
-                              (control/replica/admit.py), replaced by the record at the run's first pass
+    replica.json              who the replica belongs to: the run's owner record, written first and checked
+                              before anything else is written (its format and checks: control/replica/owner.py)
     replica.probe-<pid>-<ns>  a start's test write (`Replica.probe`), deleted at once
     step_NNNNNN.bin           a checkpoint, byte for byte
     step_NNNNNN.<kind>.json   its companions (state, guard, ledger); `step_NNNNNN.sum.json` is uploaded LAST:
@@ -60,10 +57,8 @@ from andrea.rundir.names import (ARCHIVE_DIR, QUARANTINE_DIR, CONFIG_NAME, DATA_
                                  REPLICA_STATUS_NAME, STATE_NAME, TOKENIZER_NAME, WANDB_STATE_NAME, checkpoint_name,
                                  tmp_path)
 
-OWNER_KEY = "replica.json"
 PROBE_PREFIX = "replica.probe-"  # a start's test write (Replica.probe); a leftover one is no object of a run
 STATUS_NAME = REPLICA_STATUS_NAME
-FORMAT = 1
 CHUNK = 8 << 20  # bytes per read of a file being uploaded, and per multipart part
 SUM_RE = re.compile(r"^step_(\d{6,})\.sum\.json$")
 STEP_RE = re.compile(r"^step_(\d{6,})\.(bin|[a-z]+\.json)$")
@@ -206,46 +201,6 @@ class Replica:
                 return
             yield bytes(piece)
 
-    # --- the run's identity ----------------------------------------------------------------------------
-    def owner(self) -> dict | None:
-        data = self.get(OWNER_KEY)
-        if data is None:
-            return None
-        try:
-            return json.loads(data)
-        except ValueError:
-            raise ReplicaError(f"replica {self.uri}: {OWNER_KEY} is not JSON: not an andrea replica", "owner") from None
-
-    def check_owner(self, local: dict | None) -> dict | None:
-        """Refuse (ReplicaError "owner") a replica that holds another run, or objects that are not a replica.
-        `local`: this run's {"identity", "started"} (None: a run that has not started). Returns the record."""
-        remote = self.owner()
-        if remote is None:
-            if any(not k.startswith(PROBE_PREFIX) for k in self.listing()):
-                raise ReplicaError(f"replica {self.uri}: holds objects but no {OWNER_KEY}: not an andrea replica; "
-                                   "choose an empty prefix", "owner")
-            return None
-        if remote.get("started") is None and isinstance(remote.get("claimed_by"), dict):
-            raise ReplicaError(f"replica {self.uri}: another run is starting on it ({_short(remote['claimed_by'])}): "
-                               "choose another prefix", "owner")
-        if local is None or any(remote.get(k) != local.get(k) for k in ("started", "identity", "branched")):
-            raise ReplicaError(f"replica {self.uri}: already holds another run (started at {remote.get('started')}, "
-                               f"{_short(remote.get('identity'))}): choose another prefix, or `andrea restore` "
-                               "that run", "owner")
-        return remote
-
-    def claim(self, local: dict, claimant: dict | None = None) -> None:
-        """Record this run as the replica's owner (create-if-absent), or check the record already there; a
-        provisional claim by `claimant` (this process: check_at_start's) is replaced by the record."""
-        body = json.dumps({"format": FORMAT, **local}, indent=1).encode()
-        try:
-            self.put(OWNER_KEY, body, create=True)
-        except FileExistsError:  # there already (this run's, or another writer got there first): check it
-            remote = self.owner() or {}
-            if claimant is not None and remote.get("started") is None and remote.get("claimed_by") == claimant:
-                self.put(OWNER_KEY, body)
-        self.check_owner(local)
-
     def probe(self) -> None:
         """A test write (put, then delete) under the replica: ReplicaError when the store refuses writes (a
         read-only key, a read-only path) while it answers reads."""
@@ -288,12 +243,6 @@ class Replica:
                 f.write(piece)
                 n += len(piece)
         return n
-
-
-def _short(identity) -> str:
-    if not isinstance(identity, dict):
-        return "no identity"
-    return ", ".join(f"{k}={v}" for k, v in identity.items() if k != "tokenizer.sha256")
 
 
 # --- checkpoints -------------------------------------------------------------------------------------------

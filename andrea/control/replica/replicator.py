@@ -6,7 +6,9 @@ files (never the staging buffers) and talks to the store (control/replica/remote
 replica, not training. A store that is down or refusing is said in ONE warning line when it starts failing (and
 again only when the problem changes), retried with exponential backoff, and told once more when it is back;
 each of the two is also a ledger marker and a notice (`replica_down`, `replica_back`: rundir/incidents.py), handed
-to the event loop through `on_incident`.
+to the event loop through `on_incident`. An outage is the store's, not the process's: one a previous process
+ended with (a `replica_down` open on the record, `plan.open_outage`) is this process's from its start, so its
+first pass that reaches the store writes the `replica_back` that closes it.
 Passes start at most every MIN_INTERVAL seconds (commits landing faster coalesce: a bounded request rate, whatever
 the cadence), and each sends the newest checkpoint and the keep_every milestones the replica lacks. What to send,
 drop and say is decided in control/replica/plan.py (plain functions over plain data and an injected clock).
@@ -20,7 +22,7 @@ A process that ended between its rollback and its next pass leaves such a copy b
 process therefore compares the `.sum.json` of each published checkpoint the run directory also holds with the
 local one (a few hundred bytes each) and unpublishes the copies that differ (`Replicator._stale`).
 
-One pass (`sync`), in order: the owner check and claim of the replica (control/replica/remote.py's `replica.json`, before
+One pass (`sync`), in order: the owner check and claim of the replica (control/replica/owner.py's `replica.json`, before
 anything else is written), the abandoned timeline's checkpoints unpublished, run.toml, tokenizer.json, the
 sidecars, archive/, quarantine/ and data/ (a file there already at its size is never sent again), the checkpoints
 of the plan (each: `.bin` verified on the way and read back, companions, the ledger, then its `.sum.json`), the
@@ -33,8 +35,9 @@ are one of the parts the run's retention spares (`start_for`: `retention.spare("
 divergence guard's points and keep_best), so the newest checkpoint the replica holds is never deleted locally
 before a newer one is replicated.
 
-At a stop `finish(timeout)` asks for one last pass and waits for it at most `checkpoint.replica_wait` seconds; an
-upload still in flight then is abandoned (the store publishes nothing half-written) and the next start finishes it.
+At a stop `finish(timeout)` asks for one last pass and waits for it at most `checkpoint.replica_wait` seconds, then
+says in one line what the replica holds (`plan.stop_line`); an upload still in flight then is abandoned (the store
+publishes nothing half-written) and the next start finishes it.
 Test hook (andrea/testhooks.py): `ANDREA_TEST_REPLICA_BACKOFF=<seconds>`: the first retry's delay (1 s; doubling up to 60 s). Never set
 in production.
 """
@@ -52,10 +55,11 @@ from pathlib import Path
 
 from andrea import testhooks
 from andrea.control.guard.decisions import named_checkpoints
-from andrea.control.replica.admit import claimant, run_record
-from andrea.control.replica.plan import Health, superseded, upload_plan
+from andrea.control.replica.admit import claimant, earlier_starts, record_of
+from andrea.control.replica.plan import Health, open_outage, stop_line, superseded, upload_plan
 from andrea.rundir import checkpoint as ckpt, checksum, regular
-from andrea.control.replica import remote as rep
+from andrea.control.replica import owner, remote as rep
+from andrea.rundir.ledger import readable_entries
 from andrea.rundir.names import LEDGER_NAME, checkpoint_name, companion_path
 from andrea.rundir.retention import Retention
 
@@ -80,6 +84,7 @@ class Position:
     ledger_size: int | None = None
     sent: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (size, mtime_ns) uploaded
     claimed: bool = False
+    inherited: bool = False  # the record's open outage, if any, taken as this process's (once)
     compared: bool = False  # the published checkpoints' checksums compared with the run directory's (once)
 
 
@@ -141,7 +146,8 @@ class Replicator:
             ask = self._asked
             self._stopping = True
             self._cv.notify_all()
-            deadline = self.clock() + timeout
+            began = self.clock()
+            deadline = began + timeout
             while self._served < ask and self.thread.is_alive():
                 left = deadline - self.clock()
                 if left <= 0:
@@ -149,12 +155,9 @@ class Replicator:
                 self._cv.wait(min(left, 0.5))
             caught_up = self._served >= ask
         local = [s for s, _ in ckpt.list_checkpoints(self.run_dir)]
-        if caught_up:
-            log.info("replica %s: holds step %s", self.uri, self.newest)
-        else:
-            log.warning("replica %s: stopping after %.0fs without it (holds step %s, the newest checkpoint is %s); "
-                        "the next start uploads what is missing", self.uri, timeout, self.newest,
-                        local[-1] if local else None)
+        line = stop_line(self.uri, caught_up, self.newest, local[-1] if local else None, self.clock() - began,
+                         self.health.error is not None)
+        log.log(logging.INFO if caught_up else logging.WARNING, "%s", line)
         return caught_up
 
     def _run(self) -> None:
@@ -203,6 +206,7 @@ class Replicator:
             line = self.health.failed(error, self.clock())
             if line:
                 log.warning("%s", line)
+            if line and self.health.record(error.kind):  # not twice on the record: an outage left open is this one
                 self._incident("replica_down", problem=error.kind, error=str(error))
             if isinstance(e, rep.ReplicaError):
                 self._status()
@@ -244,13 +248,18 @@ class Replicator:
         self._retain(listing)
 
     def _claim(self) -> bool:
-        """The owner check and claim of the replica, once a process (before anything else is written); False
-        before the run has a start marker."""
+        """The owner check and claim of the replica, once a process (before anything else is written), after an
+        outage that a previous process left open on the record is taken as this one's (`open_outage`: the first
+        pass that succeeds then closes it with replica_back); False before the run has a start marker."""
         if not self.pos.claimed:
-            record = run_record(self.run_dir)
+            entries = readable_entries(self.run_dir / LEDGER_NAME)
+            record = record_of(entries)
             if record is None:
                 return False
-            self.replica.claim(record, claimant(self.run_dir))
+            if not self.pos.inherited:
+                self.health.inherit(open_outage(entries, self.uri), self.clock(), time.time())
+                self.pos.inherited = True
+            owner.claim(self.replica, record, earlier_starts(entries), claimant(self.run_dir))
             self.pos.claimed = True
         return True
 
