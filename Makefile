@@ -70,9 +70,11 @@ chaos: venv-test
 # The seeded campaign of random fault sequences (bench/campaign.py; docs/testing.md says how to read and replay one):
 # per seed, a run configuration and a sequence of faults drawn from the seed alone, each judged against the same
 # commands on a perfect machine; a failing seed is shrunk and printed with the command that replays it. One table at
-# the end. Opt-in, like `make chaos`: SEEDS=0-199 for a long one, SEEDS=17 replays seed 17.
+# the end, after the seeds it found failing replayed (tests/e2e/test_campaign.py's slow tests). Opt-in, like
+# `make chaos`: SEEDS=0-199 for a long one, SEEDS=17 replays seed 17.
 SEEDS ?= 0-9
 campaign: venv-test
+	$(PY) -m pytest -q -m slow tests/e2e/test_campaign.py
 	OMP_NUM_THREADS=1 $(PY) bench/campaign.py --seeds $(SEEDS) $(ARGS)
 
 # Mutations of the durable paths and the step boundary's order, one at a time in a scratch copy, each followed by

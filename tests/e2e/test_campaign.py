@@ -1,5 +1,6 @@
 """The seeded campaign of random fault sequences (bench/campaign.py; `make campaign` runs many seeds): two fixed
-seeds end to end, and the seeds it found failing, kept as regressions.
+seeds end to end, and the seeds it found failing, kept as regressions (their replays marked slow: `make campaign`
+runs them; the ones with a test of their own run in the suite).
 
 The two seeds meet, between them, a SIGKILL, a poisoned step (the guard's rollback), a pivot, a branch, a full
 disk (a tmpfs in a mount namespace: root only; otherwise the campaign skips it and says so) and a flipped bit in
@@ -64,6 +65,11 @@ REGRESSIONS = [
 ]
 
 
+# The replays run in `make campaign` (before its seeds), not in `make test`: each costs a sequence and its perfect
+# run (20-35 s on one worker), and each defect has its focused test in the suite: seeds 24 and 156,
+# tests/e2e/test_guard_run.py::test_losing_the_known_good_checkpoint_keeps_the_rollbacks_data_offset_and_lr_scale;
+# seed 64, tests/unit/control/guard/test_rollback.py's sealed-companion tests; seed 15 was the harness's own.
+@pytest.mark.slow
 @pytest.mark.parametrize("seed,events,reason", REGRESSIONS, ids=[f"seed{s}" for s, _, _ in REGRESSIONS])
 def test_a_seed_the_campaign_found_failing_holds(seed, events, reason, prepared, tmp_path):
     r = subprocess.run([sys.executable, "bench/campaign.py", "--seed", seed, "--events", events, "--shrink", "0",
