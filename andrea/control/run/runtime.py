@@ -84,7 +84,7 @@ class TrainingRun:
         self.device, self.kernels, self.init_from = device, kernels, init_from
         self.accept_ledger_gap = accept_ledger_gap  # continue past a ledger the checkpoint does not vouch for
         self.req = Requests()
-        self.started: Started | None = None  # what `start` built (the trainer, data, writer, guard, ledger)
+        self.started: Started | None = None  # what `start` built (trainer, data, writer, guard, ledger, views...)
         self.boundary: Boundary | None = None  # the run's position once it has started (step, cfg, data)
         self._cfg, self._resumed = cfg, 0  # until then: the configuration, and the step resumed from
         # Both threads wait on or launch GPU work: each makes this rank's GPU current first (a thread starts on
@@ -292,10 +292,10 @@ class TrainingRun:
         # stall watch, the launcher's late signals ignored (World.quiet: after the handlers are gone), the training
         # thread, then the I/O thread (every write queued, by either, has landed). Then `held`, what the run keeps
         # until then, newest first: the replica's bounded wait (its markers then go to the ledger directly, the I/O
-        # thread being done; its lag to the views), the views (W&B's last rows come from the ledger lines that
-        # wait sent), the ledger fsynced and closed (no writer of it is left), the lock (the next start may take
-        # the run directory only once every file in it is closed), and last the notices (delivered within
-        # notify.timeout_s, the run's end among them).
+        # thread being done), the views (they still hear what that wait tells: the replica's lag and markers), the
+        # ledger fsynced and closed (no writer of it is left), the lock (the next start may take the run directory
+        # only once every file in it is closed), and last the notices (delivered within notify.timeout_s, the
+        # run's end among them).
         with ExitStack() as held:
             held.callback(lambda: self.notifier.close(self.cfg.notify.timeout_s))
             lock = RunLock(self.run_dir)
