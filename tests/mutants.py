@@ -75,7 +75,7 @@ MUTANTS = [
            "        return sum(self.detector.flags) < max(1, self.cfg.persist - 1)\n",
            GUARD),
     Mutant("#28 AdamW bias correction at max(step, 1)", "andrea/control/run/trainer.py",
-           "self.state.v, step=step + 1, lr=lr,", "self.state.v, step=max(step, 1), lr=lr,",
+           "        hp = Hyper(step + 1, lr,", "        hp = Hyper(max(step, 1), lr,",
            ("tests/unit/control/run/test_trainer.py",)),
     # --- the one-process commit ------------------------------------------------------------------------------
     Mutant("O_DIRECT commit: no fsync before the rename", "andrea/rundir/checkpoint_write.py",
@@ -130,13 +130,13 @@ MUTANTS = [
            (DURABILITY, "-k", "rollback")),
     # --- the step boundary's order (issue #24): fake trainer and writer, no processes --------------------------
     Mutant("boundary: a pivot before its checkpoint", BOUNDARY_FILE,
-           "            action = boundary_action(self.step, stop_at, ck.every, self.req)\n            taken = True\n",
-           "            action = boundary_action(self.step, stop_at, ck.every, self.req)\n            taken = True\n"
-           "            if action.pivot:\n                await self.pivot()\n",
+           "        action = boundary_action(self.step, stop_at, ck.every, self.req)\n        taken = True\n",
+           "        action = boundary_action(self.step, stop_at, ck.every, self.req)\n        taken = True\n"
+           "        if action.pivot:\n            await self.pivot()\n",
            (BOUNDARY,)),
     Mutant("boundary: audits at the step a process starts from", BOUNDARY_FILE,
-           "            if self.step != self.start:\n                await self.audit()\n",
-           "            await self.audit()\n", (BOUNDARY,)),
+           "        if self.step != self.start:  # 5. the audits\n            await self.audit()\n",
+           "        await self.audit()\n", (BOUNDARY,)),
     Mutant("boundary: abandoned checkpoints deleted before the guard state", BOUNDARY_FILE,
            "        if sharing.from_leader(self.world, rollback.in_run_dir, g, self.run_dir):\n"
            "            self.feed.flush(force_sync=True)\n",
@@ -147,10 +147,10 @@ MUTANTS = [
     Mutant("boundary: no commit gate", BOUNDARY_FILE, "        if not guard.may_commit():", "        if False:",
            (BOUNDARY,)),
     Mutant("boundary: a stop before the stopping step's checkpoint", BOUNDARY_FILE,
-           "            taken = True\n", "            taken = True\n            if action.stop:\n                return True\n",
+           "        taken = True\n", "        taken = True\n        if action.stop:\n            return action, taken\n",
            (BOUNDARY,)),
     Mutant("boundary: a failed write never stops the run", BOUNDARY_FILE,
-           "                self.req.failed = self.writer.first_error  #", "                pass  #", (BOUNDARY,)),
+           "            self.req.failed = self.writer.first_error  #", "            pass  #", (BOUNDARY,)),
     Mutant("boundary: the rollback does not reload the known-good state", BOUNDARY_FILE,
            "        await loop.run_in_executor(self.train, trainer.load, payload)\n", "", (BOUNDARY,)),
 ]

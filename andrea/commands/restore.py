@@ -31,7 +31,7 @@ from andrea.control.replica.plan import same_run
 from andrea.rundir import checksum, regular
 from andrea.control.replica import owner as replica_owner, remote as rep
 from andrea.rundir.atomic import fsync_dir, write_atomic
-from andrea.rundir.ledger import ledger_problem
+from andrea.rundir.ledger_seal import ledger_problem
 from andrea.rundir.names import LEDGER_NAME, RESTORING_NAME, checkpoint_name, companion_path
 
 log = logging.getLogger("andrea.restore")

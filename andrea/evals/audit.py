@@ -91,6 +91,16 @@ class TaskAudit:
         except (OSError, evaltasks.TaskFileError) as e:
             raise ConfigError(f"eval.tasks: {e}") from None
         self.path, self.sha256 = path, taskfile.sha256
+
+    @classmethod
+    def configured(cls, cfg: RunConfig, codec: TextCodec) -> TaskAudit | None:
+        """The run's audit when `eval.tasks` is set, made absolute (run.toml keeps it so, whatever the next start's
+        working directory), read and tokenized now: a missing or bad file refuses the start before a step trains."""
+        if not cfg.eval.tasks:
+            return None
+        path = Path(cfg.eval.tasks).expanduser().absolute()
+        cfg.eval.tasks = str(path)
+        return cls(path, codec, cfg)
         self.block_size, self.batch_rows = cfg.model.block_size, cfg.eval.batch_rows
 
     def __call__(self, trainer: Trainer, beat: Callable[[], None] = lambda: None) -> dict:

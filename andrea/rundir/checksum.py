@@ -49,7 +49,7 @@ from andrea.errors import UserError
 from andrea.rundir import regular
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.jsonfile import read_json
-from andrea.rundir.ledger import run_id
+from andrea.rundir.ledger_seal import run_id
 from andrea.rundir.names import LEDGER_NAME, companion_path, step_of
 
 FORMAT = 1

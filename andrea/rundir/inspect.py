@@ -16,7 +16,7 @@ from pathlib import Path
 from andrea.errors import UserError
 from andrea.rundir import regular
 from andrea.rundir.checkpoint import CheckpointError, list_checkpoints, validate
-from andrea.rundir.ledger import tail_step
+from andrea.rundir.ledger_seal import tail_step
 from andrea.rundir.names import (CHECKPOINT_RE, COMPANION_RE, CONFIG_NAME, DATA_DIR, LEDGER_NAME, LOCK_NAME,
                                  MANIFEST_NAME, NEXT_POLICY_NAME, PID_NAME, REPLICA_STATUS_NAME, RESTORING_NAME,
                                  SAMPLES_NAME, STATE_NAME, TOKENIZER_NAME, WANDB_STATE_NAME)

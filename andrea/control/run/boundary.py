@@ -46,7 +46,7 @@ from andrea.control.guard.decisions import INCIDENT, SUSPECT, advice
 from andrea.control.mixture.proxy import Batch, DataProxy
 from andrea.control.run.observers import GuardCommits, Observer, Observers
 from andrea.control.run.records import StepRecord, StepRecords
-from andrea.control.run.signals import Requests, boundary_action
+from andrea.control.run.signals import Action, Requests, boundary_action
 from andrea.control.run.started import Started
 from andrea.control.observe import watchdog
 from andrea.control.observe.progress import Progress
@@ -94,44 +94,50 @@ class Boundary:
     # --- the sequence ------------------------------------------------------------------------------------
     async def cross(self, stop_at: int) -> bool:
         """Everything due at the boundary of step S, in order; True when the run stops here."""
-        loop = asyncio.get_running_loop()
         if self.batch is None:
-            self.batch = await loop.run_in_executor(None, self.proxy.batch, self.step)
-        while True:
-            ck = self.cfg.checkpoint
-            if self.writer.first_error and ck.on_write_error == "stop" and self.req.failed is None:
-                self.req.failed = self.writer.first_error  # every rank exits at the boundary that shares it
-            learned = ranks.share(self.world, self.req)
-            if self.req.pivot and not self.world.shared_dir:  # separate disks: rank 0's policy, sent
-                self.req.policy = ranks.leader_policy(self.world, self.req.policy, lambda: pivot.read_policy(
-                    self.run_dir / names.NEXT_POLICY_NAME, self.cfg))
-                self.req.pivot = self.req.policy is not None
-            elif learned:  # a hot pivot asked on rank 0: the same policy file
-                self.req.policy = pivot.read_policy(self.run_dir / names.NEXT_POLICY_NAME, self.cfg)
-            action = boundary_action(self.step, stop_at, ck.every, self.req)
-            taken = True
-            if action.checkpoint and self.writer.last_committed != self.step:
-                taken = await self.checkpoint()
-                if not taken and action.stop and self.req.stop is None:  # the step target held back: resolved
-                    self.guard.hold_target(self.step)  # as an incident (control/guard/decisions.py), never left short
-            if self.guard.pending is not None:
-                await self.rollback()
-                self.start = self.step
-                if self.req.stop is None:
-                    continue  # the boundary of the good step, crossed again
+            self.batch = await asyncio.get_running_loop().run_in_executor(None, self.proxy.batch, self.step)
+        action, taken = await self.requests_and_checkpoint(stop_at)  # 1 and 2
+        # 3. An incident: back to the known-good step, whose boundary is crossed again from 1. Only this repeats:
+        # each rollback is the guard's next attempt, and past guard.max_attempts `rollback` raises RunFailed (in
+        # practice once: the good step is on disk, so its boundary commits nothing a rank check could refuse).
+        while self.guard.pending is not None:
+            await self.rollback()
+            self.start = self.step
+            if self.req.stop is not None:
                 log.warning("%s during an incident: rolled back to %s, which is on disk; writing nothing more",
                             self.req.stop, self.guard.good["path"])
                 return True
-            if action.pivot and taken:  # a pivot waits for its checkpoint (the guard may hold it back)
-                await self.pivot()
-            if self.step != self.start:
-                await self.audit()
-            self.observers.on_settle(self.settled_step())
-            if action.stop:
-                return True
-            if self.req.failed:
-                raise RunFailed(self.req.failed)
-            return False
+            action, taken = await self.requests_and_checkpoint(stop_at)
+        if action.pivot and taken:  # 4. a pivot waits for its checkpoint (the guard may hold it back)
+            await self.pivot()
+        if self.step != self.start:  # 5. the audits
+            await self.audit()
+        self.observers.on_settle(self.settled_step())
+        if action.stop:  # 6.
+            return True
+        if self.req.failed:
+            raise RunFailed(self.req.failed)
+        return False
+
+    async def requests_and_checkpoint(self, stop_at: int) -> tuple[Action, bool]:
+        """1 and 2: the requests shared and decided, the checkpoint taken when due; (the action, taken or none due)."""
+        ck = self.cfg.checkpoint
+        if self.writer.first_error and ck.on_write_error == "stop" and self.req.failed is None:
+            self.req.failed = self.writer.first_error  # every rank exits at the boundary that shares it
+        learned = ranks.share(self.world, self.req)
+        if self.req.pivot and not self.world.shared_dir:  # separate disks: rank 0's policy, sent
+            self.req.policy = ranks.leader_policy(self.world, self.req.policy, lambda: pivot.read_policy(
+                self.run_dir / names.NEXT_POLICY_NAME, self.cfg))
+            self.req.pivot = self.req.policy is not None
+        elif learned:  # a hot pivot asked on rank 0: the same policy file
+            self.req.policy = pivot.read_policy(self.run_dir / names.NEXT_POLICY_NAME, self.cfg)
+        action = boundary_action(self.step, stop_at, ck.every, self.req)
+        taken = True
+        if action.checkpoint and self.writer.last_committed != self.step:
+            taken = await self.checkpoint()
+            if not taken and action.stop and self.req.stop is None:  # the step target held back: resolved
+                self.guard.hold_target(self.step)  # as an incident (control/guard/decisions.py), never left short
+        return action, taken
 
     def settled_step(self) -> int | None:
         """The newest step no resume or rollback can go below (settled_point)."""

@@ -21,8 +21,8 @@ from andrea.config.schema import RunConfig
 from andrea.control.mixture.bandit import BanditStateError
 from andrea.control.mixture.proxy import DataProxy
 from andrea.rundir import atomic, checkpoint as ckpt, names, regular, sidecars
-from andrea.rundir.ledger import (LedgerError, ledger_problem, marker, unlisted_lines, unreadable_lines,
-                                  unreadable_tail)
+from andrea.rundir.ledger import LedgerError, marker, unlisted_lines, unreadable_lines, unreadable_tail
+from andrea.rundir.ledger_seal import ledger_problem
 
 log = logging.getLogger("andrea.control.run")
 

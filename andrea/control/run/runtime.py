@@ -9,7 +9,9 @@ append submitted before a commit lands first.
 
 This module is the wiring: the lock and `train.pid`, signals turned into `Requests` (SIGTERM/SIGINT stop, SIGUSR1
 checkpoint, SIGHUP pivot; acted on at the next boundary), the start (trainer, data, --init-from or resume, the
-writer, the guard), then `Boundary.cross` / `Boundary.advance` until a stop, and the clean-up. Under torchrun
+writer, the guard, the views, the ledger's feed, the replica: each built once its collaborators exist and handed
+them then, never patched afterwards), then `Boundary.cross` / `Boundary.advance` until a stop, and the clean-up
+(two exit stacks: each release registered as its resource is acquired; `main` says the order). Under torchrun
 (`self.world`, andrea/control/parallel/distributed.py) every rank runs this loop in lockstep; the model is ZeRO-1 (andrea/control/parallel/zero.py),
 the commit is sharded (control/commit/shards.py); rank 0 alone holds the lock, the ledger, the sidecars and the audits.
 The watchdog (control/observe/watchdog.py) watches the threads while the step loop runs; notices (control/observe/notify.py) go
@@ -26,8 +28,8 @@ import logging
 import os
 import signal
 import sys
-import threading
 import uuid
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +51,7 @@ from andrea.control.guard.decisions import remedy_in_force
 from andrea.control.commit import shards
 from andrea.control.run.boundary import Boundary, RunFailed
 from andrea.control.run.heldout import HeldOut
-from andrea.control.run.ledger_feed import LedgerFeed
+from andrea.control.run.ledger_feed import LedgerFeed, ThreadMarkers, open_ledger
 from andrea.control.run.observers import Observer, ToNotices, ToReplica, ToViews
 from andrea.control.mixture.proxy import Batch, DataProxy
 from andrea.control.run.records import StepRecords
@@ -62,9 +64,9 @@ from andrea.data.preparation import Interrupted
 from andrea.control.parallel.distributed import World
 from andrea.control.observe.progress import Progress
 from andrea.control.observe import banner
-from andrea.rundir import atomic, checkpoint as ckpt, incidents, names
+from andrea.rundir import atomic, checkpoint as ckpt, names
 from andrea.rundir.names import LEDGER_NAME
-from andrea.rundir.ledger import LossLedger, marker, readable_entries
+from andrea.rundir.ledger import marker, readable_entries
 from andrea.rundir.retention import Retention
 from andrea.rundir.runlock import RunLock
 from andrea.control.run.trainer import Trainer
@@ -82,7 +84,7 @@ class TrainingRun:
         self.device, self.kernels, self.init_from = device, kernels, init_from
         self.accept_ledger_gap = accept_ledger_gap  # continue past a ledger the checkpoint does not vouch for
         self.req = Requests()
-        self.started: Started | None = None  # what `start` built (the trainer, data, writer, guard, ledger)
+        self.started: Started | None = None  # what `start` built (trainer, data, writer, guard, ledger, views...)
         self.boundary: Boundary | None = None  # the run's position once it has started (step, cfg, data)
         self._cfg, self._resumed = cfg, 0  # until then: the configuration, and the step resumed from
         # Both threads wait on or launch GPU work: each makes this rank's GPU current first (a thread starts on
@@ -93,12 +95,6 @@ class TrainingRun:
         self.train = watchdog.WatchedExecutor(self.beats, "train", thread_name_prefix="andrea-train",
                                               initializer=on_device)
         self.notifier = notify.Notifier(cfg.notify, run_dir, self.world.rank)
-        self.views: views.Views | None = None  # log.tensorboard, log.wandb: the ledger's lines as scalars
-        self.replicator: replicator.Replicator | None = None  # checkpoint.replica: copies off the machine
-        # Where a marker from another thread goes: "loop" (the event loop's feed), "direct" (the stop's wait for the
-        # replica: the loop is blocked in it and the I/O thread is done, so the replicator's thread appends), then
-        # "closed" (the ledger is closed: the log line is the record). Changed and used under _ledger_lock.
-        self._marker_route, self._ledger_lock = "loop", threading.Lock()
         self.early = early
         self.preparing = False  # rank 0 is preparing data (a stop then ends the preparation, not a step)
         self.skipped: list[str] = []  # newer checkpoints the start skipped as invalid, and why (control/run/resume.py)
@@ -167,32 +163,17 @@ class TrainingRun:
         finally:
             self.preparing = False
 
-    def open_ledger(self, info) -> tuple[LossLedger | ranks.FollowerLedger, LedgerFeed]:
-        """The ledger, checked first against what the checkpoint resumed from recorded of it (rank 0; a refusal
-        leaves the file as it found it), then opened (a crash's torn last line is cut) and fed. The check's
-        markers (`cut_tail`, `gap`) are durable before any other reader (W&B's backfill) reads the file."""
-        repairs = resume.check_ledger(self.run_dir, info, self.accept_ledger_gap) if self.world.leader else []
-        moved = resume.set_aside_newer(self.run_dir, info) if self.world.leader and info is not None else []
-        ledger = (LossLedger if self.world.leader else ranks.FollowerLedger)(self.run_dir / LEDGER_NAME)
-        feed = LedgerFeed(ledger, self.io)
-        if ledger.torn_bytes:
-            log.warning("%s: cut a torn last line of %d bytes left by a crash", LEDGER_NAME, ledger.torn_bytes)
-        if repairs:
-            ledger.append(repairs)
-            ledger.sync()
-        if moved:  # checkpoints quarantined, a resume below the newest: incidents on the record (rundir/incidents.py)
-            feed.lines += incidents.resume_markers(info.step, self.skipped, moved, names.QUARANTINE_DIR)
-        return ledger, feed
-
-    async def start(self) -> Started:
-        """The trainer, the data, the weights (--init-from or the checkpoint resumed from), the ledger, the writer
-        and the guard: everything the step loop needs, built in this order."""
+    async def start(self, held: ExitStack) -> Started:
+        """The trainer, the data, the weights (--init-from or the checkpoint resumed from), the ledger, the writer,
+        the guard, the views, the ledger's feed and the replica: everything the step loop needs, built in this
+        order, each with its collaborators. What must be released at the end registers its release on `held` as
+        it is acquired (main says the order)."""
         loop = asyncio.get_running_loop()
         trainer = await loop.run_in_executor(self.train, trainer_for, self.world, self.cfg, self.device, self.kernels)
         codec, arms = await loop.run_in_executor(self.train, self.prepare_data)
         if self.init_from is not None and self.world.leader:  # the tokenizer is the run's now: the checkpoint's?
             identity.check_init_from_tokenizer(self.init_from, identity.run_tokenizer_sha256(self.run_dir, self.cfg))
-        tasks = self.task_audit(codec) if self.world.leader else None
+        tasks = audit.TaskAudit.configured(self.cfg, codec) if self.world.leader else None
         # --init-from weights (safetensors, npz, an exported directory): loaded now, step 0, m = v = 0
         # (model/init_from.py)
         imported = await loop.run_in_executor(self.train, load_init_weights, self.init_from, trainer,
@@ -202,18 +183,47 @@ class TrainingRun:
         found = resume.resume_point(self.run_dir, self.init_from, trainer.n, self.skipped) \
             if self.world.leader and not imported else None
         info = None if imported else self.world.broadcast(found[0] if found is not None else None)
-        ledger, feed = self.open_ledger(info)
-        try:
-            proxy, writer, guard, meter, heldout, retention = await self.resume_or_begin(trainer, arms, info, found,
-                                                                                         imported, feed)
-        except BaseException:
-            ledger.close()  # fsynced and closed as main's clean-up closes a started run's
-            raise
+        ledger, ends, lines = open_ledger(self.run_dir, info, held, leader=self.world.leader,
+                                          accept_gap=self.accept_ledger_gap, skipped=self.skipped)
+        proxy, writer, guard, meter, heldout, retention = await self.resume_or_begin(trainer, arms, info, found,
+                                                                                     imported, lines)
+        shown = self.open_views(held) if self.world.leader else None
+        # every batch of ledger lines handed to the I/O thread goes to the views and the notices (rank 0)
+        feed = LedgerFeed(ledger, self.io, lines=lines, on_flush=notify.chain(
+            shown.add_records if shown is not None else None, self.notifier.lines) if self.world.leader else None)
+        if self.world.leader:
+            atomic.write_atomic(self.run_dir / names.CONFIG_NAME, self.cfg.to_toml().encode())
+        feed.flush(force_sync=True)
+        replica = None
+        if self.world.leader:  # after the start marker is durable: the replica is claimed with it
+            replica = replicator.start_for(self.cfg.checkpoint, self.run_dir, retention, shown,
+                                           resumed_from=self.step,
+                                           on_incident=ends.to_ledger(asyncio.get_running_loop(), feed,
+                                                                      lambda: self.step))
+        if replica is not None:
+            held.callback(self.finish_replica, replica, ends)
         return Started(cfg=self.cfg, run_dir=self.run_dir, world=self.world, step=self.step, trainer=trainer,
                        proxy=proxy, writer=writer, guard=guard, ledger=ledger, feed=feed, codec=codec, tasks=tasks,
-                       meter=meter, train=self.train, io=self.io, heldout=heldout, retention=retention)
+                       meter=meter, train=self.train, io=self.io, heldout=heldout, retention=retention, views=shown,
+                       replicator=replica)
 
-    async def resume_or_begin(self, trainer: Trainer, arms, info, found, imported: dict | None, feed: LedgerFeed):
+    def open_views(self, held: ExitStack) -> views.Views | None:
+        """log.tensorboard and log.wandb (the ledger on disk now is W&B's backfill), their close registered on
+        `held`: at the end each shows what the boundary's settled step releases, bounded (log.wandb_timeout_s)."""
+        log_every = self.cfg.train.log_every
+        shown = views.open_views(tensorboard.open_log(self.cfg.log, self.run_dir, self.step, log_every),
+                                 wandb_log.open_log(self.cfg.log, self.run_dir, self.cfg.to_dict(), log_every))
+        if shown is not None:
+            held.callback(lambda: shown.close(self.boundary.settled_step() if self.boundary is not None else None))
+        return shown
+
+    def finish_replica(self, replica: replicator.Replicator, ends: ThreadMarkers) -> None:
+        """The stop's wait for the replica, bounded (checkpoint.replica_wait, then exit all the same): the event loop
+        is blocked in it and the I/O thread is done, so the replicator's markers go to the ledger directly."""
+        ends.direct()
+        replica.finish(self.cfg.checkpoint.replica_wait)
+
+    async def resume_or_begin(self, trainer: Trainer, arms, info, found, imported: dict | None, lines: list):
         """The start's second half: the first marker (`start`, or `resume` from this run's checkpoint; the weights of
         either checkpoint loaded), then the guard as the checkpoint left it, the held-out history, the retention
         policy and the writer. Returns (proxy, writer, guard, meter, heldout, retention)."""
@@ -232,7 +242,7 @@ class TrainingRun:
 
         if info is None:
             proxy = DataProxy(self.cfg, arms)
-            feed.lines.append(start(0, **(imported or {})))
+            lines.append(start(0, **(imported or {})))
         else:  # on separate disks rank 0 reads and validates, and sends the others theirs (control/parallel/sharing.py)
             def read() -> np.ndarray:  # rank 0 has it; another rank of a shared directory reads its own
                 return found[1] if found is not None else ckpt.read_payload(info.path, trainer.n)[1]
@@ -241,9 +251,9 @@ class TrainingRun:
             self._resumed = info.step
             proxy = resume.restore_proxy(self.cfg, self.run_dir, arms, info, sharing.json_reader(self.world))
             if info.path.parent == self.run_dir:
-                feed.lines.append(marker("resume", info.step, phase=proxy.phase, **measure, **{"from": info.path.name}))
+                lines.append(marker("resume", info.step, phase=proxy.phase, **measure, **{"from": info.path.name}))
             else:  # --init-from a checkpoint: a new run, continuing that one's w, m and v from its step
-                feed.lines.append(start(info.step, phase=proxy.phase, **{"from": str(info.path.resolve())}))
+                lines.append(start(info.step, phase=proxy.phase, **{"from": str(info.path.resolve())}))
         ledger_remedy = lambda: sharing.from_leader(  # noqa: E731  (the companion's copy, when it is lost)
             self.world, lambda: remedy_in_force(readable_entries(self.run_dir / LEDGER_NAME), info.step))
         guard, warning = rollback.load_guard(self.cfg, info, self.run_dir, (imported or {}).get("from"),
@@ -263,15 +273,6 @@ class TrainingRun:
         trainer.lr_scale, proxy.data_offset = guard.remedy["lr_scale"], guard.remedy["data_offset"]
         return proxy, writer, guard, meter, heldout, retention
 
-    def task_audit(self, codec) -> audit.TaskAudit | None:
-        """eval.tasks, made absolute (run.toml keeps it so, whatever the next start's working directory), read
-        and tokenized now: a missing or bad file refuses the start before a step is trained."""
-        if not self.cfg.eval.tasks:
-            return None
-        path = Path(self.cfg.eval.tasks).expanduser().absolute()
-        self.cfg.eval.tasks = str(path)
-        return audit.TaskAudit(path, codec, self.cfg)
-
     def mfu_meter(self, n_params: int) -> mfu.Meter:
         """MFU of this process (andrea/control/observe/mfu.py): the model's FLOPs per token against the peak of every rank's device
         (bf16: the autocast the trainer runs under on CUDA), over the last `max(train.log_every, 10)` steps."""
@@ -286,10 +287,32 @@ class TrainingRun:
     # --- the loop ------------------------------------------------------------------------------------------
     async def main(self, stop_at: int, out=sys.stdout) -> int:
         loop = asyncio.get_running_loop()
-        lock = RunLock(self.run_dir)
-        if self.world.leader:  # train.pid: rank 0's pid, so `andrea ctl` and SIGHUP reach it directly
-            lock.acquire()
-        install_handlers(loop, self.on_signal)
+        # Each release is registered as its resource is acquired and runs in the reverse order (ExitStack), in
+        # two layers. `working`, what does the work, is released first: the signal handlers (no new request), the
+        # stall watch, the launcher's late signals ignored (World.quiet: after the handlers are gone), the training
+        # thread, then the I/O thread (every write queued, by either, has landed). Then `held`, what the run keeps
+        # until then, newest first: the replica's bounded wait (its markers then go to the ledger directly, the I/O
+        # thread being done), the views (they still hear what that wait tells: the replica's lag and markers), the
+        # ledger fsynced and closed (no writer of it is left), the lock (the next start may take the run directory
+        # only once every file in it is closed), and last the notices (delivered within notify.timeout_s, the
+        # run's end among them).
+        with ExitStack() as held:
+            held.callback(lambda: self.notifier.close(self.cfg.notify.timeout_s))
+            lock = RunLock(self.run_dir)
+            if self.world.leader:  # train.pid: rank 0's pid, so `andrea ctl` and SIGHUP reach it directly
+                lock.acquire()
+            held.callback(lock.release)
+            with ExitStack() as working:
+                for release in (self.io.shutdown, self.train.shutdown):
+                    working.callback(release, wait=True)
+                working.callback(self.world.quiet)
+                working.callback(self.stalls.stop)
+                install_handlers(loop, self.on_signal)
+                working.callback(remove_handlers, loop)
+                return await self.live(stop_at, held, out)
+
+    async def live(self, stop_at: int, held: ExitStack, out) -> int:
+        """The process's life once it holds the run: the start, the banner and the `ready` line, the step loop."""
         if self.early is not None and self.early.deadline is not None:  # a start blocked on this thread: bounded too
             self.early.deadline.chain((signal.SIGTERM, signal.SIGINT))
         for sig in self.early.received if self.early else ():
@@ -301,20 +324,7 @@ class TrainingRun:
             for stale in ckpt.remove_stale_tmp(self.run_dir) if self.world.view == self.world.rank else ():
                 log.warning("removed %s left by an interrupted write (never read as a checkpoint or sidecar)",
                             stale.relative_to(self.run_dir))
-            run = self.started = await self.start()
-            if self.world.leader:
-                log_every = self.cfg.train.log_every
-                self.views = views.open_views(
-                    tensorboard.open_log(self.cfg.log, self.run_dir, self.step, log_every),
-                    wandb_log.open_log(self.cfg.log, self.run_dir, self.cfg.to_dict(), log_every))
-                run.feed.on_flush = notify.chain(self.views.add_records if self.views is not None else None,
-                                                 self.notifier.lines)
-                atomic.write_atomic(self.run_dir / names.CONFIG_NAME, self.cfg.to_toml().encode())
-            run.feed.flush(force_sync=True)
-            if self.world.leader:  # after the start marker is durable: the replica is claimed with it
-                self.replicator = replicator.start_for(self.cfg.checkpoint, self.run_dir, run.retention, self.views,
-                                                       resumed_from=self.step,
-                                                       on_incident=self.marker_from_thread(loop, run.feed))
+            run = self.started = await self.start(held)
             if self.world.leader:  # what is about to run (control/observe/banner.py)
                 for line in banner.lines(self.cfg, preset=banner.preset_of(self.cfg.model), n_params=run.trainer.n,
                                          step=self.step, stop_at=stop_at, device=str(self.device),
@@ -333,31 +343,13 @@ class TrainingRun:
         except Exception:
             self.stalls.explain()  # a hung peer's end may be what failed here
             raise
-        finally:
-            remove_handlers(loop)
-            self.stalls.stop()
-            self.world.quiet()
-            self.train.shutdown(wait=True)
-            self.io.shutdown(wait=True)
-            with self._ledger_lock:
-                self._marker_route = "direct" if self.started is not None else "closed"
-            if self.replicator is not None:  # bounded: checkpoint.replica_wait, then exit all the same
-                self.replicator.finish(self.cfg.checkpoint.replica_wait)
-            if self.views is not None:  # each bounded (log.wandb_timeout_s)
-                self.views.close(self.boundary.settled_step() if self.boundary is not None else None)
-            with self._ledger_lock:
-                self._marker_route = "closed"
-                if self.started is not None:
-                    self.started.ledger.close()
-            lock.release()
-            self.notifier.close(self.cfg.notify.timeout_s)
 
     def observers(self, run: Started) -> list[Observer]:
         """What the boundary tells of its evals, commits, rollbacks and pivots besides the guard and the held-out
         history (control/run/observers.py): the views, the replica, the notices, the plateau."""
-        subscribers: list[Observer] = [ToViews(self.views)] if self.views is not None else []
-        if self.replicator is not None:
-            subscribers.append(ToReplica(self.replicator))
+        subscribers: list[Observer] = [ToViews(run.views)] if run.views is not None else []
+        if run.replicator is not None:
+            subscribers.append(ToReplica(run.replicator))
         return [*subscribers, ToNotices(self.notifier.send),
                 Plateau(self.cfg.notify.plateau_evals, run.heldout, run.feed)]
 
@@ -389,33 +381,6 @@ class TrainingRun:
         log.info("stopped at step %d (%s); newest checkpoint %s", self.step,
                  self.req.stop or "step target reached", names.checkpoint_name(run.writer.last_committed or 0))
         return 0
-
-    def marker_from_thread(self, loop: asyncio.AbstractEventLoop, feed: LedgerFeed):
-        """`put(kind, detail)` for another thread (the replicator's outage and catch-up): the marker joins the
-        ledger's lines on the event loop, at the step the run is at then, and goes out at once, fsynced (and so to
-        the notices)."""
-        def on_loop(kind: str, detail: dict) -> None:
-            feed.lines.append(marker(kind, self.step, **detail))
-            feed.flush(force_sync=True)
-
-        def put(kind: str, detail: dict) -> None:
-            with self._ledger_lock:
-                route = self._marker_route
-                if route == "direct":  # the stop waits for the replica (a replica_back then is the record's end)
-                    line = marker(kind, self.step, **detail)
-                    feed.ledger.append([line])
-                    feed.ledger.sync()
-                    if feed.on_flush is not None:
-                        feed.on_flush([line])
-                    return
-            try:
-                if route == "loop":
-                    loop.call_soon_threadsafe(on_loop, kind, detail)
-                    return
-            except RuntimeError:  # the loop has ended
-                pass
-            log.info("%s after the run's end: not in the ledger (%s)", kind, detail)
-        return put
 
     def _append_marker(self, line: dict) -> None:
         """On the I/O thread: one marker appended and fsynced (after everything queued before it)."""

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
     from andrea.control.guard.decisions import Guard
     from andrea.control.mixture.proxy import DataProxy
     from andrea.control.observe.mfu import Meter
+    from andrea.control.observe.views import Views
     from andrea.control.parallel.distributed import World
     from andrea.control.parallel.ranks import FollowerLedger
+    from andrea.control.replica.replicator import Replicator
     from andrea.control.run.heldout import HeldOut
     from andrea.control.run.ledger_feed import LedgerFeed
     from andrea.control.run.trainer import Trainer
@@ -50,3 +52,5 @@ class Started:
     io: Executor  # the FIFO I/O thread: every file write, in submission order
     heldout: HeldOut  # the validation losses of the effective timeline (control/run/heldout.py; empty off rank 0)
     retention: Retention  # the one retention policy, the writer's and the replica's (rundir/retention.py)
+    views: Views | None = None  # log.tensorboard, log.wandb: the ledger's lines as scalars (rank 0, when on)
+    replicator: Replicator | None = None  # checkpoint.replica: copies off the machine (rank 0, when set)

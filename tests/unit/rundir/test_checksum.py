@@ -39,7 +39,8 @@ def test_a_checkpoint_names_the_run_of_the_ledger_it_was_committed_on(tmp_path):
     import numpy as np
 
     from andrea.rundir import checksum, names
-    from andrea.rundir.ledger import LossLedger, run_id
+    from andrea.rundir.ledger import LossLedger
+    from andrea.rundir.ledger_seal import run_id
     from andrea.rundir.checkpoint_write import commit_checkpoint
 
     def start(run_dir, run):

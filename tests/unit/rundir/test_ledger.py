@@ -109,8 +109,7 @@ class SpyLedger:
 
 def test_the_feed_hands_lines_over_at_its_cadence_and_fsyncs_at_its_own():
     clock, led, seen = Clock(), SpyLedger(), []
-    feed = LedgerFeed(led, Inline(), clock=clock)
-    feed.on_flush = lambda lines: seen.append(len(lines))
+    feed = LedgerFeed(led, Inline(), on_flush=lambda lines: seen.append(len(lines)), clock=clock)
     feed.lines.append(entry(1))
     feed.flush()
     assert led.appended == [] and feed.lines  # not due: the lines wait on the event loop
