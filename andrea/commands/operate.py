@@ -2,7 +2,8 @@
 
     status   RUN_DIR [--json]              a dozen lines (control/observe/status_view.py), or the whole report, trainer pid
     ctl      RUN_DIR checkpoint|stop|status [--timeout S]   a running trainer: SIGUSR1, SIGTERM, or the status
-    pivot    RUN_DIR --policy NEW.toml     new caps/floors; a running trainer gets it by SIGHUP (hot pivot)
+    pivot    RUN_DIR --policy NEW.toml [--anneal N]   new caps/floors (and a warmdown); a running trainer gets it by
+                                           SIGHUP (hot pivot)
     branch   RUN_DIR --step S --to NEW_DIR [--config F] [--set k=v]   an audit branch from step_S.bin
     compare  DIR_A DIR_B [--out PNG]       both loss curves from the branch point; which is lower at the end
                                            (the picture: compare.png in the working directory without --out)
@@ -172,10 +173,16 @@ def cmd_ctl(args: argparse.Namespace) -> int:
 def cmd_pivot(args: argparse.Namespace) -> int:
     run_dir, policy_file = Path(args.run_dir), Path(args.policy)
     cfg = configload.run_config(run_dir)
-    new_cfg = pivot.read_policy(policy_file, cfg)
+    raw, text = configload.read_toml(policy_file), policy_file.read_bytes()
+    if args.anneal is not None:  # a polish pivot: the policy file's [anneal] table, added (control/mixture/pivot.py)
+        if "anneal" in raw:
+            raise ConfigError(f"{policy_file}: holds an [anneal] table already; --anneal would be a second one")
+        raw["anneal"] = {"steps": args.anneal}
+        text = text.rstrip(b"\n") + f"\n\n[anneal]\nsteps = {args.anneal}\n".encode()
+    new_cfg = pivot.parse_policy(raw, cfg, str(policy_file))
     if is_locked(run_dir):
         pid = read_pid(run_dir)
-        write_atomic(run_dir / NEXT_POLICY_NAME, policy_file.read_bytes())
+        write_atomic(run_dir / NEXT_POLICY_NAME, text)
         os.kill(pid, signal.SIGHUP)
         print(f"trainer pid {pid} is running: sent SIGHUP for a hot pivot to {policy_file}")
         return 0
@@ -189,12 +196,14 @@ def cmd_pivot(args: argparse.Namespace) -> int:
         phase = state.get("phase", 0) + 1 if isinstance(state, dict) else 1
         ledger = LossLedger(run_dir / LEDGER_NAME)
         try:
-            ledger.append([pivot.apply_pivot(run_dir, new_cfg, info.step, phase)])
+            ledger.append([pivot.apply_pivot(run_dir, pivot.at_step(new_cfg, info.step), info.step, phase)])
         finally:
             ledger.close()
     finally:
         lock.release()
-    print(f"pivoted {run_dir} at {info.path.name}: phase {phase}; the next start trains under the new policy")
+    n = new_cfg.train.anneal_steps if new_cfg.train.anneal_at == pivot.PENDING else 0
+    anneal = f", its lr warming down to min_lr by step {info.step + n}" if n else ""
+    print(f"pivoted {run_dir} at {info.path.name}: phase {phase}; the next start trains under the new policy{anneal}")
     return 0
 
 
@@ -359,6 +368,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("pivot", help="switch a run to new caps and floors (SIGHUP if it is running)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory")
     p.add_argument("--policy", required=True, metavar="NEW.toml", help="a TOML file with one [policy] table")
+    p.add_argument("--anneal", type=int, metavar="N", help="a polish pivot: the lr also warms down from its value "
+                   "at the pivot's step to min_lr over N steps, recorded in run.toml (default: no anneal)")
     p.set_defaults(func=cmd_pivot)
 
     p = sub.add_parser("branch", help="start an audit branch from a checkpoint")

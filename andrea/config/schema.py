@@ -105,12 +105,17 @@ class TrainConfig:
     schedule: str = "cosine"
     """cosine | wsd (andrea/optim/schedule.py). cosine: from lr after the warmup to min_lr at lr_decay_steps.
     wsd: warmup, lr held constant, then a warmdown of warmdown_steps ending at lr_decay_steps: a run without a fixed
-    end keeps lr_decay_steps far ahead and anneals when it is asked for a finished model (a branch or a pivot
-    setting lr_decay_steps to the step + N and warmdown_steps to N)."""
+    end keeps lr_decay_steps far ahead and anneals when it is asked for a finished model (a branch setting
+    lr_decay_steps to the step + N and warmdown_steps to N, or a pivot's anneal: anneal_at, anneal_steps)."""
     warmdown_steps: int = 0
     """schedule = "wsd": the warmdown's length in steps, from lr to min_lr (at least 1 with wsd)."""
     warmdown_shape: str = "linear"
     """schedule = "wsd": linear | 1-sqrt (the lr falls as 1 − √progress: faster at first, Hägele et al. 2024)."""
+    anneal_at: int = 0
+    """A pivot's anneal (`andrea pivot --anneal N` records it): the step it starts at, the pivot's."""
+    anneal_steps: int = 0
+    """A pivot's anneal: from anneal_at the lr goes from its value there to min_lr over this many steps (wsd: in
+    warmdown_shape; cosine: linearly), min_lr after (andrea/optim/schedule.py); 0: no anneal."""
     weight_decay: float = 0.1
     """AdamW decoupled weight decay, on matrices only (not biases or LayerNorm gains)."""
     beta1: float = 0.9
@@ -219,6 +224,9 @@ class TrainConfig:
         if self.schedule == "wsd" and not 1 <= self.warmdown_steps <= self.lr_decay_steps:
             raise ConfigError(f"train.warmdown_steps={self.warmdown_steps} must be 1 to train.lr_decay_steps="
                               f"{self.lr_decay_steps} with train.schedule=wsd (its warmdown ends at lr_decay_steps)")
+        if self.anneal_at < 0 or self.anneal_steps < 0:
+            raise ConfigError(f"train.anneal_at={self.anneal_at} and train.anneal_steps={self.anneal_steps} must be "
+                              f">= 0 (a pivot's anneal; 0 steps: none)")
         if optimizers.problem(self.optimizer):
             raise ConfigError(optimizers.problem(self.optimizer))
         if "muon_lr" in optimizers.get(self.optimizer).keys and not self.lr > 0:

@@ -1,15 +1,21 @@
 """A run without a fixed end (train.schedule = "wsd"), finished at any step: `andrea branch --anneal N` warms the
-lr down over N steps from a checkpoint while the run goes on, replayed byte for byte; `export --average K` exports
-the mean of the last K checkpoints' weights. Real `python -m andrea` processes on the tiny preset."""
+lr down over N steps from a checkpoint while the run goes on, replayed byte for byte; a polish pivot
+(`andrea pivot --anneal N`) anneals the run itself, hot or offline, across a stop in its middle; `export --average
+K` exports the mean of the last K checkpoints' weights. Real `python -m andrea` processes on the tiny preset."""
 
 from __future__ import annotations
+
+import re
+import shutil
+import signal
+import tomllib
 
 import numpy as np
 import pytest
 
-from andrea.rundir import names
+from andrea.rundir import checkpoint as ckpt, names
 from andrea.rundir.ledger import history
-from tests.runs import andrea, andrea_here, ledger, seed_data, train
+from tests.runs import Trainer, andrea, andrea_here, ledger, seed_data, train
 
 WSD = ["--set", "train.schedule=wsd", "--set", "train.lr_decay_steps=100000", "--set", "train.warmdown_steps=1000",
        "--set", "train.warmup_steps=4", "--checkpoint-every", "5", "--set", "sample.every=1000",
@@ -64,3 +70,59 @@ def test_export_average_is_the_mean_of_the_last_k_checkpoints_weights(endless, t
     assert not np.array_equal(got, ten)
     many = andrea_here("export", str(endless), "--out", str(tmp_path / "many"), "--average", "9")
     assert many.returncode != 0 and "--average 9" in many.stderr and not (tmp_path / "many").exists()
+
+
+POLICY = "[policy]\nfloors = { pydoc-topics = 0.6 }\n"
+
+
+def test_a_hot_anneal_pivot_stopped_in_its_middle_ends_on_the_offline_pivots_bytes_at_min_lr(endless, tmp_path):
+    """A running wsd trainer gets `pivot --anneal 8` (SIGHUP), pivots at its next cadence checkpoint P, is stopped
+    by SIGTERM inside the anneal and resumed to P + 9; the same pivot done offline at P and trained through
+    without a stop writes the same step_{P+9}.bin. The lr falls from the plateau's at every step of the anneal
+    and the update of step P + 8 (the ledger's entry P + 9) runs at min_lr; run.toml and the marker record it."""
+    (tmp_path / "p.toml").write_text(POLICY)
+    hot = shutil.copytree(endless, tmp_path / "hot")
+    t = Trainer(hot, "--steps", "100000", *WSD, "--set", "checkpoint.usr1='cadence'", "--set", "train.log_every=1",
+                extra_env={"ANDREA_TEST_STEP_DELAY": "0.3"})
+    try:
+        t.wait_for(lambda l: "step 11/" in l, 90)
+        made = andrea_here("pivot", str(hot), "--policy", str(tmp_path / "p.toml"), "--anneal", "8")
+        assert made.returncode == 0, made.stderr
+        pivot_step = int(re.search(r"pivot at step (\d+)", t.wait_for(lambda l: "pivot at step" in l, 60)).group(1))
+        t.wait_for(lambda l: f"step {pivot_step + 3}/" in l, 60)
+        t.proc.send_signal(signal.SIGTERM)
+        assert t.wait_exit(60) == 0
+    finally:
+        t.kill()
+    stopped = ckpt.list_checkpoints(hot)[-1][0]
+    assert pivot_step < stopped < pivot_step + 8  # the stop fell inside the anneal
+    end = pivot_step + 9
+    assert train(hot, "--steps", str(end), *WSD).returncode == 0
+    offline = shutil.copytree(endless, tmp_path / "offline")
+    if pivot_step > 10:
+        assert train(offline, "--steps", str(pivot_step), *WSD).returncode == 0
+    done = andrea_here("pivot", str(offline), "--policy", str(tmp_path / "p.toml"), "--anneal", "8")
+    assert done.returncode == 0 and f"by step {pivot_step + 8}" in done.stdout, done.stderr
+    assert train(offline, "--steps", str(end), *WSD).returncode == 0
+    name = names.checkpoint_name(end)
+    assert (hot / name).read_bytes() == (offline / name).read_bytes()
+    for run in (hot, offline):
+        recorded = tomllib.loads((run / names.CONFIG_NAME).read_text())["train"]
+        assert (recorded["anneal_at"], recorded["anneal_steps"]) == (pivot_step, 8)
+        (mark,) = [e for e in ledger(run) if e.get("event") == "pivot"]
+        assert mark["anneal"] == {"at": pivot_step, "steps": 8}
+        lr = {e["step"]: e["lr"] for e in history(ledger(run)) if "event" not in e}
+        assert lr[5] == lr[pivot_step] == lr[pivot_step + 1]  # the plateau up to the pivot's own step
+        assert all(lr[s + 1] < lr[s] for s in range(pivot_step + 1, end))
+        assert lr[end] == 3e-4  # andrea-tiny's min_lr, the warmdown's floor
+
+
+def test_a_second_anneal_pivot_is_refused_in_one_line_and_changes_nothing(endless, tmp_path):
+    run = shutil.copytree(endless, tmp_path / "run")
+    (tmp_path / "p.toml").write_text(POLICY)
+    assert andrea_here("pivot", str(run), "--policy", str(tmp_path / "p.toml"), "--anneal", "4").returncode == 0
+    before = (run / names.CONFIG_NAME).read_bytes(), (run / ".loss.json").read_bytes()
+    again = andrea_here("pivot", str(run), "--policy", str(tmp_path / "p.toml"), "--anneal", "4")
+    assert again.returncode == 2 and "anneals already from step 10 over 4 steps" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    assert ((run / names.CONFIG_NAME).read_bytes(), (run / ".loss.json").read_bytes()) == before

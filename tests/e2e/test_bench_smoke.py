@@ -174,6 +174,19 @@ def test_verify_tokens_bench_prints_its_cost_per_gb(tmp_path):
     assert not list(tmp_path.iterdir())  # its file is removed
 
 
+def test_anytime_bench_quick_prints_an_anneal_a_cosine_and_an_average_at_each_point():
+    """bench/anytime.py --quick: one row per point (12 steps: 5, 10 and the run's end), each with four distinct
+    held-out losses where the anneal has more than one step (an anneal, a cosine, a tail average that all equal
+    the plateau's would mean one of them never ran)."""
+    result = run_bench("bench/anytime.py", "--quick", "--jobs", "2", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = re.findall(r"^\| (\d+) \(anneal from (\d+)\) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$",
+                      result.stdout, re.M)
+    assert [(int(p), int(s)) for p, s, *_ in rows] == [(5, 4), (10, 8), (12, 10)]
+    for _, _, *losses in rows[1:]:
+        assert len(set(losses)) == 4, losses
+
+
 def test_recipe_bench_quick_prints_the_sweeps_and_the_anchors(tmp_path):
     """bench/recipe.py --quick: every subject swept on the same batches, its best row with the held-out loss and the
     steps to nanoGPT's final loss, and the anchors' figures printed as measured elsewhere."""

@@ -179,6 +179,8 @@ BENCH_TESTS = {
     "bench/chaos.py":
         "tests/e2e/test_chaos.py::test_the_chaos_run_reaches_its_target_with_the_fault_free_bytes_and_reports_every_fault",
     "bench/recipe.py": "tests/e2e/test_bench_smoke.py::test_recipe_bench_quick_prints_the_sweeps_and_the_anchors",
+    "bench/anytime.py":
+        "tests/e2e/test_bench_smoke.py::test_anytime_bench_quick_prints_an_anneal_a_cosine_and_an_average_at_each_point",
     "bench/campaign.py": "tests/e2e/test_campaign.py::test_two_fixed_seeds_hold_against_the_perfect_machine",
 }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -136,7 +137,8 @@ def resumed_from_10(run, stopped, launch) -> None:
 
 def test_normuon_on_wsd_resumes_bit_exact_in_one_process_and_on_two_ranks(prepared, tmp_path):
     """train.optimizer = normuon (its second moment in v, its scheduled momentum and decay) on train.schedule = wsd
-    (the warmdown crossing the resume): 1 -> 1 and 2 -> 2 end in the bytes of the run that never stopped."""
+    (the warmdown crossing the resume): 1 -> 1 and 2 -> 2 end in the bytes of the run that never stopped, and the
+    two ranks follow the one process step by step within the documented tolerance (tests/sharding.py)."""
     def one(run):
         r = train(run, "--steps", str(TARGET), *NORMUON, *QUIET)
         assert r.returncode == 0, r.stderr[-4000:]
@@ -152,14 +154,41 @@ def test_normuon_on_wsd_resumes_bit_exact_in_one_process_and_on_two_ranks(prepar
         v = np.frombuffer(final(run), dtype="<f4", offset=8).reshape(3, -1)[2]
         assert (v != 0).any()  # NorMuon's second moments and AdamW's, in the file
         assert andrea_here("verify", str(run)).returncode == 0
+    got = {e["step"]: e for e in history(ledger(tmp_path / "two")) if "event" not in e}
+    ref = {e["step"]: e for e in history(ledger(tmp_path / "one")) if "event" not in e}
+    assert sorted(got) == sorted(ref) == list(range(1, TARGET + 1))
+    for s in ref:
+        assert got[s]["lr"] == ref[s]["lr"], s  # one schedule, the warmdown's steps included
+        assert got[s]["loss"] == pytest.approx(ref[s]["loss"], rel=LOSS_RTOL), s
+        assert got[s]["grad_norm"] == pytest.approx(ref[s]["grad_norm"], rel=NORM_AT_START if s == 1 else NORM_RTOL)
 
 
-def test_the_guard_rolls_a_normuon_run_back_and_it_heals(prepared, tmp_path):
+def test_the_guard_rolls_a_normuon_run_back_and_a_stop_after_the_rollback_resumes_into_its_bytes(prepared, tmp_path):
+    """normuon on wsd, a non-finite step 15 (ANDREA_TEST_POISON_STEPS): rolled back, it heals to TARGET; the same
+    run stopped by SIGTERM after its rollback and resumed (its remedy read back from the guard's record) ends in the
+    same step_TARGET.bin and guard record as the run that went through."""
+    guarded = [*NORMUON, *QUIET, "--set", "guard.confirm_steps=5"]
     run = seed_data(prepared, tmp_path / "run")
-    r = train(run, "--steps", str(TARGET), *NORMUON, *QUIET, "--set", "guard.confirm_steps=5",
-              extra_env={"ANDREA_TEST_POISON_STEPS": "15"})
+    r = train(run, "--steps", str(TARGET), *guarded, extra_env={"ANDREA_TEST_POISON_STEPS": "15"})
     assert r.returncode == 0, r.stderr[-4000:]
     [rollback] = [e for e in ledger(run) if e.get("event") == "rollback"]
     assert rollback["from"] == 15 and rollback["step"] in (5, 10), rollback
     assert [e["step"] for e in history(ledger(run)) if "event" not in e] == list(range(1, TARGET + 1))
     assert andrea_here("verify", str(run)).returncode == 0
+    stopped = seed_data(prepared, tmp_path / "stopped")
+    t = Trainer(stopped, "--steps", str(TARGET), *guarded, "--set", "train.log_every=1",
+                extra_env={"ANDREA_TEST_POISON_STEPS": "15", "ANDREA_TEST_STEP_DELAY": "0.3"})
+    try:
+        t.wait_for(lambda line: "guard: rolled back from step" in line, 120)
+        first = next(i for i, line in enumerate(t.lines) if "rolled back" in line)
+        t.wait_for(lambda line: f"step {rollback['step'] + 2}/" in line and t.lines.index(line) > first, 60)
+        t.proc.send_signal(signal.SIGTERM)
+        assert t.wait_exit(60) == 0
+    finally:
+        t.kill()
+    assert checkpoints(stopped)[-1] < TARGET and [e for e in ledger(stopped) if e.get("event") == "rollback"]
+    again = train(stopped, "--steps", str(TARGET), *guarded)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert final(stopped) == final(run)
+    guard = names.checkpoint_name(TARGET).replace(".bin", ".guard.json")
+    assert (stopped / guard).read_bytes() == (run / guard).read_bytes()

@@ -282,7 +282,8 @@ class Boundary:
     async def pivot(self) -> None:
         """At the pivot checkpoint: the archive, queued after that checkpoint's commit on the FIFO I/O thread and
         awaited, then a new phase under the new policy, drawn from the same step."""
-        new_cfg, step, phase = self.req.policy, self.step, self.proxy.phase + 1
+        step, phase = self.step, self.proxy.phase + 1
+        new_cfg = pivot.at_step(self.req.policy, step)  # a pending anneal starts at this step
         self.req.pivot, self.req.policy = False, None
         self.feed.flush(force_sync=True)
 
@@ -294,7 +295,7 @@ class Boundary:
             (self.run_dir / names.NEXT_POLICY_NAME).unlink(missing_ok=True)
 
         await asyncio.get_running_loop().run_in_executor(self.io, archive)
-        self.cfg = new_cfg
+        self.cfg = self.trainer.cfg = new_cfg  # the trainer's lr follows an anneal from the step it trains next
         log.warning("pivot at step %d: phase %d under caps %s floors %s", step, phase, new_cfg.policy.caps,
                     new_cfg.policy.floors)
         self.proxy = DataProxy(new_cfg, self.proxy.arms, phase=phase, phase_start=step)
