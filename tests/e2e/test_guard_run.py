@@ -1,7 +1,7 @@
 """The divergence guard end to end: real `python -m andrea train` processes on the tiny preset.
 
 Two ways to make a run diverge, for two kinds of assertion:
-- `ANDREA_TEST_POISON_STEPS=<n>[,<n>...]` (control/run/runtime.py's test hook): the step record of step n reads
+- `ANDREA_TEST_POISON_STEPS=<n>[,<n>...]` (control/run/step_hooks.py, the step's one test seam): the step record of step n reads
   loss = NaN the first time the process reaches n, a non-finite incident at exactly that step on every machine.
   The tests that need the guard in one exact situation (the known-good checkpoint a later one than the start,
   the attempts used up) construct it with this hook, so they exercise the same case on every CPU.

@@ -1,4 +1,4 @@
-"""The policy pivot (docs/operating.md#pivots): new caps and floors, same weights, m, v and loss history.
+"""The policy pivot (docs/operating.md#pivots-and-branches): new caps and floors, same weights, m, v and loss history.
 
 Reads a policy file (a TOML file with a `[policy]` table: caps, floors and optionally the bandit's knobs) and
 the run's `run.toml`; writes `run.toml` with the new policy, moves `.state.json` and `.samples.json` into

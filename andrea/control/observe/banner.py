@@ -43,12 +43,20 @@ def lines(cfg: RunConfig, *, preset: str | None, n_params: int, step: int, stop_
         f"model: {what}, {n_params:,} params ({m.n_layer} layers, d {m.n_embd}, {m.n_head} heads, ctx "
         f"{m.block_size}, vocab {m.vocab_size:,}); {device}/{kernels}{ranks}",
         f"batch: {tc.batch_size} x {m.block_size} = {tokens:,} tokens/step; {opt} lr {tc.lr:g}, "
-        f"{tc.warmup_steps:,} warm-up steps, {schedule} to {tc.min_lr:g} at {tc.lr_decay_steps:,}",
+        f"{tc.warmup_steps:,} warm-up steps, {decay(tc, schedule)}",
         f"checkpoints: every {ck.every:,} steps into {run_dir} (last {ck.keep_last} kept + every "
         f"{ck.keep_every:,}th); replica: {replica}",
         f"target: step {stop_at:,} {begin}: {left:,} steps, {count(left * tokens)} tokens (`--steps N` moves it); "
         f"log every {tc.log_every}",
     ]
+
+
+def decay(tc, schedule: str) -> str:
+    """Where the lr ends: the schedule's own end, or a pivot's recorded anneal (optim/schedule.py), which replaces it."""
+    if getattr(tc, "anneal_steps", 0):
+        end = tc.anneal_at + tc.anneal_steps
+        return f"annealed from step {tc.anneal_at:,} to {tc.min_lr:g} at {end:,} (a pivot's anneal)"
+    return f"{schedule} to {tc.min_lr:g} at {tc.lr_decay_steps:,}"
 
 
 def count(n: int) -> str:

@@ -64,7 +64,7 @@ SUM_RE = re.compile(r"^step_(\d{6,})\.sum\.json$")
 STEP_RE = re.compile(r"^step_(\d{6,})\.(bin|[a-z]+\.json)$")
 SIDECARS = (STATE_NAME, SAMPLES_NAME, WANDB_STATE_NAME)  # .wandb.json: a restored run goes on in its W&B run
 UPLOAD_DELAY = testhooks.replica_delay()  # test hook ANDREA_TEST_REPLICA_DELAY (andrea/testhooks.py)
-EXTRA_MISSING = ("the replica needs the `replica` extra: pip install 'andrea[replica]' (obstore); or train without "
+EXTRA_MISSING = ("the replica needs the `replica` extra: pip install -e '.[replica]' from andrea's clone (obstore); or train without "
                  "one (--set checkpoint.replica=\"\")")
 
 

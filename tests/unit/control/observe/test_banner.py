@@ -28,3 +28,12 @@ def test_the_lines_say_what_runs_where_and_until_when():
                      f"{cfg.checkpoint.keep_last} kept + every {cfg.checkpoint.keep_every:,}th); "
                      "replica: s3://bucket/runs/a")
     assert target.startswith("target: step 200,000 from step 1,200: 198,800 steps, 3.26B tokens (`--steps N`")
+
+
+def test_a_recorded_anneal_is_where_the_lr_ends():
+    cfg = configload.load(preset="andrea-tiny", overrides=["train.schedule=wsd", "train.warmdown_steps=400",
+                                                          "train.anneal_at=300", "train.anneal_steps=60"])
+    _, batch, _, _ = banner.lines(cfg, preset="andrea-tiny", n_params=1, step=310, stop_at=360, device="cpu",
+                                  kernels="torch", run_dir=Path("/srv/runs/a"))
+    assert batch.endswith(f"annealed from step 300 to {cfg.train.min_lr:g} at 360 (a pivot's anneal)"), batch
+    assert "at 2,000" not in batch  # the schedule's own horizon no longer says where the lr ends
