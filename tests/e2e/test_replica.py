@@ -66,8 +66,13 @@ def test_health_says_one_line_per_problem_and_one_when_back():
 def test_classify_names_the_problem():
     kinds = {msg: rep.classify("s3://b/p", Exception(msg)).kind for msg in
              ("<Code>NoSuchBucket</Code>", "<Code>InvalidAccessKeyId</Code>", "error sending request for url",
-              "<Code>QuotaExceeded</Code>", "something else")}
-    assert list(kinds.values()) == ["bucket", "credentials", "unreachable", "full", "other"]
+              "<Code>QuotaExceeded</Code>", "something else",
+              "Server returned non-2xx status code: 503 Service Unavailable: <Code>SlowDown</Code>",
+              "Server returned non-2xx status code: 500 Internal Server Error: ",
+              "Server returned non-2xx status code: 507 Insufficient Storage")}
+    assert list(kinds.values()) == ["bucket", "credentials", "unreachable", "full", "other", "unavailable",
+                                    "unavailable", "full"]
+    assert set(rep.PASSING) == {"unreachable", "unavailable"}  # a start of a run with checkpoints trains through
     assert "\n" not in str(rep.classify("s3://b/p", Exception("a\nb\nc")))
 
 
@@ -686,3 +691,39 @@ def test_s3_checks_the_etag_a_plain_path_reads_back(s3, tmp_path, monkeypatch):
         Counting.read_backs = 0
         rep.upload_checkpoint(Counting(uri), run, 10, lambda: None)
         assert Counting.read_backs == read_backs, uri
+
+
+def test_a_store_answering_server_errors_is_trained_through_by_a_run_with_checkpoints(tmp_path, monkeypatch):
+    """A store that has just restarted, or throttles, answers 503 (or 500) to every request: a first start is
+    refused in one line (nothing proves the replica can work), a run with checkpoints trains on with a warning
+    and its replica catches up later, as it does for an unreachable store. It used to be refused (exit 1) like a
+    store that refuses this replica for good. A loopback server plays the store."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Busy(BaseHTTPRequestHandler):
+        def answer(self):
+            body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+            self.send_response(503)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = answer
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for key, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.server_address[1]}",
+                           "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+                           "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(key, value)
+        run = make_run(tmp_path / "run", [10])
+        said = admit.check_at_start(f"s3://{BUCKET}/busy", run, has_checkpoints=True)
+        assert said is not None and "server error" in said and "training goes on" in said, said
+        with pytest.raises(rep.ReplicaError, match="server error") as refused:
+            admit.check_at_start(f"s3://{BUCKET}/busy", tmp_path / "fresh", has_checkpoints=False)
+        assert refused.value.kind == "unavailable"
+    finally:
+        server.shutdown()

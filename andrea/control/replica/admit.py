@@ -59,7 +59,7 @@ def check_at_start(uri: str, run_dir: Path, has_checkpoints: bool) -> str | None
     the run's own filesystem (`placement_problem`), a replica that holds another run or that another run is
     claiming at this moment, a store that refuses a test write (a read-only key or path), a missing bucket, refused
     credentials, or (first start) an unreachable store; a warning line when a run that has checkpoints finds its
-    store unreachable (training goes on, the replica catches up later). Then claims the replica: with the run's
+    store unreachable or answering with server errors (training goes on, the replica catches up later). Then claims the replica: with the run's
     record, or provisionally (`claimed_by`) for a run not started yet, so that of two runs started at once on one
     empty prefix the second is refused here."""
     if not rep.is_uri(uri):
@@ -80,7 +80,7 @@ def check_at_start(uri: str, run_dir: Path, has_checkpoints: bool) -> str | None
         try:
             replica.probe()
         except rep.ReplicaError as e:
-            if e.kind == "unreachable":
+            if e.kind in rep.PASSING:
                 raise
             raise rep.ReplicaError(f"{e} (a test write at start): the replica cannot be written; nothing was "
                                    "written", "readonly") from None
@@ -96,7 +96,7 @@ def check_at_start(uri: str, run_dir: Path, has_checkpoints: bool) -> str | None
             except FileExistsError:  # another start got there between the read and this write
                 owner.check(replica, None)
     except rep.ReplicaError as e:
-        if e.kind == "unreachable" and has_checkpoints:
+        if e.kind in rep.PASSING and has_checkpoints:
             return f"{e}; training goes on and the replica catches up when the store is back"
         raise
     return None

@@ -70,11 +70,14 @@ EXTRA_MISSING = ("the replica needs the `replica` extra: pip install -e '.[repli
 
 class ReplicaError(UserError, RuntimeError):
     """The store refused or could not be reached: one line naming the replica and the problem; `kind` is
-    bucket | credentials | unreachable | full | owner | corrupt | missing | readonly | other."""
+    bucket | credentials | unreachable | unavailable | full | owner | corrupt | missing | readonly | other."""
 
     def __init__(self, message: str, kind: str = "other"):
         super().__init__(message)
         self.kind = kind
+
+
+PASSING = ("unreachable", "unavailable")  # kinds a run with checkpoints trains through (the replica catches up)
 
 
 def is_uri(target: str) -> bool:
@@ -97,6 +100,12 @@ def classify(uri: str, e: BaseException) -> ReplicaError:
         ("unreachable", ("error sending request", "Connection refused", "connection refused", "timed out",
                          "dns error", "tcp connect", "operation timed out", "Timeout"),
          f"the endpoint cannot be reached ({os.environ.get('AWS_ENDPOINT_URL', 'the default endpoint')})"),
+        # after "full" (507): a server error is the store's passing state (starting, overloaded, throttling), not
+        # an answer about this replica
+        ("unavailable", ("status code: 500", "status code: 502", "status code: 503", "status code: 504",
+                         "Internal Server Error", "Service Unavailable", "Bad Gateway", "Gateway Timeout",
+                         "<Code>SlowDown</Code>", "<Code>InternalError</Code>", "<Code>ServiceUnavailable</Code>"),
+         "the store answers with a server error (starting, overloaded or throttling)"),
     ]
     for kind, needles, what in checks:
         if any(n in text for n in needles):
