@@ -198,3 +198,15 @@ def test_recipe_bench_quick_prints_the_sweeps_and_the_anchors(tmp_path):
     assert all(len(runs) == 2 and runs[0]["curve"][0][0] == 0 for runs in res["sweeps"].values())
     assert "| andrea, modern+NorMuon | muon_lr 0.02, 0.04 | " in result.stdout
     assert re.search(r"^\| \*\*nanochat\*\* .*measured elsewhere\) \| \| \| \| 3\.712 \| 49 \|$", result.stdout, re.M)
+
+def test_clip_bench_quick_prints_a_row_per_clip_with_the_gradient_norms():
+    """bench/clip.py --quick: one row per grad_clip value, each with its held-out loss and the pre-clip norms; a
+    clip that binds on every step (0.05 here, below every norm) changes the loss, one that never binds does not."""
+    result = run_bench("bench/clip.py", "--quick", "--clips", "0,100,0.05", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line
+            and "grad_clip" not in line]
+    assert [float(r[0]) for r in rows] == [0.0, 100.0, 0.05]
+    off, loose, tight = (float(r[1]) for r in rows)
+    assert off == loose != tight  # clipping at 100 never binds: the same bytes; at 0.05 every step is cut
+    assert all(int(r[6]) >= 0 and " of " in r[7] for r in rows)

@@ -165,6 +165,7 @@ BENCH_TESTS = {
     "bench/guard.py": "tests/e2e/test_guard_run.py::test_defaults_never_trigger_on_the_tiny_whole_schedule",  # -m slow
     "bench/guard_series.py": "tests/e2e/test_guard_run.py::test_the_issues_healthy_seeds_raise_no_alarm_in_their_warm_up",
     "bench/train.py": "tests/e2e/test_bench_smoke.py::test_train_bench_runs_both_loops_in_parity",
+    "bench/clip.py": "tests/e2e/test_bench_smoke.py::test_clip_bench_quick_prints_a_row_per_clip_with_the_gradient_norms",
     "bench/memory.py": "tests/e2e/test_microbatch.py::test_the_memory_bench_runs_and_prints_its_table",
     "bench/prepare.py": "tests/e2e/test_bench_prepare.py::test_the_prepare_bench_prints_its_table_with_a_verdict",
     "bench/kernels.py": "tests/e2e/test_bench_smoke.py::test_kernel_bench_runs_every_kernel_on_tiny_shapes",
