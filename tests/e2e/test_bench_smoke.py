@@ -185,3 +185,18 @@ def test_recipe_bench_quick_prints_the_sweeps_and_the_anchors(tmp_path):
     assert all(len(runs) == 2 and runs[0]["curve"][0][0] == 0 for runs in res["sweeps"].values())
     assert "| andrea, modern+NorMuon | muon_lr 0.02, 0.04 | " in result.stdout
     assert re.search(r"^\| \*\*nanochat\*\* .*measured elsewhere\) \| \| \| \| 3\.712 \| 49 \|$", result.stdout, re.M)
+
+def test_recipe_bench_ablation_runs_a_subject_with_model_extras_against_the_plain_one(tmp_path):
+    """bench/recipe.py's "<subject>+<extra>" subjects: the extra reaches the model (another loss on the same tokens),
+    and the ablation table gives its change against the plain subject run alongside, and its relative step cost."""
+    out = tmp_path / "recipe.json"
+    result = run_bench("bench/recipe.py", "--quick", "--only", "modern+NorMuon", "modern+NorMuon+softcap+relu2",
+                       "--grid", "modern+NorMuon=0.04", "--grid", "modern+NorMuon+softcap+relu2=0.04",
+                       "--json", str(out), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweeps = json.loads(out.read_text())["sweeps"]
+    plain, extra = sweeps["modern+NorMuon"][0]["final"], sweeps["modern+NorMuon+softcap+relu2"][0]["final"]
+    assert plain != extra
+    row = re.search(r"^\| softcap\+relu2 \| 0\.04 \| ([\d.]+) \| ([+-][\d.]+) \| \S+ \| ([\d.]+)× \|$", result.stdout,
+                    re.M)
+    assert row and abs(float(row[2]) - (round(extra, 3) - round(plain, 3))) < 1.5e-3, result.stdout
