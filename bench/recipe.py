@@ -15,6 +15,7 @@ the two reads around the crossing ("-" if never).
     python bench/recipe.py --json out.json # also every curve
     python bench/recipe.py --ablation --jobs 2   # modern+NorMuon at muon_lr 0.06 with each model extra alone
     python bench/recipe.py --only modern+NorMuon+softcap+relu2 --grid modern+NorMuon+softcap+relu2=0.04,0.06
+    python bench/recipe.py --ablation --step-cost 10   # CPU time per step only, the subjects interleaved
 
 A subject named "<subject>+<extra>+<extra>…" is that subject with those model extras on (EXTRAS: nanochat's, each a
 ModelConfig key, andrea/model/modern.py); the ablation table gives each one's held-out loss at the last step, its
@@ -33,7 +34,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -124,7 +125,7 @@ def reads(steps: int) -> list[int]:
 
 
 def train_run(job) -> dict:
-    cfg, train_batches, held_out, steps = job
+    cfg, train_batches, held_out, steps = job  # steps: where the run stops (the schedule's horizon is cfg's)
     torch.set_num_threads(1)
     trainer = Trainer(cfg, torch.device("cpu"), kernels="torch")
     wanted, curve, t0, cpu = set(reads(steps)), [], time.perf_counter(), 0.0
@@ -172,6 +173,24 @@ def ablation_table(sweeps: dict[str, list[dict]], size: Size) -> str:
     return "\n".join(lines)
 
 
+def step_costs(cfgs: dict[str, object], train_batches, steps: int, rounds: int = 3) -> dict[str, float]:
+    """Median CPU seconds per training step of each configuration, measured in this one process, the subjects
+    interleaved round by round (`steps` steps each per round, after one untimed step), so the machine's load
+    weighs on all of them alike: runs timed apart on a shared machine differ by ±15 % for identical math."""
+    torch.set_num_threads(1)
+    trainers = {name: Trainer(cfg, torch.device("cpu"), kernels="torch") for name, cfg in cfgs.items()}
+    for t in trainers.values():
+        t.train_step(0, *train_batches[0])
+    times: dict[str, list[float]] = {name: [] for name in trainers}
+    for _ in range(rounds):
+        for name, t in trainers.items():
+            c0 = time.process_time()
+            for step in range(1, steps + 1):
+                t.train_step(step, *train_batches[step])
+            times[name].append((time.process_time() - c0) / steps)
+    return {name: sorted(v)[len(v) // 2] for name, v in times.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny shape, 12 steps, two-point sweeps")
@@ -181,12 +200,19 @@ def main() -> int:
     parser.add_argument("--grid", action="append", default=[], metavar="SUBJECT=V1,V2",
                         help="sweep SUBJECT over these values instead (a machine too busy for the whole sweep)")
     parser.add_argument("--ablation", action="store_true",
-                        help=f"{ABLATED} and {ABLATED}+<extra> for each extra, at muon_lr 0.06 (quick: 0.04)")
+                        help=f"{ABLATED} and {ABLATED}+<extra> for each extra (or the --only subjects), at muon_lr "
+                             f"0.06 (quick: 0.04)")
+    parser.add_argument("--step-cost", type=int, metavar="STEPS",
+                        help="instead of training: each subject's CPU time per step (its first grid value), "
+                             "interleaved in one process, three rounds of STEPS steps")
+    parser.add_argument("--until", type=int, metavar="STEP",
+                        help="stop every run at this step (the schedule unchanged): the curve's start, its steps to "
+                             f"{TARGET} and the step cost, for a fraction of the time")
     args = parser.parse_args()
     size = QUICK if args.quick else FULL
     names = args.only or ([] if args.ablation else list(SUBJECTS))
-    if args.ablation:
-        names += [n for n in [ABLATED] + [f"{ABLATED}+{e}" for e in EXTRAS] if n not in names]
+    if args.ablation and not args.only:
+        names += [ABLATED] + [f"{ABLATED}+{e}" for e in EXTRAS]
     subjects = {name: subject(name) for name in names}
     if args.ablation:
         for name in subjects:
@@ -201,7 +227,17 @@ def main() -> int:
         _, arms = prepare(cfg0.data, Path(tmp), size.vocab_size, size.block_size)
         train_batches = batches(arms, size, size.steps, 1337, "train")
         held_out = batches(arms, size, size.held_out, 1338, "val")
-    jobs = [(name, value, (config(size, arch, fixed, key, value, model), train_batches, held_out, size.steps))
+    if args.step_cost:
+        first = {name: config(size, arch, fixed, key, (quick if args.quick else full)[0], model)
+                 for name, (arch, fixed, model, key, full, quick) in subjects.items()}
+        costs = step_costs(first, train_batches, args.step_cost)
+        ref = next(iter(costs.values()))
+        print("| subject | CPU seconds per step | relative to the first |\n|---|---|---|")
+        for name, c in costs.items():
+            print(f"| {name} | {c:.3f} | {c / ref:.2f}× |")
+        return 0
+    stop = min(args.until or size.steps, size.steps)
+    jobs = [(name, value, (config(size, arch, fixed, key, value, model), train_batches, held_out, stop))
             for name, (arch, fixed, model, key, full, quick) in subjects.items()
             for value in (quick if args.quick else full)]
     with ProcessPoolExecutor(args.jobs) as pool:
@@ -209,6 +245,7 @@ def main() -> int:
     sweeps: dict[str, list[dict]] = {}
     for (name, value, _), r in zip(jobs, results):
         sweeps.setdefault(name, []).append({"value": value, **r})
+    size = replace(size, steps=stop)  # the table's "at step": where the runs stopped
     print(f"| who | swept | final held-out loss (sweep) | best | held-out loss at step {size.steps} | steps to "
           f"{TARGET} |")
     print("|---|---|---|---|---|---|")
