@@ -13,6 +13,14 @@ the two reads around the crossing ("-" if never).
     python bench/recipe.py --jobs 3        # the sweeps and the table (12 runs of ~200 s of one idle core each)
     python bench/recipe.py --quick         # smoke: a tiny shape, 12 steps, two-point sweeps (seconds)
     python bench/recipe.py --json out.json # also every curve
+    python bench/recipe.py --ablation --jobs 2   # modern+NorMuon at muon_lr 0.06 with each model extra alone
+    python bench/recipe.py --only modern+NorMuon+softcap+relu2 --grid modern+NorMuon+softcap+relu2=0.04,0.06
+    python bench/recipe.py --ablation --step-cost 10   # CPU time per step only, the subjects interleaved
+
+A subject named "<subject>+<extra>+<extra>…" is that subject with those model extras on (EXTRAS: nanochat's, each a
+ModelConfig key, andrea/model/modern.py); the ablation table gives each one's held-out loss at the last step, its
+change against the plain subject's (run alongside, else BASELINE), steps to 5.018 and its CPU seconds per step
+relative to the plain subject's (process time, so a machine shared with other work counts less).
 
 Reads the embedded arms; writes the markdown report to stdout. Losses are a pure function of the seed on one
 machine. The anchors' rows are constants (ANCHORS), measured outside the project by issue 54 on the same setup.
@@ -26,7 +34,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +71,12 @@ class Size:
 
 FULL = Size(4, 4, 128, 128, 4096, 16, 300, 15, 10, 300_000)
 QUICK = Size(1, 2, 32, 32, 300, 4, 12, 2, 2, 60_000)
+EXTRAS = {  # name -> the model keys it sets: nanochat's extras (issue 54)
+    "softcap": {"logit_softcap": 15.0}, "embed_norm": {"embed_norm": True}, "rope1e5": {"rope_base": 1e5},
+    "qk1.2": {"qk_scale": 1.2}, "relu2": {"mlp": "relu2"},
+}
+ABLATED = "modern+NorMuon"  # the subject --ablation adds each extra to, at muon_lr 0.06 (its best point)
+BASELINE = 3.710  # modern+NorMuon at muon_lr 0.06 (docs/benchmarks.md), when the ablation does not rerun it
 NORMUON = {"optimizer": "normuon", "grad_clip": 0.0, "muon_momentum": 0.97, "muon_weight_decay": 0.1}
 # subject -> (arch, fixed train keys, the swept key, its full grid, its quick grid)
 SUBJECTS = {
@@ -74,7 +88,22 @@ SUBJECTS = {
 }
 
 
-def config(size: Size, arch: str, fixed: dict, key: str, value: float):
+def subject(name: str) -> tuple:
+    """SUBJECTS' entry, the "+extra" suffixes of `name` (EXTRAS) added as model keys:
+    (arch, fixed train keys, model keys, swept key, full grid, quick grid)."""
+    base, extras = name, []
+    while base not in SUBJECTS and "+" in base:
+        base, extra = base.rsplit("+", 1)
+        extras.insert(0, extra)
+    if base not in SUBJECTS or any(e not in EXTRAS for e in extras):
+        raise SystemExit(f"recipe.py: {name!r}: not a subject ({', '.join(SUBJECTS)}) with extras from "
+                         f"{', '.join(EXTRAS)}")
+    arch, fixed, key, full, quick = SUBJECTS[base]
+    model = {k: v for e in extras for k, v in EXTRAS[e].items()}
+    return arch, fixed, model, key, full, quick
+
+
+def config(size: Size, arch: str, fixed: dict, key: str, value: float, model_keys: dict | None = None):
     train = {"batch_size": size.batch_size, "warmup_steps": size.warmup, "lr_decay_steps": size.steps,
              "steps": size.steps, **fixed, key: value}
     lr = train.get("lr", 6e-4)
@@ -82,7 +111,7 @@ def config(size: Size, arch: str, fixed: dict, key: str, value: float):
     if train.get("schedule") == "wsd":
         train["warmdown_steps"] = round(0.65 * size.steps)
     model = {"arch": arch, "n_layer": size.n_layer, "n_head": size.n_head, "n_embd": size.n_embd,
-             "block_size": size.block_size, "vocab_size": size.vocab_size}
+             "block_size": size.block_size, "vocab_size": size.vocab_size, **(model_keys or {})}
     return from_dict({"model": model, "train": train, "data": {"max_bytes_per_arm": size.max_bytes}})
 
 
@@ -96,18 +125,20 @@ def reads(steps: int) -> list[int]:
 
 
 def train_run(job) -> dict:
-    cfg, train_batches, held_out, steps = job
+    cfg, train_batches, held_out, steps = job  # steps: where the run stops (the schedule's horizon is cfg's)
     torch.set_num_threads(1)
     trainer = Trainer(cfg, torch.device("cpu"), kernels="torch")
-    wanted, curve, t0 = set(reads(steps)), [], time.perf_counter()
+    wanted, curve, t0, cpu = set(reads(steps)), [], time.perf_counter(), 0.0
     for step in range(steps + 1):
         if step in wanted:
             curve.append((step, sum(float(trainer.loss_of(x, y)) for x, y in held_out) / len(held_out)))
         if step < steps:
+            c0 = time.process_time()
             trainer.train_step(step, *train_batches[step])
+            cpu += time.process_time() - c0
     print(f"{cfg.model.arch} {cfg.train.optimizer} {cfg.train.schedule} lr {cfg.train.lr:g} muon_lr "
           f"{cfg.train.muon_lr:g}: {curve[-1][1]:.3f} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    return {"curve": curve, "final": curve[-1][1], "seconds": time.perf_counter() - t0}
+    return {"curve": curve, "final": curve[-1][1], "seconds": time.perf_counter() - t0, "cpu_per_step": cpu / steps}
 
 
 def steps_to(curve: list[tuple[int, float]], target: float) -> float | None:
@@ -115,6 +146,49 @@ def steps_to(curve: list[tuple[int, float]], target: float) -> float | None:
         if l1 <= target < l0:
             return s0 + (l0 - target) / (l0 - l1) * (s1 - s0)
     return None
+
+
+def _extras_of(name: str) -> list[str]:
+    """The "+extra" suffixes of a subject's name (EXTRAS), in order."""
+    parts = name.split("+")
+    return [p for p in parts if p in EXTRAS]
+
+
+def ablation_table(sweeps: dict[str, list[dict]], size: Size) -> str:
+    """Markdown: each subject with extras (its best point) against its plain subject: held-out loss at the last
+    step, the change (negative: better), steps to TARGET, CPU seconds per step relative to the plain subject's."""
+    lines = [f"| extras | muon_lr | held-out loss at step {size.steps} | change | steps to {TARGET} | "
+             f"CPU time per step |", "|---|---|---|---|---|---|"]
+    for name, runs in sweeps.items():
+        extras = _extras_of(name)
+        base_name = name.split("+" + extras[0])[0] if extras else name
+        best = min(runs, key=lambda r: r["final"])
+        base_runs = sweeps.get(base_name)
+        base = min(base_runs, key=lambda r: r["final"]) if base_runs else None
+        ref = base["final"] if base else BASELINE
+        cost = f"{best['cpu_per_step'] / base['cpu_per_step']:.2f}×" if base else "-"
+        reach = steps_to(best["curve"], TARGET)
+        lines.append(f"| {'+'.join(extras) or 'none (' + name + ')'} | {best['value']:g} | {best['final']:.3f} | "
+                     f"{best['final'] - ref:+.3f} | {'-' if reach is None else f'{reach:.0f}'} | {cost} |")
+    return "\n".join(lines)
+
+
+def step_costs(cfgs: dict[str, object], train_batches, steps: int, rounds: int = 3) -> dict[str, float]:
+    """Median CPU seconds per training step of each configuration, measured in this one process, the subjects
+    interleaved round by round (`steps` steps each per round, after one untimed step), so the machine's load
+    weighs on all of them alike: runs timed apart on a shared machine differ by ±15 % for identical math."""
+    torch.set_num_threads(1)
+    trainers = {name: Trainer(cfg, torch.device("cpu"), kernels="torch") for name, cfg in cfgs.items()}
+    for t in trainers.values():
+        t.train_step(0, *train_batches[0])
+    times: dict[str, list[float]] = {name: [] for name in trainers}
+    for _ in range(rounds):
+        for name, t in trainers.items():
+            c0 = time.process_time()
+            for step in range(1, steps + 1):
+                t.train_step(step, *train_batches[step])
+            times[name].append((time.process_time() - c0) / steps)
+    return {name: sorted(v)[len(v) // 2] for name, v in times.items()}
 
 
 def main() -> int:
@@ -125,30 +199,58 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="these subjects only")
     parser.add_argument("--grid", action="append", default=[], metavar="SUBJECT=V1,V2",
                         help="sweep SUBJECT over these values instead (a machine too busy for the whole sweep)")
+    parser.add_argument("--ablation", action="store_true",
+                        help=f"{ABLATED} and {ABLATED}+<extra> for each extra (or the --only subjects), at muon_lr "
+                             f"0.06 (quick: 0.04)")
+    parser.add_argument("--step-cost", type=int, metavar="STEPS",
+                        help="instead of training: each subject's CPU time per step (its first grid value), "
+                             "interleaved in one process, three rounds of STEPS steps")
+    parser.add_argument("--until", type=int, metavar="STEP",
+                        help="stop every run at this step (the schedule unchanged): the curve's start, its steps to "
+                             f"{TARGET} and the step cost, for a fraction of the time")
     args = parser.parse_args()
     size = QUICK if args.quick else FULL
-    subjects = {k: v for k, v in SUBJECTS.items() if not args.only or k in args.only}
+    names = args.only or ([] if args.ablation else list(SUBJECTS))
+    if args.ablation and not args.only:
+        names += [ABLATED] + [f"{ABLATED}+{e}" for e in EXTRAS]
+    subjects = {name: subject(name) for name in names}
+    if args.ablation:
+        for name in subjects:
+            if name.startswith(ABLATED):
+                subjects[name] = subjects[name][:4] + ([0.06], [0.04])
     for item in args.grid:
         name, values = item.split("=")
         grid = [float(x) for x in values.split(",")]
-        subjects[name] = subjects[name][:3] + (grid, grid)
+        subjects[name] = (subjects.get(name) or subject(name))[:4] + (grid, grid)
     with tempfile.TemporaryDirectory() as tmp:
         cfg0 = config(size, "gpt2", {}, "lr", 1e-3)
         _, arms = prepare(cfg0.data, Path(tmp), size.vocab_size, size.block_size)
         train_batches = batches(arms, size, size.steps, 1337, "train")
         held_out = batches(arms, size, size.held_out, 1338, "val")
-    jobs = [(name, value, (config(size, arch, fixed, key, value), train_batches, held_out, size.steps))
-            for name, (arch, fixed, key, full, quick) in subjects.items() for value in (quick if args.quick else full)]
+    if args.step_cost:
+        first = {name: config(size, arch, fixed, key, (quick if args.quick else full)[0], model)
+                 for name, (arch, fixed, model, key, full, quick) in subjects.items()}
+        costs = step_costs(first, train_batches, args.step_cost)
+        ref = next(iter(costs.values()))
+        print("| subject | CPU seconds per step | relative to the first |\n|---|---|---|")
+        for name, c in costs.items():
+            print(f"| {name} | {c:.3f} | {c / ref:.2f}× |")
+        return 0
+    stop = min(args.until or size.steps, size.steps)
+    jobs = [(name, value, (config(size, arch, fixed, key, value, model), train_batches, held_out, stop))
+            for name, (arch, fixed, model, key, full, quick) in subjects.items()
+            for value in (quick if args.quick else full)]
     with ProcessPoolExecutor(args.jobs) as pool:
         results = list(pool.map(train_run, [j for _, _, j in jobs]))
     sweeps: dict[str, list[dict]] = {}
     for (name, value, _), r in zip(jobs, results):
         sweeps.setdefault(name, []).append({"value": value, **r})
+    size = replace(size, steps=stop)  # the table's "at step": where the runs stopped
     print(f"| who | swept | final held-out loss (sweep) | best | held-out loss at step {size.steps} | steps to "
           f"{TARGET} |")
     print("|---|---|---|---|---|---|")
     for name, runs in sweeps.items():
-        key = subjects[name][2]
+        key = subjects[name][3]
         best = min(runs, key=lambda r: r["final"])
         reach = steps_to(best["curve"], TARGET)
         swept = ", ".join(f"{r['value']:g}" for r in runs)
@@ -158,6 +260,9 @@ def main() -> int:
               f"{reached} |")
     for who, loss, steps in ANCHORS:
         print(f"| {who} | | | | {loss:.3f} | {steps} |")
+    if any(_extras_of(name) for name in sweeps):
+        print()
+        print(ablation_table(sweeps, size))
     if args.json:
         args.json.write_text(json.dumps({"size": size.__dict__, "sweeps": sweeps}, indent=1))
     return 0

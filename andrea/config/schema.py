@@ -24,6 +24,12 @@ from andrea.optim.schedule import SCHEDULES, WARMDOWN_SHAPES
 
 
 ARCHS = ("gpt2", "modern")
+MLPS = ("swiglu", "relu2")  # model.mlp (arch = modern)
+
+
+def mlp_hidden(cfg: "ModelConfig") -> int:
+    """The modern model's MLP hidden width: `swiglu_hidden` for model.mlp = swiglu, 4·n_embd for relu2."""
+    return 4 * cfg.n_embd if cfg.mlp == "relu2" else swiglu_hidden(cfg.n_embd)
 
 
 def swiglu_hidden(n_embd: int) -> int:
@@ -60,7 +66,20 @@ class ModelConfig:
     """Biases in Linear and LayerNorm, as GPT-2 (arch = gpt2 only: the modern model has no biases)."""
     rope_base: float = 10_000.0
     """Rotary position embeddings' base (arch = modern): pair i of a head turns by position ·
-    rope_base^(−2i/head_dim)."""
+    rope_base^(−2i/head_dim). nanochat's is 1e5."""
+    logit_softcap: float = 0.0
+    """arch = modern: the logits pass through c·tanh(logits / c) with c = logit_softcap, bounding them to (−c, c);
+    0 (the default) leaves them as the head computes them. nanochat's is 15. Under `--kernels triton` the cap is
+    torch's, applied before the fused cross-entropy."""
+    embed_norm: bool = False
+    """arch = modern: a parameter-free RMSNorm right after the token embedding (nanochat's)."""
+    qk_scale: float = 1.0
+    """arch = modern: q and k multiplied by this after QK-norm (attention logits × qk_scale²); nanochat's is 1.2.
+    An export writes it as Qwen3's q_norm and k_norm weights."""
+    mlp: str = "swiglu"
+    """arch = modern: swiglu | relu2. swiglu: silu(gate) · up with hidden width 8·n_embd/3 (three matrices).
+    relu2: relu(up)² with hidden width 4·n_embd (nanochat's): two matrices, up_proj (4C, C) and down_proj (C, 4C),
+    no gate_proj; as many parameters as swiglu's to within the width's rounding."""
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -70,6 +89,15 @@ class ModelConfig:
         if self.arch == "modern" and (self.n_embd // self.n_head) % 2:
             raise ConfigError(f"model.arch=modern: rotary needs an even head dim, and n_embd / n_head = "
                               f"{self.n_embd // self.n_head}")
+        if self.mlp not in MLPS:
+            raise ConfigError(f"model.mlp={self.mlp!r} must be one of {', '.join(MLPS)}")
+        if self.logit_softcap < 0.0 or not self.qk_scale > 0.0:
+            raise ConfigError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0: none) and "
+                              f"model.qk_scale={self.qk_scale} > 0")
+        if self.arch != "modern" and (self.logit_softcap, self.embed_norm, self.qk_scale, self.mlp) != (
+                0.0, False, 1.0, "swiglu"):
+            raise ConfigError(f"model.arch={self.arch!r}: logit_softcap, embed_norm, qk_scale and mlp are the modern "
+                              f"model's (model.arch = \"modern\")")
         if not self.rope_base > 1.0:
             raise ConfigError(f"model.rope_base={self.rope_base} must be > 1")
         if self.vocab_size < 260:

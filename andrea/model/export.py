@@ -1,7 +1,9 @@
 """Models that leave andrea: a checkpoint's weights as a Hugging Face GPT-2 directory (or numpy arrays), which
 andrea/model/init_from.py reads back as the starting point of a new run (`train --init-from`). A modern run
 (`model.arch = "modern"`) exports as a `Qwen3ForCausalLM` directory instead: its names, config and norm weights
-are andrea/model/qwen3.py's; the files, the tokenizer, npz and every refusal are the same as below.
+are andrea/model/qwen3.py's; the files, the tokenizer, npz and every refusal are the same as below. With a model
+extra Qwen3 cannot express (logit_softcap, embed_norm, mlp = relu2) the directory also holds modeling_andrea.py and
+config.json names it (model_type andrea_modern, auto_map): andrea/model/hf_modeling.py.
 
 andrea's model is GPT-2 (andrea/model/gpt.py): learned positions, pre-LayerNorm blocks, tanh-approximated GELU,
 LayerNorm eps 1e-5, biases everywhere, an untied head. Name mapping, andrea layout name → HF `GPT2LMHeadModel`
@@ -45,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea.config.schema import ModelConfig, RunConfig
-from andrea.model import qwen3
+from andrea.model import hf_modeling, qwen3
 from andrea.model.arch import layout_for
 from andrea.model.gpt import LayerNorm, ParamSpec, n_params
 from andrea.rundir import atomic, checkpoint as ckpt, names, regular
@@ -92,8 +94,9 @@ def hf_state(layout: list[ParamSpec], weights: np.ndarray, cfg: ModelConfig) -> 
 
 
 def hf_config(cfg: ModelConfig, eot: int | None) -> dict:
-    """config.json: GPT2LMHeadModel's for a gpt2 run (refusing bias = false), Qwen3ForCausalLM's for a modern one."""
-    return qwen3.config(cfg, eot) if cfg.arch == "modern" else gpt2_config(cfg, eot)
+    """config.json: GPT2LMHeadModel's for a gpt2 run (refusing bias = false), Qwen3ForCausalLM's for a modern one,
+    or andrea's own modeling file's for a modern one with an extra Qwen3 has not (andrea/model/hf_modeling.py)."""
+    return hf_modeling.config(cfg, eot) if cfg.arch == "modern" else gpt2_config(cfg, eot)
 
 
 def andrea_arrays(layout: list[ParamSpec], weights: np.ndarray) -> dict[str, np.ndarray]:
@@ -213,6 +216,8 @@ def export_run(run_dir: Path, out: Path, step: int | None = None, fmt: str = "sa
     else:
         log.warning("%s: every arm is pre-tokenized, so the run has no tokenizer; exporting the model alone", run_dir)
     files["config.json"] = _json(config)
+    if cfg.model.arch == "modern" and not hf_modeling.stock(cfg.model):
+        files[hf_modeling.FILE_NAME] = hf_modeling.MODELING.encode()
     if fmt == "safetensors":
         from safetensors.numpy import save_file
         tensors = hf_state(layout, weights, cfg.model)

@@ -30,7 +30,7 @@ takes the next slot in every row, at position = that row's length, so one forwar
 
 The modern model (andrea/model/modern.py) runs the same loop through `_modern_blocks`: RMSNorms, q/k/v/o, QK-norm,
 rotary at each slot's position (the tables gathered per row, so left padding shifts them as it shifts the GPT's
-positions), SwiGLU.
+positions), SwiGLU or ReLU², and the model's own extras (embedding norm, q/k scale, logit softcap).
 
 Past block_size: positions are learned and absolute (rotary tables stop at block_size), and the uncached loop
 feeds the last block_size tokens at positions 0..block_size-1; once a row is longer than that, every token's
@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from andrea.errors import UserError
 from andrea.model.gpt import GPT
 from andrea.model.torch_math import qkv_heads
-from andrea.model.modern import NORM_EPS, Modern
+from andrea.model.modern import NORM_EPS, Modern, ReLU2, softcap
 
 Pick = Callable[[torch.Tensor], list[int]]  # fp32 logits of each row's last token (B, V) → each row's next token
 
@@ -133,15 +133,20 @@ def _modern_blocks(model: Modern, pos: torch.Tensor, idx: torch.Tensor, attend) 
     B, t = idx.shape
     C, nh = model.cfg.n_embd, model.cfg.n_head
     cos, sin = (tab[pos] for tab in model.rotary_tables(idx.device))  # (B, t, hs/2): each row's positions
-    x = model.wte(idx)  # (B, t, C)
+    x = model.embed(idx)  # (B, t, C)
     for i, block in enumerate(model.h):
         attn, h = block.attn, block.norm_1(x)
         qkv = torch.stack([_linear(p, h) for p in (attn.q_proj, attn.k_proj, attn.v_proj)], dim=2)  # (B, t, 3, C)
-        q, k, v = qkv_heads(qkv.view(B, t, 3, nh, C // nh), cos, sin, NORM_EPS)  # (B, nh, t, hs) each
+        q, k, v = attn.heads(qkv_heads(qkv.view(B, t, 3, nh, C // nh), cos, sin, NORM_EPS))  # (B, nh, t, hs)
         x = x + _linear(attn.o_proj, attend(i, q, k, v))
         mlp, h = block.mlp, block.norm_2(x)
-        x = x + _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, h)) * _linear(mlp.up_proj, h))
-    return _linear(model.lm_head, model.norm_f(x[:, -1])).float()  # (B, V)
+        if isinstance(mlp, ReLU2):
+            x = x + _linear(mlp.down_proj, F.relu(_linear(mlp.up_proj, h)).square())
+        else:
+            x = x + _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, h)) * _linear(mlp.up_proj, h))
+    logits = _linear(model.lm_head, model.norm_f(x[:, -1]))  # (B, V)
+    c = model.cfg.logit_softcap
+    return (logits if c == 0.0 else softcap(logits, c)).float()
 
 
 def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea.config.schema import ModelConfig
-from andrea.model import qwen3
+from andrea.model import hf_modeling, qwen3
 from andrea.model.export import (HF_PREFIX, IGNORED, NPZ_NAME, SAFETENSORS_NAME, TORCH_NAME, ExportError, hf_config,
                                  hf_name, is_conv1d)
 from andrea.model.gpt import ParamSpec, n_params
@@ -32,12 +32,13 @@ from andrea.rundir import checkpoint as ckpt, names
 
 log = logging.getLogger("andrea.model.init_from")
 
-KINDS = {"gpt2": "gpt2", "qwen3": "modern"}  # config.json's model_type -> the model.arch that reads it
+KINDS = {"gpt2": "gpt2", "qwen3": "modern", hf_modeling.MODEL_TYPE: "modern"}  # model_type -> the model.arch
 # The config.json keys that fix what the tensors are, beyond their names and shapes: what the config says of the
 # shape (one line for all of it) and, for Qwen3, the rotary base, which no tensor shows.
 SHAPE_KEYS = {"gpt2": ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"),
               "qwen3": ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
                         "intermediate_size", "vocab_size", "rope_theta")}
+SHAPE_KEYS[hf_modeling.MODEL_TYPE] = SHAPE_KEYS["qwen3"] + hf_modeling.EXTRA_KEYS
 
 
 def check_config(path: Path, cfg: ModelConfig) -> None:
@@ -60,6 +61,10 @@ def check_config(path: Path, cfg: ModelConfig) -> None:
     if "rope_theta" not in theirs and isinstance(theirs.get("rope_parameters"), dict):  # transformers 5
         theirs = {**theirs, "rope_theta": theirs["rope_parameters"].get("rope_theta")}
     ours = hf_config(replace(cfg, bias=True), None)  # GPT-2's has biases: a bias-free run fails on the tensors
+    if ours["model_type"] != kind:  # a stock Qwen3 into a run with extras, or the other way round
+        extras = ", ".join(f"{k} {ours.get(k, theirs.get(k))!r}" for k in hf_modeling.EXTRA_KEYS)
+        raise ExportError(f"{config}: a {kind} model, and this run's model is {ours['model_type']} (model.{extras} "
+                          f"on one side only)")
     differ = [f"{k} {theirs[k]!r} (this run's: {ours[k]!r})" for k in SHAPE_KEYS[kind]
               if theirs.get(k) is not None and theirs[k] != ours[k]]
     if differ:
@@ -121,16 +126,17 @@ def _tied_allowed(path: Path) -> bool:
         return True  # no (readable) config: GPT-2's default, a tied head
 
 
-def read_weights(path: Path, layout: list[ParamSpec], arch: str = "gpt2") -> np.ndarray:
+def read_weights(path: Path, layout: list[ParamSpec], arch: str = "gpt2", qk_scale: float = 1.0) -> np.ndarray:
     """The flat float32 weights (n,) in andrea's order from a weights file or directory (see the docstring), for
-    the model `arch` (model.arch) whose layout this is: GPT-2's names, or Qwen3's (andrea/model/qwen3.py)."""
+    the model `arch` (model.arch) whose layout this is: GPT-2's names, or Qwen3's (andrea/model/qwen3.py), whose
+    q_norm and k_norm weights must be `qk_scale` (model.qk_scale) and every other norm weight one."""
     file = weights_file(path)
     tensors = read_tensors(file)
     andrea_names = file.suffix == ".npz"
     modern = arch == "modern" and not andrea_names
     if modern:  # Qwen3's names, with or without the base-model prefix; its norms must be ones
         tensors = {qwen3.andrea_name(k): v for k, v in tensors.items()}
-        _check_unit_norms(file, {k: tensors.pop(k) for k in list(tensors) if qwen3.is_norm(k)})
+        _check_norms(file, {k: tensors.pop(k) for k in list(tensors) if qwen3.is_norm(k)}, qk_scale)
     elif not andrea_names:  # HF names, with or without the base-model prefix
         tensors = {k.removeprefix(HF_PREFIX): v for k, v in tensors.items()}
 
@@ -161,12 +167,16 @@ def read_weights(path: Path, layout: list[ParamSpec], arch: str = "gpt2") -> np.
     return flat
 
 
-def _check_unit_norms(file: Path, norms: dict[str, np.ndarray]) -> None:
-    """Qwen3's norm weights as andrea's parameter-free norms read them: all ones, or refused in one line."""
+def _check_norms(file: Path, norms: dict[str, np.ndarray], qk_scale: float) -> None:
+    """Qwen3's norm weights as andrea's parameter-free norms read them: all ones (q_norm and k_norm: the run's
+    model.qk_scale, as float32), or refused in one line."""
     for name, a in norms.items():
-        if not (a == 1.0).all():
-            raise ExportError(f"{file}: {qwen3.hf_name(name)} is not all ones: andrea's modern model has "
-                              f"parameter-free norms (weights fixed at 1) and cannot hold trained norm weights")
+        want = qwen3.norm_value(name, replace(ModelConfig(arch="modern"), qk_scale=qk_scale))
+        if not (a == np.float32(want)).all():
+            value = "ones" if want == 1.0 else f"{want:g} (this run's model.qk_scale)"
+            raise ExportError(f"{file}: {qwen3.hf_name(name)} is not all {value}: andrea's modern model has "
+                              f"parameter-free norms (q and k scaled by model.qk_scale, other weights fixed at 1) "
+                              f"and cannot hold trained norm weights")
 
 
 def _fmt(shape) -> str:
@@ -182,7 +192,8 @@ def _shape(spec: ParamSpec, andrea_names: bool) -> str:
     return _fmt(_expected(spec, andrea_names))
 
 
-def init_payload(path: Path, layout: list[ParamSpec], run_dir: Path, arch: str = "gpt2") -> np.ndarray:
+def init_payload(path: Path, layout: list[ParamSpec], run_dir: Path, arch: str = "gpt2", qk_scale: float = 1.0
+                 ) -> np.ndarray:
     """[w | m = 0 | v = 0] (3n,) for a run that starts at step 0 from the weights at `path`."""
     existing = ckpt.list_checkpoints(run_dir)
     if existing:
@@ -190,7 +201,7 @@ def init_payload(path: Path, layout: list[ParamSpec], run_dir: Path, arch: str =
                           f"new run at step 0: drop --init-from to resume, or use an empty run directory")
     n = n_params(layout)
     payload = np.zeros(3 * n, dtype=np.float32)
-    payload[:n] = read_weights(path, layout, arch)
+    payload[:n] = read_weights(path, layout, arch, qk_scale)
     _warn_tokenizer(path, run_dir)
     return payload
 
@@ -215,5 +226,6 @@ def load_init_weights(init_from: Path | None, trainer, run_dir: Path) -> dict | 
     if not is_weights(init_from):
         return None
     import torch
-    trainer.load(torch.from_numpy(init_payload(init_from, trainer.layout, run_dir, trainer.cfg.model.arch)))
+    model = trainer.cfg.model
+    trainer.load(torch.from_numpy(init_payload(init_from, trainer.layout, run_dir, model.arch, model.qk_scale)))
     return {"from": str(init_from.resolve()), "weights_only": True}

@@ -24,7 +24,8 @@ block at a time holds its full activations again while its backward runs.
 The modern model (andrea/model/modern.py, H = its SwiGLU width) per block on CPU, fp32: the two RMSNorm inputs and
 outputs (4·C), q and k as QK-norm reads them (2·C) and v (C), the rotated q and k (2·C), the attention output
 (C: SDPA writes it token-major, as its q, so o_proj reads it without a copy), the gate|up projection (2·H), SiLU's
-output and the product (2·H); per-token statistics: the block norms' and QK-norm's rsqrt, the attention's log-sum-exp (3·n_head + 2
+output and the product (2·H; with model.mlp = "relu2", H = 4·C: the relu's output and its square, 2·H, and no
+concatenated weight); with embed_norm its input and rsqrt (C + 1 fp32), with logit_softcap tanh's output (V); per-token statistics: the block norms' and QK-norm's rsqrt, the attention's log-sum-exp (3·n_head + 2
 fp32); and, once per block rather than per token, the concatenated q|k|v and gate|up weights its two fused matmuls
 save ((3·C + 2·H)·C, fp32 on CPU, their bf16 cast on CUDA). On CUDA (modelled, the Triton kernels under bf16
 autocast): fp32 RMSNorm inputs (2·C), bf16 everything else, the QK-normed q and k not kept (rotary saves only its
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from andrea.config.schema import ModelConfig, swiglu_hidden
+from andrea.config.schema import ModelConfig, mlp_hidden, swiglu_hidden
 
 GIB = 1024 ** 3
 
@@ -103,13 +104,15 @@ def block_bytes_per_token(cfg: ModelConfig, device: str) -> int:
 
 
 def _modern_block_bytes_per_token(cfg: ModelConfig, device: str) -> int:
-    C, H = cfg.n_embd, swiglu_hidden(cfg.n_embd)
+    C, H = cfg.n_embd, mlp_hidden(cfg)
+    act = 2 * H if cfg.mlp == "relu2" else 4 * H  # relu2: the relu's output (its and the square's backward read
+    # it) and the square; swiglu: as above
     stats = 4 * (3 * cfg.n_head + 2)  # rsqrt of two block norms and of QK-norm per head; log-sum-exp per head
     if device == "cuda":
         # fp32: both RMSNorm inputs; bf16: both norm outputs (cast), q|k|v, rotated q and k, the attention output
         # and its copy, gate|up, SiLU's output and the product
-        return 4 * 2 * C + 2 * (2 * C + 3 * C + 2 * C + 2 * C + 4 * H) + stats
-    return 4 * (10 * C + 4 * H) + stats
+        return 4 * 2 * C + 2 * (2 * C + 3 * C + 2 * C + 2 * C + act) + stats
+    return 4 * (10 * C + act) + stats
 
 
 def block_weight_bytes(cfg: ModelConfig, device: str) -> int:
@@ -117,7 +120,8 @@ def block_weight_bytes(cfg: ModelConfig, device: str) -> int:
     (fp32 on CPU, bf16 on CUDA); none for the GPT."""
     if cfg.arch != "modern":
         return 0
-    return (2 if device == "cuda" else 4) * (3 * cfg.n_embd + 2 * swiglu_hidden(cfg.n_embd)) * cfg.n_embd
+    gate_up = 0 if cfg.mlp == "relu2" else 2 * swiglu_hidden(cfg.n_embd)  # relu2's up_proj is no concatenation
+    return (2 if device == "cuda" else 4) * (3 * cfg.n_embd + gate_up) * cfg.n_embd
 
 
 def estimate(cfg: ModelConfig, n_params: int, micro_batch_size: int, *, activation_checkpointing: str = "none",
@@ -134,8 +138,12 @@ def estimate(cfg: ModelConfig, n_params: int, micro_batch_size: int, *, activati
         per_token = cfg.n_layer * block
         weights = cfg.n_layer * block_weight_bytes(cfg, device)
     per_token += 4 * 2 * cfg.n_embd + 16  # ln_f input and output; int64 inputs and targets
+    if cfg.embed_norm:
+        per_token += 4 * cfg.n_embd + 4  # the embedding norm's input (fp32) and its rsqrt
     # log-probabilities (fp32) and their gradient (fp32); on CUDA also the bf16 logits and their bf16 gradient
     logits_per_token = cfg.vocab_size * (4 + 4 + (2 if device == "cuda" else 0))
+    if cfg.logit_softcap:
+        logits_per_token += cfg.vocab_size * (2 if device == "cuda" else 4)  # tanh's output, which its backward reads
     shard = -(-n_params // world_size)
     return MemoryEstimate(device, micro_batch_size, activation_checkpointing, parameters=4 * n_params,
                           gradient=4 * n_params, adam_m_v=8 * shard, activations=tokens * per_token + weights,

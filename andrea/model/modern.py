@@ -5,6 +5,11 @@ QK-norm (an RMSNorm per head on q and k, before rotary, as Qwen3), a SwiGLU MLP,
 It is Qwen3's decoder with every norm weight fixed at one, so Hugging Face's stock `Qwen3ForCausalLM` loads its
 export without custom code (andrea/model/qwen3.py says why that class; docs/operating.md, "The modern recipe").
 
+nanochat's extras, each a ModelConfig key whose default is the model above, op for op (issue 54's ablation,
+docs/benchmarks.md): `logit_softcap` (logits → c·tanh(logits/c)), `embed_norm` (an RMSNorm after the embedding),
+`qk_scale` (q and k × s after QK-norm), `mlp = "relu2"` (relu(up)² through down, hidden 4C, no gate) and
+`rope_base`. None adds a parameter; relu2 changes the MLP's matrices (below).
+
 The flat-buffer machinery is the GPT's (andrea/model/gpt.py: `param_layout`, `bind_flat`, `decay_mask`,
 `n_params`); this module adds the model, its initialisation and the MLP's width. Parameter-iteration order —
 part of the checkpoint format (docs/formats.md), listed by `param_layout` and printed by `python -m andrea info`:
@@ -12,7 +17,8 @@ part of the checkpoint format (docs/formats.md), listed by `param_layout` and pr
     for each layer i: h.i.attn.{q_proj, k_proj, v_proj, o_proj}.weight (C, C),
                       h.i.mlp.{gate_proj, up_proj}.weight (H, C), h.i.mlp.down_proj.weight (C, H),
     lm_head.weight (V, C).
-H = `swiglu_hidden(C)` (andrea/config/schema.py). The norms have no parameters and no place in the buffer. Linear
+H = `swiglu_hidden(C)` (andrea/config/schema.py). With model.mlp = "relu2" a block's MLP is
+h.i.mlp.up_proj.weight (4C, C), h.i.mlp.down_proj.weight (C, 4C): no gate_proj. The norms have no parameters and no place in the buffer. Linear
 weights are (out, in).
 
 The math (`ModelMath`): attention, RMSNorm, QK-norm with rotary, and the loss come from torch (andrea/model/
@@ -67,6 +73,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(C, C, bias=False)
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.attention, self.qkv_heads = ops.attention, ops.qkv_heads
+        self.qk_scale = cfg.qk_scale
 
     def qkv(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, T, C) → the q|k|v projection split into heads (B, T, 3, nh, hs).
@@ -79,9 +86,17 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.qkv_heads(self.qkv(x), cos, sin, NORM_EPS)  # QK-normed and rotated; (B, nh, T, hs) each
+        q, k, v = self.heads(self.qkv_heads(self.qkv(x), cos, sin, NORM_EPS))  # (B, nh, T, hs) each
         y = self.attention(q, k, v)  # (B, nh, T, hs)
         return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(B, T, C)))
+
+
+    def heads(self, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The QK-normed, rotated q, k (× qk_scale: rotation is linear, so before or after it is the same math) and
+        v, as they enter attention; unchanged (no op) at qk_scale 1."""
+        q, k, v = qkv
+        return (q, k, v) if self.qk_scale == 1.0 else (q * self.qk_scale, k * self.qk_scale, v)
 
 
 class SwiGLU(nn.Module):
@@ -99,13 +114,27 @@ class SwiGLU(nn.Module):
         return self.dropout(self.down_proj(F.silu(gate) * up))
 
 
+class ReLU2(nn.Module):
+    """nanochat's MLP (model.mlp = "relu2"): down(relu(up(x))²), hidden 4C, no gate matrix."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        C = cfg.n_embd
+        self.up_proj = nn.Linear(C, 4 * C, bias=False)
+        self.down_proj = nn.Linear(4 * C, C, bias=False)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.down_proj(F.relu(self.up_proj(x)).square()))
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: ModelMath):
         super().__init__()
         self.norm_1 = RMSNorm(ops.rms_norm)
         self.attn = Attention(cfg, ops)
         self.norm_2 = RMSNorm(ops.rms_norm)
-        self.mlp = SwiGLU(cfg)
+        self.mlp = ReLU2(cfg) if cfg.mlp == "relu2" else SwiGLU(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm_1(x), cos, sin)
@@ -121,6 +150,7 @@ class Modern(nn.Module):
         self.token_loss = ops.token_loss
         # Registration order below IS the checkpoint's parameter order; do not reorder.
         self.wte = _embedding(cfg.vocab_size, cfg.n_embd)
+        self.norm_e = RMSNorm(ops.rms_norm) if cfg.embed_norm else None  # no parameter, no place in the buffer
         self.drop = nn.Dropout(cfg.dropout)
         self.h = nn.ModuleList(Block(cfg, ops) for _ in range(cfg.n_layer))
         self.norm_f = RMSNorm(ops.rms_norm)
@@ -136,20 +166,37 @@ class Modern(nn.Module):
                                          device)
         return self._tables
 
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx (..., T) → the residual stream's start (..., T, C): the embedding, RMS-normalised with embed_norm."""
+        x = self.wte(idx)
+        return x if self.norm_e is None else self.norm_e(x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The residual stream (..., C) → logits (..., V): final norm, lm_head, and c·tanh(logits/c) with
+        logit_softcap c > 0 (in torch on either math: the Triton cross-entropy then reads the capped logits)."""
+        logits = self.lm_head(self.norm_f(x))
+        c = self.cfg.logit_softcap
+        return logits if c == 0.0 else softcap(logits, c)
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) → logits (B, T, V) and, with targets, the per-sequence mean loss (B,)."""
         B, T = idx.shape
         cos, sin = (t[:T] for t in self.rotary_tables(idx.device))  # (T, hs/2) each
-        x = self.drop(self.wte(idx))  # (B, T, C)
+        x = self.drop(self.embed(idx))  # (B, T, C)
         recompute = self.checkpoint_blocks and torch.is_grad_enabled()
         for block in self.h:
             x = checkpoint(block, x, cos, sin, use_reentrant=False) if recompute else block(x, cos, sin)
-        logits = self.lm_head(self.norm_f(x))  # (B, T, V)
+        logits = self.head(x)  # (B, T, V)
         if targets is None:
             return logits, None
         token_loss = self.token_loss(logits.view(-1, logits.size(-1)), targets.reshape(-1))  # (B·T,) fp32
         return logits, token_loss.view(B, T).mean(dim=1)
+
+
+def softcap(logits: torch.Tensor, c: float) -> torch.Tensor:
+    """c·tanh(logits / c) (..., V), in the logits' dtype: near the identity for |x| << c, bounded to (−c, c)."""
+    return torch.tanh(logits / c) * c
 
 
 def init_weights(layout: list[ParamSpec], cfg: ModelConfig, seed: int) -> torch.Tensor:

@@ -6,7 +6,10 @@ half-split rotary (`rotate_half`), a SwiGLU MLP (SiLU gate), no biases (`attenti
 (`tie_word_embeddings = false`) and the 1/√head_dim attention scale. Llama and Mistral have no QK-norm; Gemma 3
 has one but scales the embedding by √C, gates with GELU and normalises after each sublayer too; OLMo-2 normalises
 after the sublayers, and q and k as a whole rather than per head. Qwen3's norms carry weights:
-andrea's have none, so an export writes them as ones (x · 1 is x exactly) and an import refuses any other value.
+andrea's have none, so an export writes them as ones (x · 1 is x exactly) and an import refuses any other value;
+q_norm and k_norm are written as model.qk_scale (1 by default): Qwen3 multiplies the normalised q and k by them,
+as andrea multiplies them by the scale. The extras Qwen3 cannot express (logit softcap, embedding norm, ReLU²)
+export with andrea's own modeling file under the same names (andrea/model/hf_modeling.py).
 
 Name mapping, andrea layout name → Qwen3ForCausalLM state-dict name (no transposes: both keep Linear's (out, in)):
     wte.weight (V, C)                         model.embed_tokens.weight
@@ -26,7 +29,7 @@ import re
 
 import numpy as np
 
-from andrea.config.schema import ModelConfig, swiglu_hidden
+from andrea.config.schema import ModelConfig, mlp_hidden
 from andrea.model.modern import NORM_EPS
 
 PREFIX = "model."
@@ -63,6 +66,12 @@ def andrea_name(name: str) -> str:
     return bare
 
 
+def norm_value(bare_name: str, cfg: ModelConfig) -> float:
+    """The value every element of a norm weight has in andrea's model: model.qk_scale for q_norm and k_norm
+    (Qwen3 multiplies the normalised q and k by them, as andrea does by the scale), 1 for the others."""
+    return cfg.qk_scale if bare_name.endswith(("q_norm.weight", "k_norm.weight")) else 1.0
+
+
 def norm_shapes(cfg: ModelConfig) -> dict[str, tuple[int]]:
     """Every norm weight Qwen3 has and andrea's model fixes at one: name (without the prefix) → shape."""
     C, hs = cfg.n_embd, cfg.n_embd // cfg.n_head
@@ -77,8 +86,10 @@ def norm_shapes(cfg: ModelConfig) -> dict[str, tuple[int]]:
 
 
 def norm_tensors(cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """The norms' weights as the export writes them: ones, float32, under Qwen3's full names."""
-    return {PREFIX + name: np.ones(shape, dtype=np.float32) for name, shape in norm_shapes(cfg).items()}
+    """The norms' weights as the export writes them, float32, under Qwen3's full names: ones, q_norm and k_norm
+    model.qk_scale."""
+    return {PREFIX + name: np.full(shape, norm_value(name, cfg), dtype=np.float32)
+            for name, shape in norm_shapes(cfg).items()}
 
 
 def config(cfg: ModelConfig, eot: int | None) -> dict:
@@ -86,7 +97,7 @@ def config(cfg: ModelConfig, eot: int | None) -> dict:
     and as 4.x's `rope_theta`, so either version reads it."""
     return {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd, "intermediate_size": swiglu_hidden(cfg.n_embd),
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd, "intermediate_size": mlp_hidden(cfg),
         "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_head,
         "head_dim": cfg.n_embd // cfg.n_head, "hidden_act": "silu", "max_position_embeddings": cfg.block_size,
         "rms_norm_eps": NORM_EPS, "rope_theta": cfg.rope_base,
@@ -98,5 +109,5 @@ def config(cfg: ModelConfig, eot: int | None) -> dict:
 
 
 def is_norm(bare_name: str) -> bool:
-    """Whether a Qwen3 state-dict name (prefix removed) is one of the norm weights andrea fixes at one."""
+    """Whether a Qwen3 state-dict name (prefix removed) is one of the norm weights andrea fixes (`norm_value`)."""
     return NORM.match(bare_name) is not None

@@ -210,3 +210,23 @@ def test_clip_bench_quick_prints_a_row_per_clip_with_the_gradient_norms():
     off, loose, tight = (float(r[1]) for r in rows)
     assert off == loose != tight  # clipping at 100 never binds: the same bytes; at 0.05 every step is cut
     assert all(int(r[6]) >= 0 and " of " in r[7] for r in rows)
+
+
+def test_recipe_bench_ablation_runs_a_subject_with_model_extras_against_the_plain_one(tmp_path):
+    """bench/recipe.py's "<subject>+<extra>" subjects: the extra reaches the model (another loss on the same tokens),
+    and the ablation table gives its change against the plain subject run alongside, and its relative step cost;
+    --until stops the runs early."""
+    out = tmp_path / "recipe.json"
+    result = run_bench("bench/recipe.py", "--quick", "--only", "modern+NorMuon", "modern+NorMuon+softcap+relu2",
+                       "--grid", "modern+NorMuon=0.04", "--grid", "modern+NorMuon+softcap+relu2=0.04",
+                       "--until", "8", "--json", str(out), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweeps = json.loads(out.read_text())["sweeps"]
+    plain, extra = sweeps["modern+NorMuon"][0]["final"], sweeps["modern+NorMuon+softcap+relu2"][0]["final"]
+    assert plain != extra
+    row = re.search(r"^\| softcap\+relu2 \| 0\.04 \| ([\d.]+) \| ([+-][\d.]+) \| \S+ \| ([\d.]+)× \|$", result.stdout,
+                    re.M)
+    assert row and abs(float(row[2]) - (round(extra, 3) - round(plain, 3))) < 1.5e-3, result.stdout
+    # --until 8: the runs stop there (of quick's 12 steps), the table says so
+    assert [run["curve"][-1][0] for runs in sweeps.values() for run in runs] == [8, 8]
+    assert "| extras | muon_lr | held-out loss at step 8 |" in result.stdout

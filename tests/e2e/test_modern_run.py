@@ -162,3 +162,91 @@ def test_a_gpt2_run_refuses_a_qwen3_directory_naming_a_tensor(run):
     gpt2 = arch.layout_for(run_config(run.dir).model.__class__(**{**vars(run.cfg.model), "arch": "gpt2"}))
     with pytest.raises(ckpt.CheckpointError, match="missing tensor transformer.wte.weight"):
         init_from.read_weights(run.out, gpt2)
+
+
+# --- the model extras' export (andrea/model/hf_modeling.py) --------------------------------------------------------
+EXTRAS = ("--set", "model.logit_softcap=15.0", "--set", "model.embed_norm=true", "--set", "model.qk_scale=1.2",
+          "--set", 'model.mlp="relu2"', "--set", "model.rope_base=100000.0")
+
+
+@pytest.fixture(scope="module")
+def extras_run(prepared, tmp_path_factory):
+    """A short modern run with every extra on, exported: andrea's own modeling file beside Qwen3's names."""
+    root = tmp_path_factory.mktemp("export_extras")
+    run_dir = seed_data(prepared, root / "run")
+    result = train(run_dir, *MODERN, *EXTRAS, "--steps", "6", "--set", "train.warmup_steps=1", "--set", "train.lr=0.03")
+    assert result.returncode == 0, result.stderr
+    out = root / "hf"
+    assert cli_main(["export", str(run_dir), "--out", str(out)]) == 0
+    cfg = run_config(run_dir)
+    layout = arch.layout_for(cfg.model)
+    _, payload = ckpt.read_payload(run_dir / names.checkpoint_name(6), n_params(layout))
+    tokens = np.fromfile(next((run_dir / "data").glob("*.val.u16")), dtype="<u2").astype(np.int64)
+    T = cfg.model.block_size
+    idx = torch.from_numpy(np.stack([tokens[:T], tokens[T:2 * T]]))
+    return SimpleNamespace(dir=run_dir, out=out, cfg=cfg, layout=layout, n=n_params(layout),
+                           weights=payload[:n_params(layout)].copy(), idx=idx)
+
+
+def test_an_export_with_extras_loads_with_its_modeling_file_and_gives_andreas_logits(extras_run):
+    from transformers import AutoModelForCausalLM
+    run = extras_run
+    config = json.loads((run.out / "config.json").read_text())
+    assert config["model_type"] == "andrea_modern" and (run.out / "modeling_andrea.py").is_file()
+    assert (config["logit_softcap"], config["embed_norm"], config["mlp"]) == (15.0, True, "relu2")
+    with pytest.raises(ValueError):  # without trust_remote_code: refused, never a stock Qwen3 with other logits
+        AutoModelForCausalLM.from_pretrained(run.out, trust_remote_code=False)
+    hf, info = AutoModelForCausalLM.from_pretrained(run.out, trust_remote_code=True, output_loading_info=True)
+    assert type(hf).__name__ == "AndreaModernForCausalLM"
+    assert (info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"]) == (set(), set(), set()), info
+    hf.eval()
+    assert not hasattr(hf.model.layers[0].mlp, "gate_proj")
+    with torch.no_grad():
+        want, _ = andrea_model(run)(run.idx)
+        got = hf(run.idx).logits
+    assert want.abs().max() > 0.5
+    assert (got - want).abs().max() <= 1e-4  # the GPT export's bound (tests/e2e/test_export.py)
+
+
+def test_an_export_with_extras_comes_back_bit_for_bit_and_only_into_a_run_with_them(extras_run, prepared, tmp_path):
+    run = extras_run
+    new = seed_data(prepared, tmp_path / "new")
+    result = train(new, *MODERN, *EXTRAS, "--init-from", str(run.out), "--steps", "0")
+    assert result.returncode == 0, result.stderr
+    start = np.fromfile(new / "step_000000.bin", dtype="<f4", offset=8).reshape(3, run.n)
+    assert start[0].tobytes() == run.weights.tobytes()
+    from dataclasses import replace
+    with pytest.raises(ckpt.CheckpointError, match="a andrea_modern model, and this run's model is qwen3"):
+        init_from.check_config(run.out, replace(run.cfg.model, logit_softcap=0.0, embed_norm=False, mlp="swiglu"))
+    with pytest.raises(ckpt.CheckpointError, match="logit_softcap 15.0 \\(this run's: 30.0\\)"):
+        init_from.check_config(run.out, replace(run.cfg.model, logit_softcap=30.0))
+    with pytest.raises(ckpt.CheckpointError, match="_norm.weight is not all 1.5 \\(this run's model.qk_scale\\)"):
+        init_from.read_weights(run.out, run.layout, "modern", 1.5)
+
+
+def test_rope_base_and_qk_scale_keep_the_stock_qwen3(run, tmp_path):
+    """Qwen3 expresses rope_theta and, as its q_norm/k_norm weights, the q/k scale: the stock class computes a
+    model with both, and the weights come back bit for bit."""
+    from dataclasses import replace
+    from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
+    cfg = replace(run.cfg.model, qk_scale=1.2, rope_base=100000.0)
+    assert export.hf_config(cfg, None)["model_type"] == "qwen3"
+    # weights far from a 20-step run's (every attention sharp), so the scale and the base move the logits
+    weights = (0.3 * torch.randn(run.n, generator=torch.Generator().manual_seed(5))).numpy()
+    out = tmp_path / "q"
+    out.mkdir()
+    save_file(export.hf_state(run.layout, weights, cfg), str(out / export.SAFETENSORS_NAME), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(export.hf_config(cfg, None)))
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(hf) is Qwen3ForCausalLM
+    model, plain = arch.build(cfg).eval(), arch.build(run.cfg.model).eval()
+    for m in (model, plain):
+        params = dict(m.named_parameters())
+        for s in run.layout:
+            params[s.name].data.copy_(torch.from_numpy(weights[s.offset:s.offset + s.numel]).view(s.shape))
+    with torch.no_grad():
+        want = model(run.idx)[0]
+        got = hf(run.idx).logits
+        assert (want - plain(run.idx)[0]).abs().max() > 1e-2  # the scale and the base matter beyond the bound
+    assert (got - want).abs().max() <= 1e-4
+    assert init_from.read_weights(out, run.layout, "modern", 1.2).tobytes() == weights.tobytes()

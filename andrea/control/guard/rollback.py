@@ -107,7 +107,7 @@ def good_payload(guard: Guard, run_dir: Path, cfg: RunConfig, trainer) -> torch.
     payload = torch.zeros(3 * trainer.n, dtype=torch.float32)
     if good.get("init_from"):  # weights imported by --init-from: re-read them, m = v = 0 (andrea/model/init_from.py)
         from andrea.model.init_from import read_weights
-        weights = read_weights(Path(good["init_from"]), trainer.layout, cfg.model.arch)
+        weights = read_weights(Path(good["init_from"]), trainer.layout, cfg.model.arch, cfg.model.qk_scale)
         payload[:trainer.n] = torch.from_numpy(np.asarray(weights))
     else:
         from andrea.model.arch import init_weights

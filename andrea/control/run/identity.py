@@ -27,16 +27,18 @@ from andrea.rundir import checkpoint as ckpt, names, regular
 from andrea.rundir.ledger import readable_entries
 
 MODEL_KEYS = ("arch", "n_layer", "n_head", "n_embd", "block_size", "vocab_size")
-ARCH_KEYS = {"gpt2": ("bias",), "modern": ("rope_base",)}  # what only that model reads (a modern model has no biases)
+# what only that model reads (a modern model has no biases; its extras, andrea/model/modern.py, change its math)
+ARCH_KEYS = {"gpt2": ("bias",), "modern": ("rope_base", "logit_softcap", "embed_norm", "qk_scale", "mlp")}
 # What a record written before a field existed means by its absence: the only value there was then, so a resume
 # that would change it is refused, not let through.
-BEFORE_RECORDED = {"model.arch": "gpt2", "train.optimizer": "adamw", "train.schedule": "cosine"}
+BEFORE_RECORDED = {"model.arch": "gpt2", "train.optimizer": "adamw", "train.schedule": "cosine",
+                   "model.logit_softcap": 0.0, "model.embed_norm": False, "model.qk_scale": 1.0, "model.mlp": "swiglu"}
 
 
 def identity(cfg: RunConfig, tokenizer_sha256: str | None) -> dict[str, Any]:
     """The identity of a run trained with `cfg` and the tokenizer whose file hashes to `tokenizer_sha256`:
-    `model.arch`, the shape, `model.bias` of a gpt2 model or `model.rope_base` of a modern one, the optimizer, the
-    lr schedule's kind, the seed and the tokenizer. (A record written before a key was dropped still holds it; `changes` skips it.)"""
+    `model.arch`, the shape, `model.bias` of a gpt2 model or `model.rope_base` and the extras of a modern one, the
+    optimizer, the lr schedule's kind, the seed and the tokenizer. (A record written before a key was dropped still holds it; `changes` skips it.)"""
     keys = MODEL_KEYS + ARCH_KEYS[cfg.model.arch]
     out: dict[str, Any] = {f"model.{k}": getattr(cfg.model, k) for k in keys}
     out["train.optimizer"] = cfg.train.optimizer

@@ -30,6 +30,10 @@ def run_with_a_checkpoint(tmp_path):
     ({}, {"arch": "modern"}, "model.arch from 'gpt2' to 'modern'"),
     ({"arch": "modern"}, {}, "model.arch from 'modern' to 'gpt2'"),
     ({"arch": "modern"}, {"arch": "modern", "rope_base": 500000.0}, "model.rope_base from 10000.0 to 500000.0"),
+    ({"arch": "modern"}, {"arch": "modern", "logit_softcap": 15.0}, "model.logit_softcap from 0.0 to 15.0"),
+    ({"arch": "modern", "mlp": "relu2"}, {"arch": "modern"}, "model.mlp from 'relu2' to 'swiglu'"),
+    ({"arch": "modern"}, {"arch": "modern", "embed_norm": True}, "model.embed_norm from False to True"),
+    ({"arch": "modern", "qk_scale": 1.2}, {"arch": "modern"}, "model.qk_scale from 1.2 to 1.0"),
 ])
 def test_a_resume_that_changes_the_arch_is_refused_in_one_line(tmp_path, saved, resumed, phrase):
     run = run_with_a_checkpoint(tmp_path)
@@ -48,6 +52,18 @@ def test_a_gpt2_run_ignores_the_rotary_base_and_an_old_record_is_a_gpt2_runs(tmp
     identity.check_resume(run, cfg(rope_base=99.0), cfg())  # rope_base means nothing to a gpt2 model
     with pytest.raises(ConfigError, match="model.arch from 'gpt2' to 'modern'"):
         identity.check_resume(run, cfg(arch="modern"), cfg())
+
+
+def test_a_modern_record_from_before_the_extras_is_a_plain_modern_runs(tmp_path):
+    """A modern run recorded before logit_softcap, embed_norm, qk_scale and mlp existed had none of them: a resume
+    that would turn one on is refused, one without them resumes."""
+    run = run_with_a_checkpoint(tmp_path)
+    extras = ("model.logit_softcap", "model.embed_norm", "model.qk_scale", "model.mlp")
+    old = {k: v for k, v in identity.identity(cfg(arch="modern"), None).items() if k not in extras}
+    (run / names.LEDGER_NAME).write_text(json.dumps({"event": "start", "step": 0, "time": 0.0, "identity": old}) + "\n")
+    identity.check_resume(run, cfg(arch="modern"), cfg(arch="modern"))
+    with pytest.raises(ConfigError, match="model.mlp from 'swiglu' to 'relu2'"):
+        identity.check_resume(run, cfg(arch="modern", mlp="relu2"), cfg(arch="modern"))
 
 
 def test_the_optimizer_is_part_of_the_identity_and_an_old_record_is_an_adamw_runs(tmp_path):
