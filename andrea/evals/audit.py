@@ -91,6 +91,7 @@ class TaskAudit:
         except (OSError, evaltasks.TaskFileError) as e:
             raise ConfigError(f"eval.tasks: {e}") from None
         self.path, self.sha256 = path, taskfile.sha256
+        self.block_size, self.batch_rows = cfg.model.block_size, cfg.eval.batch_rows
 
     @classmethod
     def configured(cls, cfg: RunConfig, codec: TextCodec) -> TaskAudit | None:
@@ -101,7 +102,6 @@ class TaskAudit:
         path = Path(cfg.eval.tasks).expanduser().absolute()
         cfg.eval.tasks = str(path)
         return cls(path, codec, cfg)
-        self.block_size, self.batch_rows = cfg.model.block_size, cfg.eval.batch_rows
 
     def __call__(self, trainer: Trainer, beat: Callable[[], None] = lambda: None) -> dict:
         """The scores of the live model; `beat()` after each forward (the watchdog's heartbeat)."""

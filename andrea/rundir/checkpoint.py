@@ -124,6 +124,11 @@ def validate(path: str | Path, n_params: int | None = None, *, deep: bool = Fals
     if step != name_step:
         raise CheckpointError(f"{path}: header step {step} disagrees with the file name (step {name_step})")
     if n_params is not None and n != n_params:
+        try:  # another model's only if sound as one (a header edited in place is damage, not a forgotten --preset)
+            validate(path, None, deep=True)
+        except CheckpointError as e:
+            raise CheckpointError(f"{path}: header n_params={n} (this model has {n_params}), and as a checkpoint of "
+                                  f"{n} parameters it does not verify: {str(e).removeprefix(f'{path}: ')}") from None
         raise OtherModelError(f"{path}: checkpoint of another model: n_params={n}, this model has {n_params}")
     if not deep:
         return CheckpointInfo(path, step, n)

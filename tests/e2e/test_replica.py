@@ -640,7 +640,7 @@ def test_a_full_replica_mid_upload_is_one_line_and_loses_nothing(tmp_path, small
 
 def test_without_the_extra_one_line_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "obstore.store", None)  # as if `andrea[replica]` were missing
-    with pytest.raises(rep.ReplicaError, match=r"pip install 'andrea\[replica\]'"):
+    with pytest.raises(rep.ReplicaError, match=r"pip install -e '\.\[replica\]' from andrea's clone"):
         rep.Replica(str(tmp_path / "replica"))
 
 

@@ -98,3 +98,27 @@ def test_a_run_directory_holding_only_another_models_checkpoints_is_a_configurat
     with pytest.raises(ckpt.CheckpointError, match="refusing to start over") as e:
         resume_point(tmp_path, None, n)
     assert e.value.exit_code == 1
+
+
+
+def test_a_header_edited_to_another_models_size_is_damage_not_a_configuration_refusal(tmp_path):
+    """A checkpoint cut down to a consistent file of a smaller model (header n_params and size agree) no longer
+    verifies against its recorded checksum: damage (exit 1), where the same bytes with their own checksum record are
+    a sound checkpoint of another model (exit 2: the configuration's)."""
+    from andrea.control.run.resume import resume_point
+    from andrea.rundir import checksum
+    n = 16
+    cut = ckpt.header(10, n - 4) + np.arange(3 * (n - 4), dtype="<f4").tobytes()  # a 12-parameter model's
+    for name, recorded_n in (("edited", n), ("sound", n - 4)):
+        run = tmp_path / name
+        run.mkdir()
+        path = run / names.checkpoint_name(10)
+        path.write_bytes(ckpt.header(10, recorded_n) + np.arange(3 * recorded_n, dtype="<f4").tobytes())
+        checksum.write(path, 10, recorded_n, checksum.file_digests(path, recorded_n))
+        path.write_bytes(cut)
+    with pytest.raises(ckpt.CheckpointError, match="refusing to start over") as e:
+        resume_point(tmp_path / "edited", None, n)
+    assert e.value.exit_code == 1 and "does not verify" in str(e.value)
+    with pytest.raises(ckpt.CheckpointError, match="refusing to start over") as e:
+        resume_point(tmp_path / "sound", None, n)
+    assert e.value.exit_code == 2 and "checkpoint of another model" in str(e.value)
