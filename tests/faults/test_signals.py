@@ -14,9 +14,9 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 from andrea.rundir import checkpoint as ckpt, names
 from tests.faults.harness import (REPORT, check_ledger, checkpoint_problems, has_name,
