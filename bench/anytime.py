@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -33,11 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from recipe import FULL, NORMUON, QUICK, Size, batches, config  # noqa: E402
+from recipe import FULL, NORMUON, QUICK, Size, config, tokens  # noqa: E402
 
 from andrea.config.load import load  # noqa: E402
 from andrea.control.run.trainer import Trainer  # noqa: E402
-from andrea.data.store import prepare  # noqa: E402
 from andrea.model.export import average_weights  # noqa: E402
 from andrea.optim.schedule import anneal  # noqa: E402
 
@@ -128,10 +126,7 @@ def main() -> int:
     every = args.every or (1 if args.quick else 10)
     if any(p - (args.k - 1) * every < 0 or p % every for p in points(size)):
         parser.error(f"-k {args.k} --every {every}: each point {points(size)} needs k checkpoints ending at it")
-    with tempfile.TemporaryDirectory() as tmp:
-        _, arms = prepare(cosine(size, size.steps).data, Path(tmp), size.vocab_size, size.block_size)
-        train_batches = batches(arms, size, size.steps, 1337, "train")
-        held_out = batches(arms, size, size.held_out, 1338, "val")
+    train_batches, held_out = tokens(size)  # recipe.py's, the same bytes
     results: dict[str, dict[int, float]] = {"cosine": {}}
     with ProcessPoolExecutor(args.jobs) as pool:  # longest first: the wsd runs, then the cosines by length
         futures = [pool.submit(run_wsd, (size, every, args.k, args.shape, args.warmdown, train_batches, held_out))]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -26,10 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from recipe import FULL, QUICK, SUBJECTS, batches, config  # noqa: E402
+from recipe import FULL, QUICK, SUBJECTS, config, tokens  # noqa: E402
 
 from andrea.control.run.trainer import Trainer  # noqa: E402
-from andrea.data.store import prepare  # noqa: E402
 
 SUBJECT, MUON_LR = "modern+NorMuon", 0.06  # recipe.py's best row (docs/benchmarks.md)
 
@@ -58,10 +56,7 @@ def main() -> int:
     args = parser.parse_args()
     size = QUICK if args.quick else FULL
     arch, fixed, key, _, _ = SUBJECTS[SUBJECT]
-    with tempfile.TemporaryDirectory() as tmp:
-        _, arms = prepare(config(size, "gpt2", {}, "lr", 1e-3).data, Path(tmp), size.vocab_size, size.block_size)
-        train_batches = batches(arms, size, size.steps, 1337, "train")
-        held_out = batches(arms, size, size.held_out, 1338, "val")
+    train_batches, held_out = tokens(size)  # recipe.py's, the same bytes
     clips = [float(c) for c in args.clips.split(",")]
     jobs = [(c, config(size, arch, {**fixed, "grad_clip": c}, key, MUON_LR), train_batches, held_out, size.steps)
             for c in clips]

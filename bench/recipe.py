@@ -115,6 +115,14 @@ def config(size: Size, arch: str, fixed: dict, key: str, value: float, model_key
     return from_dict({"model": model, "train": train, "data": {"max_bytes_per_arm": size.max_bytes}})
 
 
+def tokens(size: Size) -> tuple[list, list]:
+    """The setup's tokens, the same for every subject: the arms prepared once in a scratch folder, then the training
+    batches (`default_rng(1337)`) and the held-out ones (`default_rng(1338)`, the val split)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _, arms = prepare(config(size, "gpt2", {}, "lr", 1e-3).data, Path(tmp), size.vocab_size, size.block_size)
+        return batches(arms, size, size.steps, 1337, "train"), batches(arms, size, size.held_out, 1338, "val")
+
+
 def batches(arms, size: Size, n: int, seed: int, split: str):
     rng = np.random.default_rng(seed)
     return [rows(arms, rng.integers(0, len(arms), size.batch_size), size.block_size, rng, split) for _ in range(n)]
@@ -222,11 +230,7 @@ def main() -> int:
         name, values = item.split("=")
         grid = [float(x) for x in values.split(",")]
         subjects[name] = (subjects.get(name) or subject(name))[:4] + (grid, grid)
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg0 = config(size, "gpt2", {}, "lr", 1e-3)
-        _, arms = prepare(cfg0.data, Path(tmp), size.vocab_size, size.block_size)
-        train_batches = batches(arms, size, size.steps, 1337, "train")
-        held_out = batches(arms, size, size.held_out, 1338, "val")
+    train_batches, held_out = tokens(size)
     if args.step_cost:
         first = {name: config(size, arch, fixed, key, (quick if args.quick else full)[0], model)
                  for name, (arch, fixed, model, key, full, quick) in subjects.items()}
