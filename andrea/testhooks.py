@@ -41,10 +41,10 @@ builds. Reads the environment only.
                                                                            commit of a preparation
                                                                            (tests/unit/data/test_stop_points.py,
                                                                            test_edges.py)
-    ANDREA_TEST_REPLICA_BACKOFF=s  control/replica/replicator.py (at import)       the first retry's delay after a failed
+    ANDREA_TEST_REPLICA_BACKOFF=s  control/replica/replicator.py (each replica)    the first retry's delay after a failed
                                                                            pass (default 1 s)
                                                                            (tests/e2e/test_replica_run.py)
-    ANDREA_TEST_REPLICA_DELAY=s    control/replica/remote.py (at import)            sleep s after each piece of a `.bin`
+    ANDREA_TEST_REPLICA_DELAY=s    control/replica/remote.py (each upload)          sleep s after each piece of a `.bin`
                                                                            read for its upload: a slow store
                                                                            (tests/e2e/test_replica_run.py)
     ANDREA_TEST_FLIP_WEIGHT=s@r    control/run/step_hooks.py (each TrainingRun)    one mantissa bit of one weight flipped on

@@ -18,7 +18,7 @@ At the end, one table: sequences, events of each kind (drawn, struck, skipped), 
     python bench/campaign.py --seed 17                 # replay one seed (its sequence and its shrunk one)
     python bench/campaign.py --seed 17 --events 0,2    # only those events of seed 17's sequence
 
-Runs every command from one warm launcher (bench/campaign_zygote.py; torchrun jobs as processes), andrea-tiny on the
+Runs every command from one warm launcher (tests/zygote.py; torchrun jobs as processes), andrea-tiny on the
 CPU (OMP_NUM_THREADS=1), a real S3 server (SeaweedFS) for the seeds with a replica. As root it runs itself in a
 mount namespace of its own, where each seed with a full-disk event trains on a tmpfs (otherwise those events are
 skipped, and said so). Writes only a temporary directory (`--keep` keeps it).
@@ -276,7 +276,7 @@ CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedErro
 
 def launchers_own(p, last: str) -> bool:
     """Whether `last`, the last line of a traceback in `p`'s output, is torchrun's expected report (above)."""
-    if p.popen is None:
+    if not p.group:
         return False
     return (last.startswith(SIGNALLED) and bool(p.signals)) or (last.startswith(CHILD_FAILED) and p.rc not in (0, None))
 
@@ -289,7 +289,7 @@ def traceback_failures(rec: Record) -> list[str]:
             last = next((line for line in lines if not line.startswith(":")), "")
             if launchers_own(p, last):
                 continue
-            name = "torchrun" if p.popen is not None else p.argv[0]
+            name = "torchrun" if p.group else p.argv[0]
             out.append(f"traceback in `{name}`: {last[:200]}")
             break
     return out

@@ -1,5 +1,11 @@
 """Helpers for tests that drive real `python -m andrea` processes on the tiny preset.
 
+Each `python -m andrea` (`andrea`, `train`, `Trainer`) is forked from a warm interpreter (tests/zygote.py: one per
+test process, started at its first use) unless its environment changes something read at import (then it is started
+afresh, as it is for every start under `ANDREA_TESTS_FRESH=1`): a fork spares the ~2 s of CPU a start spends
+importing torch, and is otherwise the same process. Output goes through files in a temporary folder of the test
+process, removed at its exit.
+
 The first start of a run trains a tokenizer and tokenizes the corpus; `seeded_run_dir` copies a prepared
 `tokenizer.json` and `data/` (made once per session, exactly as a first start makes them) so each test pays
 only for what it tests.
@@ -7,6 +13,7 @@ only for what it tests.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import io
@@ -17,11 +24,14 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+
+from tests.zygote import Zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--preset", "andrea-tiny"]
@@ -34,9 +44,76 @@ def env() -> dict[str, str]:
     return e
 
 
+class _Launcher:
+    """This test process's zygote and the folder its children's output files go to, made at first use."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.zygote: Zygote | None = None
+        self.folder: Path | None = None
+        self.count = 0
+
+    def serving(self, environment: dict[str, str]) -> Zygote | None:
+        """The zygote, when a process with this environment may fork from it (else: start it afresh)."""
+        if os.environ.get("ANDREA_TESTS_FRESH"):
+            return None
+        with self.lock:
+            if self.zygote is None or self.zygote.proc.poll() is not None:
+                self.zygote = Zygote(env(), ROOT)
+                self.folder = Path(tempfile.mkdtemp(prefix="andrea-forks-"))
+                atexit.register(self.close)
+            return self.zygote if self.zygote.serves(environment) else None
+
+    def files(self, *names: str) -> list[Path]:
+        with self.lock:
+            self.count += 1
+            return [self.folder / f"{self.count}.{name}" for name in names]
+
+    def close(self) -> None:
+        if self.zygote is not None:
+            self.zygote.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.zygote = None
+
+
+LAUNCHER = _Launcher()
+
+
+def _read(path: Path) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:  # universal newlines, as subprocess's text=True
+        return f.read()
+
+
 def andrea(*args: str, timeout: float = 300, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "andrea", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**env(), **(extra_env or {})}, cwd=ROOT)
+    """`python -m andrea ARGS` to its end: exit code, stdout and stderr, as subprocess.run(capture_output=True)."""
+    environment = {**env(), **(extra_env or {})}
+    argv = [sys.executable, "-m", "andrea", *args]
+    zygote = LAUNCHER.serving(environment)
+    if zygote is None:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=environment, cwd=ROOT)
+    out, err = LAUNCHER.files("out", "err")
+    p = zygote.spawn(list(args), environment, out, err)
+    try:
+        try:
+            rc = p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(30)
+            raise subprocess.TimeoutExpired(argv, timeout, output=_read(out), stderr=_read(err)) from None
+        return subprocess.CompletedProcess(argv, rc, _read(out), _read(err))
+    finally:
+        out.unlink(missing_ok=True)
+        err.unlink(missing_ok=True)
+
+
+def popen(args: list[str], environment: dict[str, str], fresh: bool = False):
+    """`python -m andrea ARGS` running, stdout and stderr merged: a Popen, or a tests.zygote.Forked read like one.
+    `fresh`: a new interpreter whatever the environment (a test of the start itself: a signal during the imports)."""
+    zygote = None if fresh else LAUNCHER.serving(environment)
+    if zygote is None:
+        return subprocess.Popen([sys.executable, "-m", "andrea", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=environment, cwd=ROOT)
+    return zygote.spawn(args, environment, *LAUNCHER.files("log"))
 
 
 def andrea_here(*args: str) -> subprocess.CompletedProcess:
@@ -103,13 +180,16 @@ def free_port() -> int:
 class Trainer:
     """A live trainer subprocess whose output lines are read on a thread (no blocking reads in tests)."""
 
-    def __init__(self, run_dir: Path, *args: str, extra_env: dict | None = None):
-        self.proc = subprocess.Popen([sys.executable, "-m", "andrea", "train", *TINY, "--run-dir", str(run_dir),
-                                      *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**env(), **(extra_env or {})}, cwd=ROOT)
+    def __init__(self, run_dir: Path, *args: str, extra_env: dict | None = None, fresh: bool = False):
+        self._follow(popen(["train", *TINY, "--run-dir", str(run_dir), *args], {**env(), **(extra_env or {})}, fresh))
+
+    def _follow(self, proc) -> None:
+        """Read `proc`'s merged output on a thread from now on."""
+        self.proc = proc
         self.lines: list[str] = []
         self._q: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._pumper = threading.Thread(target=self._pump, daemon=True)
+        self._pumper.start()
 
     def _pump(self) -> None:
         for line in self.proc.stdout:
@@ -138,6 +218,7 @@ class Trainer:
 
     def wait_exit(self, timeout: float = 60.0) -> int:
         rc = self.proc.wait(timeout)
+        self._pumper.join(5)  # the output's last lines
         while not self._q.empty():
             self.lines.append(self._q.get())
         return rc
@@ -156,10 +237,8 @@ class Launched(Trainer):
     """Any command's live output, read like a trainer's: a torchrun launcher and the lines of all its workers."""
 
     def __init__(self, argv: list[str], extra_env: dict | None = None):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**env(), **(extra_env or {})}, cwd=ROOT)
-        self.lines, self._q = [], queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._follow(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      env={**env(), **(extra_env or {})}, cwd=ROOT))
 
 
 def andrea_records(caplog) -> list:

@@ -11,7 +11,6 @@ import errno
 import json
 import logging
 import os
-import queue
 import random
 import re
 import shlex
@@ -26,7 +25,7 @@ import pytest
 
 from andrea.control.commit import shards
 from andrea.rundir import checkpoint as ckpt, checkpoint_write, names
-from tests.runs import (ROOT, TINY, Trainer, andrea, env, free_port, header, launcher_argv, ledger, seed_data,
+from tests.runs import (ROOT, TINY, Launched, andrea, env, free_port, header, launcher_argv, ledger, seed_data,
                         steps_in_ledger, train, tree_digest)
 from tests.disks import Disk, refusal_lines, refuse_o_direct_on_setfl
 from tests.sharding import LOSS_RTOL, NORM_AT_START, NORM_RTOL, commit_with_threads, released_spare
@@ -47,14 +46,8 @@ def torchrun(run_dir, *args, nproc: int = 2, timeout: float = 300) -> subprocess
     return result
 
 
-class Launcher(Trainer):
+class Launcher(Launched):
     """A live torchrun launcher; every worker's output comes through its stdout/stderr."""
-
-    def __init__(self, argv: list[str], extra_env: dict | None = None):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**env(), **(extra_env or {})}, cwd=ROOT)
-        self.lines, self._q = [], queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
 
     def worker_pids(self, size: int = 2) -> dict[int, int]:
         pids = {}

@@ -43,8 +43,8 @@ def live():
 
 @pytest.fixture
 def launch(live):
-    def start(run_dir: Path, *args: str, extra_env: dict | None = None) -> Trainer:
-        t = Trainer(run_dir, *args, extra_env=extra_env)
+    def start(run_dir: Path, *args: str, extra_env: dict | None = None, fresh: bool = False) -> Trainer:
+        t = Trainer(run_dir, *args, extra_env=extra_env, fresh=fresh)
         live.append(t)
         return t
     return start

@@ -143,7 +143,8 @@ def run_chain(chain: Chain, template: Path, root: Path, n: int) -> Chain:
         label = f"chain {chain.name} seed {chain.seed} trial {chain.trials} ({mode})"
         expected = newest_committed(chain.run_dir)
         env = {"ANDREA_TEST_COMMIT_DELAY": str(COMMIT_DELAY)} if mode == "commit-window" else None
-        t = Trainer(chain.run_dir, *chain.args, "--steps", str(BIG), extra_env=env)
+        # a startup kill's window holds the imports: a new interpreter (every other moment comes after `ready`)
+        t = Trainer(chain.run_dir, *chain.args, "--steps", str(BIG), extra_env=env, fresh=mode == "startup")
         chain.trials += 1
         with REPORT.lock:
             REPORT.trials += 1

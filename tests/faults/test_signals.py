@@ -130,7 +130,7 @@ def test_sigterm_before_ready_during_startup_never_damages_the_run(trained_copy,
     rng = random.Random(7)
     outcomes = []
     for delay in (0.05, rng.uniform(0.5, 2.0)):  # during imports; during the lock, ledger and load
-        t = launch(trained_copy, "--steps", "40")
+        t = launch(trained_copy, "--steps", "40", fresh=True)  # a new interpreter: its imports are the window
         pause(t.proc, delay)
         ready_before = any(l.startswith("ready ") for l in t.lines)
         t.proc.send_signal(signal.SIGTERM)

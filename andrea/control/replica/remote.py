@@ -63,7 +63,6 @@ CHUNK = 8 << 20  # bytes per read of a file being uploaded, and per multipart pa
 SUM_RE = re.compile(r"^step_(\d{6,})\.sum\.json$")
 STEP_RE = re.compile(r"^step_(\d{6,})\.(bin|[a-z]+\.json)$")
 SIDECARS = (STATE_NAME, SAMPLES_NAME, WANDB_STATE_NAME)  # .wandb.json: a restored run goes on in its W&B run
-UPLOAD_DELAY = testhooks.replica_delay()  # test hook ANDREA_TEST_REPLICA_DELAY (andrea/testhooks.py)
 EXTRA_MISSING = ("the replica needs the `replica` extra: pip install -e '.[replica]' from andrea's clone (obstore); or train without "
                  "one (--set checkpoint.replica=\"\")")
 
@@ -224,6 +223,7 @@ class Replica:
         sees every piece read and `done()` runs after the last one, before the upload completes: raising there
         aborts it (nothing published). Returns (bytes sent, the store's ETag)."""
         sent = 0
+        delay = testhooks.replica_delay()  # test hook ANDREA_TEST_REPLICA_DELAY (andrea/testhooks.py)
 
         def pieces() -> Iterator[bytes]:
             nonlocal sent
@@ -232,8 +232,8 @@ class Replica:
                     if check is not None:
                         check(piece)
                     sent += len(piece)
-                    if UPLOAD_DELAY and check is not None:  # a checkpoint's .bin
-                        time.sleep(UPLOAD_DELAY)
+                    if delay and check is not None:  # a checkpoint's .bin
+                        time.sleep(delay)
                     yield piece
             if done is not None:
                 done()

@@ -66,7 +66,6 @@ from andrea.rundir.retention import Retention
 log = logging.getLogger("andrea.control.replica")
 MIN_INTERVAL = 2.0  # seconds between the starts of two passes: commits landing faster coalesce into one pass
 NICE = 10  # the replica thread's niceness (Linux: per thread), above the trainer's own
-BACKOFF_BASE = testhooks.replica_backoff()  # test hook ANDREA_TEST_REPLICA_BACKOFF (andrea/testhooks.py)
 
 
 def _read_json(path: Path):
@@ -388,8 +387,8 @@ def start_for(cfg, run_dir: Path, retention: Retention, views=None, resumed_from
             views.add_replica(step, lag_steps, lag_s)
         except RuntimeError:  # TensorBoard already closed at the end of the run
             pass
-    r = Replicator(cfg.replica, run_dir, retention=retention,
-                   on_lag=on_lag if views is not None else None, base_delay=BACKOFF_BASE, on_incident=on_incident)
+    r = Replicator(cfg.replica, run_dir, retention=retention, on_lag=on_lag if views is not None else None,
+                   base_delay=testhooks.replica_backoff(), on_incident=on_incident)
     retention.spare("replica", r.protected)
     r.supersede(resumed_from)
     return r.start()

@@ -23,7 +23,7 @@ RuntimeError: cannot schedule new futures after shutdown
 def proc(tmp_path, text: str, torchrun: bool = True, signals=("SIGTERM",), rc: int = 1):
     log = tmp_path / f"{len(list(tmp_path.iterdir()))}.log"
     log.write_text(text)
-    p = Proc(1, log, ["python", "-m", "torch.distributed.run"], popen=SimpleNamespace() if torchrun else None)
+    p = Proc(log, ["python", "-m", "torch.distributed.run"], popen=SimpleNamespace(pid=1), group=torchrun)
     p.signals, p.rc = list(signals), rc
     return p
 
