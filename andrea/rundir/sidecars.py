@@ -9,11 +9,16 @@ Writes:
     archive/phase-K/          `.state.json` and `.samples.json` of a finished policy phase
 A reader sees the old or the new file, never half.
 
-A companion a run trusts to continue its trajectory (the guard's `step_NNNNNN.guard.json`: its data offset and lr
-scale) is sealed (`seal`): it carries `"checksum"`, the xxh3-128 of its own content (every other field, as canonical
-JSON: sorted keys, no spaces), so a bit that changes after it was written — one that leaves valid JSON and a value a
-field check accepts, a digit of a data offset — is found (`seal_problem`, `unseal`), never used: every reader of the
-checkpoint refuses it like a bad one (rundir/checkpoint.py), and a start falls back to the next older one.
+A companion a run trusts to continue its trajectory is sealed (`seal`): it carries `"checksum"`, the xxh3-128 of its
+own content (every other field, as canonical JSON: sorted keys, no spaces), so a bit that changes after it was
+written — one that leaves valid JSON and a value a field check accepts, a digit of a data offset or of an observed
+loss — is found (`seal_problem`, `unseal`, `opened`), never used. The guard's `step_NNNNNN.guard.json` (its data
+offset and lr scale): every reader of the checkpoint refuses it like a bad one (rundir/checkpoint.py), and a start
+falls back to the next older one. The data proxy's `step_NNNNNN.state.json` and `.state.json` (which rows every
+later batch reads): a damaged one is passed over like any unusable state (control/run/resume.py: the live state if
+it is intact and at that step, else a fresh bandit, in one warning line). A companion from before seals has no
+`"checksum"` and a `"version"` of 1 or none (the state's had none); a sealed kind's version is 2 or later, so no
+single flipped bit makes a sealed file read as one from before seals.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ def read_json(path: Path) -> Any | None:
 
 
 SEAL = "checksum"  # the field of a sealed companion that holds the xxh3-128 of the rest
-UNSEALED_VERSION = 1  # a companion of this format version was written before seals (a sealed kind's is 2 or later)
+UNSEALED_VERSION = 1  # a companion of this format version (or of none) was written before seals (a sealed kind's: 2+)
 
 
 def _digest(obj: dict) -> str:
@@ -76,10 +81,11 @@ def unseal(obj: Any, source: str) -> dict:
 
 def opened(obj: Any, source: str) -> Any:
     """A sealed companion as read (`read_json`'s value), its seal checked and removed. One of format version 1
-    (`"version": 1`, UNSEALED_VERSION) without a seal predates seals and passes as it is (no single bit turns the
-    version 2 of a sealed kind into a 1); None (no file) is None. SidecarError naming `source`: the seal is broken or
-    missing."""
-    if obj is None or (isinstance(obj, dict) and obj.get("version") == UNSEALED_VERSION and SEAL not in obj):
+    (`"version": 1`, UNSEALED_VERSION, or no version at all) without a seal predates seals and passes as it is (no
+    single bit turns the version 2 of a sealed kind into a 1, or removes both its version and its seal); None (no
+    file) is None. SidecarError naming `source`: the seal is broken or missing."""
+    if obj is None or (isinstance(obj, dict) and obj.get("version", UNSEALED_VERSION) == UNSEALED_VERSION
+                       and SEAL not in obj):
         return obj
     return unseal(obj, source)
 

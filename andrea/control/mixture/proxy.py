@@ -10,6 +10,8 @@ is the `.state.json` sidecar (andrea/rundir/sidecars.py). The batch at step t is
 - Observations not yet applied are part of the state, saved beside every checkpoint.
 - A pivot (new caps, floors or target) starts a fresh bandit at the pivot step; older observations are dropped.
   So does a state of an older format (bandit.STATE_FORMAT): its weights learned another objective.
+The state's `"version"` is its envelope's: 2, sealed by its writer (rundir/sidecars.py's `seal`: a flipped digit of
+a reward would change every later batch); states from before seals carry none.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from andrea.data.store import TRAIN_STREAM, ArmTokens, rng_for, rows
 from andrea.control.mixture.policy import Policy, validate_policy
 
 log = logging.getLogger("andrea.proxy")
+STATE_VERSION = 2  # the state's envelope: sealed (1, or none: from before seals)
 
 
 @dataclass
@@ -94,6 +97,7 @@ class DataProxy:
         """JSON-able state as of header step `step` (every step below it observed)."""
         pending = sorted(s for s in self.unapplied if s < step)
         return {
+            "version": STATE_VERSION,
             "step": step,
             "arms": self.names,
             "phase": self.phase,

@@ -239,7 +239,7 @@ class Boundary:
 
         def before_commit() -> None:  # on the I/O thread: what the `.bin` vouches for is durable before it
             self.feed.ledger.sync()
-            state_json = sidecars.json_bytes(state)
+            state_json = sidecars.json_bytes(sidecars.seal(state))
             atomic.write_many({sidecars.checkpoint_state_path(self.run_dir, step): state_json,
                                self.run_dir / names.STATE_NAME: state_json,
                                rollback.companion_path(self.run_dir, step): rollback.companion_bytes(guard_state),

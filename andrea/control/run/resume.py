@@ -158,7 +158,7 @@ def restore_proxy(cfg: RunConfig, run_dir: Path, arms, info: ckpt.CheckpointInfo
     step, passed = info.step, []
     for path in (sidecars.checkpoint_state_path(info.path.parent, step), run_dir / names.STATE_NAME):
         try:
-            d = read_json(path)
+            d = sidecars.opened(read_json(path), str(path))
             if d is None or (isinstance(d, dict) and d.get("step") != step and path.name == names.STATE_NAME):
                 continue
             proxy, warnings = DataProxy.from_state(cfg, arms, d, step, str(path))

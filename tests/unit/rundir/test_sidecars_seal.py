@@ -40,3 +40,26 @@ def test_an_unsealed_or_resealed_object_is_refused_in_one_line():
     with pytest.raises(sidecars.SidecarError, match="does not match its checksum") as e:
         sidecars.unseal({**sealed, "data_offset": 35}, "step_000003.guard.json")
     assert str(e.value).startswith("step_000003.guard.json: ") and "\n" not in str(e.value)
+
+
+def test_every_bit_flipped_in_a_sealed_state_is_caught_by_its_reader_or_changes_nothing():
+    """The data proxy's state is read through `opened`, which passes a state from before seals (no version, no
+    checksum) as it is: no single flipped bit of a sealed state may make it read as one of those."""
+    body = {"version": 2, "step": 20, "arms": ["code", "prose"], "phase": 0, "applied_upto": 10,
+            "pending": {"steps": [10, 11], "arm_ids": [[0, 1], [1, 1]], "losses": [[3.25, 2.5], [2.75, 3.0]]},
+            "bandit": {"weights": [0.5, 0.25], "pulls": [7, 9]}}
+    data = sidecars.json_bytes(sidecars.seal(body))
+    assert sidecars.opened(json.loads(data), "x") == body
+    for i in range(len(data)):
+        for bit in range(8):
+            flipped = bytearray(data)
+            flipped[i] ^= 1 << bit
+            try:
+                read = json.loads(flipped.decode())
+            except ValueError:
+                continue
+            try:
+                got = sidecars.opened(read, "x")
+            except sidecars.SidecarError:
+                continue
+            assert got == body, (i, bit, bytes(flipped))

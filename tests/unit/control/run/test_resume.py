@@ -12,7 +12,7 @@ import pytest
 from andrea.config.load import load
 from andrea.data.store import ArmTokens
 from andrea.control.mixture.proxy import DataProxy
-from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir import checkpoint as ckpt, names, sidecars
 from andrea.control.run.resume import restore_proxy
 
 STEP = 20
@@ -35,13 +35,18 @@ def state_at(step: int, update_every: int = 10) -> dict:
     return json.loads(json.dumps(proxy.state(step)))
 
 
+def sealed(state: dict) -> str:
+    """The state file as the boundary writes it."""
+    return sidecars.json_bytes(sidecars.seal(state)).decode()
+
+
 @pytest.fixture
 def run(tmp_path):
     """A run directory at STEP whose own step_N.state.json and .state.json are the true state."""
     state = state_at(STEP)
     for path in (tmp_path / names.checkpoint_name(STEP).replace(".bin", ".state.json"),
                  tmp_path / names.STATE_NAME):
-        path.write_text(json.dumps(state))
+        path.write_text(sealed(state))
     return tmp_path, state
 
 
@@ -56,7 +61,7 @@ def restored(run_dir, caplog) -> tuple[dict, list[str]]:
 def test_a_checkpoint_state_swapped_for_another_steps_falls_back_to_the_live_state(run, caplog):
     run_dir, state = run
     own = run_dir / names.checkpoint_name(STEP).replace(".bin", ".state.json")
-    own.write_text(json.dumps(state_at(10)))  # another step's, copied over it
+    own.write_text(sealed(state_at(10)))  # another step's, copied over it
     got, said = restored(run_dir, caplog)
     assert got == state
     assert said == [f"{own}: field 'step' is 10, expected {STEP}; the data proxy's state is restored from "
@@ -70,11 +75,11 @@ def test_both_states_unusable_is_a_fresh_bandit_and_one_line_never_a_refused_sta
     live = run_dir / names.STATE_NAME
     if swap == "garbage":
         own.write_text("{not json")
-        live.write_text(json.dumps(state_at(10)))  # another step's: passed over, as before
+        live.write_text(sealed(state_at(10)))  # another step's: passed over, as before
     else:
         foreign = state_at(10) if swap == "another step's" else state_at(STEP) | {"applied_upto": 10}
-        own.write_text(json.dumps(foreign))
-        live.write_text(json.dumps(foreign))
+        own.write_text(sealed(foreign))
+        live.write_text(sealed(foreign))
     got, said = restored(run_dir, caplog)
     cfg, arms = setup()
     assert got == DataProxy(cfg, arms, phase_start=STEP).state(STEP)
@@ -122,3 +127,27 @@ def test_a_header_edited_to_another_models_size_is_damage_not_a_configuration_re
     with pytest.raises(ckpt.CheckpointError, match="refusing to start over") as e:
         resume_point(tmp_path / "sound", None, n)
     assert e.value.exit_code == 2 and "checkpoint of another model" in str(e.value)
+
+
+def test_a_bit_changed_in_a_sealed_state_is_never_used_and_one_from_before_seals_is(run, caplog):
+    """A digit flipped in a sealed step_N.state.json (an observed loss: valid JSON, a value every field check
+    accepts, and every later batch's rows would follow it) is passed over in one line naming the broken seal, and the
+    intact live .state.json restores the same state; a state from before seals (no version, no checksum) is read."""
+    run_dir, state = run
+    own = sidecars.checkpoint_state_path(run_dir, STEP)
+    intact = own.read_text()
+    body = intact[intact.index('"losses"'):]
+    at = intact.index('"losses"') + next(i for i, c in enumerate(body) if c in "12345678")  # a digit of a loss
+    flipped = intact[:at] + str(int(intact[at]) + 1) + intact[at + 1:]
+    own.write_text(flipped)
+    assert json.loads(flipped) != json.loads(intact)  # still JSON, a loss in range: only the seal tells
+    got, said = restored(run_dir, caplog)
+    assert got == state
+    assert len(said) == 1 and said[0].startswith(f"{own}: its content does not match its checksum"), said
+    assert said[0].endswith("the data proxy's state is restored from .state.json instead")
+    caplog.clear()
+    old = {k: v for k, v in state.items() if k != "version"}
+    own.write_text(json.dumps(old))  # written before seals
+    (run_dir / names.STATE_NAME).unlink()
+    got, said = restored(run_dir, caplog)
+    assert said == [] and got == state
