@@ -70,7 +70,9 @@ def seal(obj: dict) -> dict:
 def unseal(obj: Any, source: str) -> dict:
     """A sealed companion as read, without its checksum; SidecarError naming `source` when it is not an object,
     has no checksum or its content is not what was sealed (a bit changed after the write)."""
-    if not isinstance(obj, dict) or not isinstance(obj.get(SEAL), str):
+    if not isinstance(obj, dict):
+        raise SidecarError(f"{source}: not a JSON object")
+    if not isinstance(obj.get(SEAL), str):
         raise SidecarError(f"{source}: no {SEAL!r} field: not a sealed companion, or a bit changed its name")
     body = {k: v for k, v in obj.items() if k != SEAL}
     if _digest(body) != obj[SEAL]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from andrea.rundir import checkpoint as ckpt, names
+from andrea.rundir import checkpoint as ckpt, names, sidecars
 from andrea.rundir.ledger import read_ledger
 from tests.faults.harness import REPORT, digest_diff, first_line_with, last_error_line
 from tests.runs import ROOT, andrea_here, seed_data, train, tree_digest
@@ -121,10 +121,12 @@ def _write(name: str, data: bytes, remove: tuple[str, ...] = ()) -> Callable[[Pa
 
 
 def _edit_state(name: str, edit: Callable[[dict], object]) -> Callable[[Path, Path], list[str]]:
+    """A state as andrea would have sealed it with the edit made (an older run's, or another version's): what its
+    reader then makes of the content, not the seal (a broken seal: tests/unit/control/run/test_resume.py)."""
     def prepare(run: Path, scratch: Path) -> list[str]:
-        d = json.loads((run / name).read_text())
+        d = sidecars.opened(json.loads((run / name).read_text()), name)
         out = edit(d)
-        (run / name).write_text(json.dumps(d if out is None else out))
+        (run / name).write_bytes(sidecars.json_bytes(sidecars.seal(d if out is None else out)))
         return []
     return prepare
 
