@@ -125,8 +125,8 @@ MUTANTS = [
            "    if dropped:\n        atomic.fsync_dir(run_dir)\n", "    if dropped:\n        pass\n",
            (DURABILITY, "-k", "rollback")),
     Mutant("rollback: guard state rewritten without its fsync", "andrea/control/guard/rollback.py",
-           "    sidecars.write_json(companion_path(run_dir, step), state)\n",
-           "    companion_path(run_dir, step).write_text(sidecars.json_bytes(state).decode())\n",
+           "    atomic.write_atomic(companion_path(run_dir, step), companion_bytes(state))\n",
+           "    companion_path(run_dir, step).write_bytes(companion_bytes(state))\n",
            (DURABILITY, "-k", "rollback")),
     # --- the step boundary's order (issue #24): fake trainer and writer, no processes --------------------------
     Mutant("boundary: a pivot before its checkpoint", BOUNDARY_FILE,
