@@ -62,13 +62,21 @@ REGRESSIONS = [
      "(settled step 16 on differed; before that the oracle missed the parent's pivot marker): the harness now "
      "restates the parent's [policy] with --init-from (bench/campaign_run.py), as docs/operating.md says a new run "
      "is configured by its own command line"),
+    ("201", "0", "a flipped bit in the ledger's start marker is a damaged ledger, not another run: flip@5 of .loss.json "
+     "turned the marker's model.n_layer into model.N_layer, and the next start's replica check refused its own "
+     "replica as 'another run' (advising another prefix) before the ledger check could name the change and "
+     "--accept-ledger-gap; the run id now decides ownership (control/replica/plan.py's same_run)"),
+    ("214", "0", "every checkpoint of a 2-rank run damaged (cut@11 of the only one kept) must be one refusal line on "
+     "each rank: rank 1 waited in the broadcast of rank 0's pick, and rank 0's exit broke it into a traceback; rank "
+     "0's refusal now reaches every rank (control/parallel/sharing.py's leader_decides)"),
 ]
 
 
 # The replays run in `make campaign` (before its seeds), not in `make test`: each costs a sequence and its perfect
 # run (20-35 s on one worker), and each defect has its focused test in the suite: seeds 24 and 156,
 # tests/e2e/test_guard_run.py::test_losing_the_known_good_checkpoint_keeps_the_rollbacks_data_offset_and_lr_scale;
-# seed 64, tests/unit/control/guard/test_rollback.py's sealed-companion tests; seed 15 was the harness's own.
+# seed 64, tests/unit/control/guard/test_rollback.py's sealed-companion tests; seed 15 was the harness's own; seed 201,
+# tests/unit/control/replica/test_owner.py; seed 214, tests/unit/control/parallel/test_sharing.py.
 @pytest.mark.slow
 @pytest.mark.parametrize("seed,events,reason", REGRESSIONS, ids=[f"seed{s}" for s, _, _ in REGRESSIONS])
 def test_a_seed_the_campaign_found_failing_holds(seed, events, reason, prepared, tmp_path):

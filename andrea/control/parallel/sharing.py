@@ -120,6 +120,15 @@ def from_leader(world: World, fn: Callable[..., T], *args) -> T:
     raised on every rank). A shared directory: every rank calls fn itself, as before."""
     if world.shared_dir or not world.distributed:
         return fn(*args)
+    return leader_decides(world, fn, *args)
+
+
+def leader_decides(world: World, fn: Callable[..., T], *args) -> T:
+    """fn(*args) run by rank 0 alone (it may write: a quarantine), its value on every rank, and an exception it
+    raises raised on every rank: the refusal's one line on each, never the others waiting in the broadcast until rank
+    0's exit breaks it into a traceback (campaign seed 214: every checkpoint of a 2-rank run damaged)."""
+    if not world.distributed:
+        return fn(*args)
     outcome: tuple = (None, None)
     if world.leader:
         try:

@@ -162,7 +162,12 @@ OWNER_KEYS = ("started", "identity", "branched")  # what every owner record name
 def same_run(remote: dict, local: dict) -> bool:
     """Whether the owner record `remote` names the run whose record is `local` (admit.py's `record_of`): the same
     `start` marker (its time, its identity, the time of the branch after it) and, where the record carries one, the
-    same run id. A record written before run ids were recorded has no `run`: its other fields decide."""
+    same run id. Where both carry a run id, it and the branch's time decide: the identity and time beside the id are
+    the same marker's, so a bit flipped in them (a changed ledger, which the start then refuses in its own true line,
+    campaign seed 201) does not make this run another one. A record written before run ids were recorded has no
+    `run`: its other fields decide."""
+    if remote.get("run") is not None and local.get("run") is not None:
+        return remote["run"] == local["run"] and remote.get("branched") == local.get("branched")
     keys = OWNER_KEYS + (("run",) if "run" in remote else ())
     return all(remote.get(k) == local.get(k) for k in keys)
 

@@ -179,10 +179,13 @@ class TrainingRun:
         imported = await loop.run_in_executor(self.train, load_init_weights, self.init_from, trainer,
                                               self.run_dir)
         watchdog.test_hang("start", 1, self.world.rank)  # ANDREA_TEST_HANG=start@1: on the event loop's thread
-        # rank 0 picks the checkpoint (reading and checking it once) and tells the others which
-        found = resume.resume_point(self.run_dir, self.init_from, trainer.n, self.skipped) \
-            if self.world.leader and not imported else None
-        info = None if imported else self.world.broadcast(found[0] if found is not None else None)
+        found = None
+
+        def pick():  # rank 0 picks the checkpoint (reading and checking it once); every rank hears which, or why none
+            nonlocal found
+            found = resume.resume_point(self.run_dir, self.init_from, trainer.n, self.skipped)
+            return found[0] if found is not None else None
+        info = None if imported else sharing.leader_decides(self.world, pick)
         ledger, ends, lines = open_ledger(self.run_dir, info, held, leader=self.world.leader,
                                           accept_gap=self.accept_ledger_gap, skipped=self.skipped)
         proxy, writer, guard, meter, heldout, retention = await self.resume_or_begin(trainer, arms, info, found,

@@ -82,6 +82,31 @@ def test_from_leader_gives_rank_0s_answer_or_its_error_on_separate_disks():
     assert shared == {0: 0, 1: 1}  # a shared directory: every rank reads for itself, as before
 
 
+def test_rank_0s_choice_of_checkpoint_or_its_refusal_reaches_every_rank_on_a_shared_directory(tmp_path):
+    """Campaign seed 214: rank 0 alone picks the checkpoint to resume (it may quarantine files), and when every
+    checkpoint is damaged its refusal must be every rank's one line: rank 1 once waited in the broadcast of the
+    pick until rank 0's exit broke it into a traceback."""
+    from andrea.control.run import resume
+    n = 40
+    for step in (10, 20):
+        commit_checkpoint(tmp_path, step, np.zeros(3 * n, np.float32))
+    calls = []
+
+    def pick(world):
+        calls.append(world.rank)
+        found = resume.resume_point(tmp_path, None, n, [])
+        return found[0].step if found is not None else None
+    assert run_ranks(2, lambda world: sharing.leader_decides(world, pick, world)) == {0: 20, 1: 20}
+    for step in (10, 20):  # one byte past each header: the size no longer fits the model
+        with open(tmp_path / names.checkpoint_name(step), "ab") as f:
+            f.write(b"\0")
+    calls.clear()
+    got = run_ranks(2, lambda world: sharing.leader_decides(world, pick, world))
+    assert calls == [0]
+    assert all(isinstance(got[r], ckpt.CheckpointError) for r in (0, 1)), got
+    assert str(got[0]) == str(got[1]) and "refusing to start over" in str(got[1])
+
+
 @pytest.mark.parametrize("n,size", [(1001, 3), (10, 4)])
 def test_rank_0s_payload_reaches_each_rank_as_all_of_w_and_its_slices(n, size):
     payload = torch.from_numpy(np.random.default_rng(n).standard_normal(3 * n, dtype=np.float32))

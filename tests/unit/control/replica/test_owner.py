@@ -73,3 +73,19 @@ def test_a_branch_is_another_run_than_its_parent_whose_start_marker_it_carries()
     assert record_of(branch)["run"] == "a" * 32 and record_of(branch)["branched"] == 150.0
     assert owner_verdict(owner_of(parent), record_of(branch), earlier_starts(branch), published=[]) == "other"
     assert owner_verdict(owner_of(branch), record_of(branch), earlier_starts(branch), published=[2]) == "ours"
+
+
+def test_a_bit_flipped_in_the_start_markers_identity_or_time_leaves_the_run_its_own_replicas_owner():
+    """Campaign seed 201: a flipped bit turned the start marker's `model.n_layer` into `model.N_layer`, and the start
+    said its own replica "already holds another run" (with advice to pick another prefix) before the ledger check
+    could say what was wrong and how to go on. The run id names the marker: a changed identity or time beside it is
+    a damaged ledger (refused by the start in its own line), not another run; a changed branch time is another
+    branch, and another id another run."""
+    mine = [start(100.0, "a" * 32), *steps(1, 2)]
+    remote = owner_of(mine)
+    flipped = {**ID, "model.N_layer": 2}
+    for damaged in ([start(100.0, "a" * 32, identity=flipped), *steps(1, 2)], [start(108.0, "a" * 32), *steps(1, 2)]):
+        assert same_run(remote, record_of(damaged))
+        assert owner_verdict(remote, record_of(damaged), earlier_starts(damaged), published=[5]) == "ours"
+    assert not same_run(remote, record_of([start(100.0, "b" * 32), *steps(1, 2)]))
+    assert not same_run(remote, {**record_of(mine), "branched": 150.0})
