@@ -46,7 +46,7 @@ from pathlib import Path
 import xxhash
 
 from andrea.errors import UserError
-from andrea.rundir import regular
+from andrea.rundir import regular, sidecars
 from andrea.rundir.atomic import write_atomic
 from andrea.rundir.jsonfile import read_json
 from andrea.rundir.ledger_seal import run_id
@@ -188,6 +188,9 @@ def check_companions(checkpoint: Path, recorded: dict | None) -> str | None:
     """`companion_problem` for the checkpoint file at `checkpoint`, its companions read from its directory."""
     step = step_of(checkpoint)
     ledger = companion_path(checkpoint.parent, step, "ledger")
+    damaged = sidecars.seal_problem(ledger)  # its length or last step changed: the checksum binds only its hash
+    if damaged is not None:
+        return f"its ledger record is damaged ({damaged}): unverified"
     older = recorded is None and any(
         (s := step_of(p.name[:-len(".sum.json")] + ".bin")) is not None and s < step
         for p in checkpoint.parent.glob("step_*.sum.json"))

@@ -90,7 +90,7 @@ from typing import Any
 import xxhash
 
 from andrea.errors import UserError
-from andrea.rundir import regular
+from andrea.rundir import regular, sidecars
 from andrea.rundir.ledger_seal import run_id, tail_step
 from andrea.rundir.markers import RESETS
 
@@ -189,9 +189,17 @@ class LossLedger:
 
     def seal(self) -> dict[str, Any]:
         """What a checkpoint records of the ledger when it commits (after `sync`): its length, the hash of
-        every byte of it, its last step entry, and the run's id (absent for a run started before ids)."""
-        out = {"bytes": self.size, "xxh3_128": self._hash.hexdigest(), "last_step": self.last_step}
+        every byte of it, its last step entry, and the run's id (absent for a run started before ids). Format
+        version 2: its writer seals it (rundir/sidecars.py's `seal`: a flipped digit of its length or last step
+        would pass the checkpoint's checksum, which binds only the hash); a record without a version predates
+        seals."""
+        out = {"version": RECORD_VERSION, "bytes": self.size, "xxh3_128": self._hash.hexdigest(),
+               "last_step": self.last_step}
         return out if self.run is None else {**out, "run": self.run}
+
+    def record_bytes(self) -> bytes:
+        """The bytes of the checkpoint's `step_NNNNNN.ledger.json`: `seal()`, sealed."""
+        return sidecars.json_bytes(sidecars.seal(self.seal()))
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -342,6 +350,7 @@ def last_step(entries: list[dict[str, Any]]) -> int | None:
 
 
 EMA_BETA = 0.99  # the loss EMA of published claims: ~100-step memory, the checkpoint cadence
+RECORD_VERSION = 2  # step_NNNNNN.ledger.json: sealed (none: from before seals)
 
 
 def ema(values: list[float], beta: float = EMA_BETA) -> list[float]:

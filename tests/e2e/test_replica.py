@@ -91,7 +91,7 @@ def make_run(run_dir: Path, steps: list[int], seed: int = 0) -> Path:
         ledger.append([{"step": s, "loss": 1.0} for s in range(step - 9, step + 1)])
         ledger.sync()
         payload = np.random.default_rng(step).random(3 * N, dtype=np.float32)
-        companion_path(run_dir, step, "ledger").write_text(json.dumps(ledger.seal()))
+        companion_path(run_dir, step, "ledger").write_bytes(ledger.record_bytes())
         companion_path(run_dir, step, "state").write_text("{}")
         commit_checkpoint(run_dir, step, payload)
     ledger.close()

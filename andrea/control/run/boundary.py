@@ -245,7 +245,7 @@ class Boundary:
                                rollback.companion_path(self.run_dir, step): rollback.companion_bytes(guard_state),
                                # the ledger as this checkpoint vouches for it: a later start checks it
                                names.companion_path(self.run_dir, step, "ledger"):
-                                   sidecars.json_bytes(self.feed.ledger.seal())})
+                                   self.feed.ledger.record_bytes()})
 
         commit = writer.start_commit(slot, step, fence, before_commit)
         self.observers.on_commit(step, commit, state, writer.stall_seconds[-1])

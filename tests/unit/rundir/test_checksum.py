@@ -47,7 +47,7 @@ def test_a_checkpoint_names_the_run_of_the_ledger_it_was_committed_on(tmp_path):
         led = LossLedger(run_dir / names.LEDGER_NAME)
         led.append([{"event": "start", "step": 0, "time": 0.0, "run": run}, {"step": 1, "loss": 1.0}])
         led.sync()
-        (run_dir / "step_000001.ledger.json").write_text(json.dumps(led.seal()))
+        (run_dir / "step_000001.ledger.json").write_bytes(led.record_bytes())
         led.close()
         commit_checkpoint(run_dir, 1, np.zeros(3, dtype=np.float32))
 
@@ -62,3 +62,48 @@ def test_a_checkpoint_names_the_run_of_the_ledger_it_was_committed_on(tmp_path):
         (tmp_path / "ours" / f.name).write_bytes(f.read_bytes())
     copied = tmp_path / "ours" / "step_000001.bin"
     assert "another run's checkpoint" in checksum.check_companions(copied, checksum.read(copied))
+
+
+def test_a_bit_changed_in_a_checkpoints_ledger_record_makes_it_unverified(tmp_path):
+    """Campaign seed 58: a flip turned the ledger record's "last_step" into "las4_step" and `verify` said ok, since
+    the checksum binds the record's hash of the ledger, not its length or last step. The record is sealed: every
+    single bit flipped in it is no JSON, a broken seal (the checkpoint unverified, by every reader), or the same
+    content; a record from before seals (no version, no checksum) is read as before."""
+    import json
+
+    import numpy as np
+
+    from andrea.rundir import checksum, names
+    from andrea.rundir.checkpoint_write import commit_checkpoint
+    from andrea.rundir.ledger import LossLedger
+
+    led = LossLedger(tmp_path / names.LEDGER_NAME)
+    led.append([{"event": "start", "step": 0, "time": 0.0, "run": "1" * 32}, {"step": 1, "loss": 1.0}])
+    led.sync()
+    record = names.companion_path(tmp_path, 1, "ledger")
+    intact = led.record_bytes()
+    record.write_bytes(intact)
+    led.close()
+    commit_checkpoint(tmp_path, 1, np.zeros(3, dtype=np.float32))
+    ckpt = tmp_path / "step_000001.bin"
+    assert checksum.check_companions(ckpt, checksum.read(ckpt)) is None
+    body = json.loads(intact)
+    silent = 0
+    for i in range(len(intact)):
+        for bit in range(8):
+            flipped = bytearray(intact)
+            flipped[i] ^= 1 << bit
+            try:
+                read = json.loads(flipped.decode())
+            except ValueError:
+                continue
+            record.write_bytes(bytes(flipped))
+            problem = checksum.check_companions(ckpt, checksum.read(ckpt))
+            if problem is None:
+                assert read == body, (i, bit, bytes(flipped))
+                silent += 1
+            else:
+                assert "\n" not in problem and "unverified" in problem
+    assert silent == 0
+    record.write_text(json.dumps({k: v for k, v in body.items() if k not in ("version", "checksum")}))
+    assert checksum.check_companions(ckpt, checksum.read(ckpt)) is None  # written before seals

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -63,6 +64,9 @@ class Ledger:
     def seal(self) -> dict:
         steps = [line["step"] for line in self.lines if "event" not in line]
         return {"lines": len(self.lines), "last_step": steps[-1] if steps else None}
+
+    def record_bytes(self) -> bytes:
+        return json.dumps(self.seal()).encode()
 
 
 class Trainer:

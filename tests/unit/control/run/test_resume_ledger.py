@@ -25,7 +25,7 @@ def run_with_checkpoint(tmp_path, steps: int = 20, at: int = 10):
     led.append([{**L.marker("start", 0, identity={"train.seed": 1}), "time": 5.0}])
     led.append([entry(s) for s in range(1, at + 1)])
     led.sync()
-    names.companion_path(tmp_path, at, "ledger").write_text(json.dumps(led.seal()))
+    names.companion_path(tmp_path, at, "ledger").write_bytes(led.record_bytes())
     led.append([entry(s) for s in range(at + 1, steps + 1)])  # the previous process's tail
     led.close()
     return path, ckpt.CheckpointInfo(tmp_path / names.checkpoint_name(at), at, 64)
@@ -73,7 +73,7 @@ def test_junk_a_checkpoint_vouches_for_is_refused_untouched_then_accepted_with_a
     with open(path, "ab") as f:  # what the old start kept: junk, then a checkpoint that vouched for it
         f.write(b"junk\n" + json.dumps(entry(11)).encode() + b"\n")
     led = L.LossLedger(path)
-    names.companion_path(tmp_path, 11, "ledger").write_text(json.dumps(led.seal()))
+    names.companion_path(tmp_path, 11, "ledger").write_bytes(led.record_bytes())
     led.close()
     info, before = ckpt.CheckpointInfo(tmp_path / names.checkpoint_name(11), 11, 64), path.read_bytes()
     with pytest.raises(L.LedgerError, match="line 12 .* vouches for it.*--accept-ledger-gap"):
