@@ -66,6 +66,9 @@ REGRESSIONS = [
      "turned the marker's model.n_layer into model.N_layer, and the next start's replica check refused its own "
      "replica as 'another run' (advising another prefix) before the ledger check could name the change and "
      "--accept-ledger-gap; the run id now decides ownership (control/replica/plan.py's same_run)"),
+    ("58", "2", "a flipped bit in a checkpoint's ledger record must make it unverified: flip@25 of "
+     "step_000025.ledger.json turned \"last_step\" into \"las4_step\" and verify said ok (the checksum binds only the "
+     "record's hash of the ledger); the record is now sealed (rundir/ledger.py, rundir/checksum.py)"),
     ("214", "0", "every checkpoint of a 2-rank run damaged (cut@11 of the only one kept) must be one refusal line on "
      "each rank: rank 1 waited in the broadcast of rank 0's pick, and rank 0's exit broke it into a traceback; rank "
      "0's refusal now reaches every rank (control/parallel/sharing.py's leader_decides)"),
@@ -76,7 +79,8 @@ REGRESSIONS = [
 # run (20-35 s on one worker), and each defect has its focused test in the suite: seeds 24 and 156,
 # tests/e2e/test_guard_run.py::test_losing_the_known_good_checkpoint_keeps_the_rollbacks_data_offset_and_lr_scale;
 # seed 64, tests/unit/control/guard/test_rollback.py's sealed-companion tests; seed 15 was the harness's own; seed 201,
-# tests/unit/control/replica/test_owner.py; seed 214, tests/unit/control/parallel/test_sharing.py.
+# tests/unit/control/replica/test_owner.py; seed 214, tests/unit/control/parallel/test_sharing.py; seed 58,
+# tests/unit/rundir/test_checksum.py.
 @pytest.mark.slow
 @pytest.mark.parametrize("seed,events,reason", REGRESSIONS, ids=[f"seed{s}" for s, _, _ in REGRESSIONS])
 def test_a_seed_the_campaign_found_failing_holds(seed, events, reason, prepared, tmp_path):
