@@ -74,6 +74,9 @@ QUICK = Size(1, 2, 32, 32, 300, 4, 12, 2, 2, 60_000)
 EXTRAS = {  # name -> the model keys it sets: nanochat's extras (issue 54)
     "softcap": {"logit_softcap": 15.0}, "embed_norm": {"embed_norm": True}, "rope1e5": {"rope_base": 1e5},
     "qk1.2": {"qk_scale": 1.2}, "relu2": {"mlp": "relu2"},
+    # nanochat's parts with parameters (their own AdamW groups under NorMuon: andrea/optim/normuon.py PARTS)
+    "ve": {"value_embeds": True}, "lambdas": {"resid_lambdas": True}, "smear": {"smear": True},
+    "backout": {"backout": True},
 }
 ABLATED = "modern+NorMuon"  # the subject --ablation adds each extra to, at muon_lr 0.06 (its best point)
 BASELINE = 3.710  # modern+NorMuon at muon_lr 0.06 (docs/benchmarks.md), when the ablation does not rerun it
