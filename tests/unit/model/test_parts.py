@@ -15,11 +15,12 @@ from andrea.config.check import ConfigError
 from andrea.config.schema import ModelConfig
 from andrea.control.run.trainer import Trainer
 from andrea.kernels import adamw_reference
-from andrea.model import arch, generate as generation
+from andrea.model import arch, generate as generation, memory
 from andrea.model.gpt import ModelMath, decay_mask, n_params, sdpa_attention
 from andrea.model.modern import Modern
 from andrea.optim.normuon import NorMuon
 from andrea.optim.registry import Hyper
+from tests.activations import saved_bytes
 
 SHAPE = {"arch": "modern", "n_layer": 3, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 300}
 ALL = {"value_embeds": True, "resid_lambdas": True, "smear": True, "backout": True}
@@ -241,3 +242,17 @@ def test_every_optimizer_trains_the_parts_and_the_guards_scale_halves_their_chan
         r = slice(s.offset, s.offset + s.numel)
         assert float(changes[0][r].abs().max()) > 0, s.name
         assert float(changes[1][r].norm() / changes[0][r].norm()) == pytest.approx(0.5, rel=1e-3), s.name
+
+
+@pytest.mark.parametrize("part", list(ALL))
+def test_the_memory_estimate_counts_what_each_part_makes_autograd_save(part):
+    """`info`'s estimate grows by what autograd saves for the part (saved-tensor hooks), to the byte."""
+    base = {**SHAPE, "n_head": 4, "block_size": 32}
+    x, y = (torch.randint(0, 300, (4, 32), generator=torch.Generator().manual_seed(1)) for _ in range(2))
+    saved, est = [], []
+    for parts in ({}, {part: True}):
+        cfg = configload.from_dict({"model": {**base, **parts}})
+        trainer = Trainer(cfg, CPU, kernels="torch")
+        saved.append(saved_bytes(trainer, x, y))
+        est.append(memory.estimate(cfg.model, trainer.n, 4, device="cpu").activations)
+    assert est[1] - est[0] == saved[1] - saved[0]
