@@ -256,3 +256,49 @@ def test_the_memory_estimate_counts_what_each_part_makes_autograd_save(part):
         saved.append(saved_bytes(trainer, x, y))
         est.append(memory.estimate(cfg.model, trainer.n, 4, device="cpu").activations)
     assert est[1] - est[0] == saved[1] - saved[0]
+
+
+@pytest.mark.parametrize("optimizer", ["normuon", "muon"])
+def test_a_resume_from_the_flat_state_is_bit_for_bit_with_every_part(optimizer):
+    """The parts' weights and their m and v live in the flat [w | m | v]: six steps straight equal three, the
+    state loaded into a new trainer, and three more, byte for byte."""
+    cfg = tiny(f"train.optimizer={optimizer}", "train.warmup_steps=2", "train.lr_decay_steps=8")
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, cfg.model.vocab_size, (4, 16), generator=gen) for _ in range(6)]
+
+    def run(t: Trainer, steps) -> None:
+        for s in steps:
+            t.train_step(s, batches[s], torch.roll(batches[s], -1, dims=1))
+
+    straight = Trainer(cfg, CPU, kernels="torch")
+    run(straight, range(6))
+    first = Trainer(cfg, CPU, kernels="torch")
+    run(first, range(3))
+    resumed = Trainer(cfg, CPU, kernels="torch")
+    resumed.load(first.state.buffer.clone())
+    run(resumed, range(3, 6))
+    assert torch.equal(resumed.state.buffer, straight.state.buffer)
+    smear = next(s for s in straight.layout if s.name == "smear.lam")
+    assert float(straight.state.w[smear.offset]) != 0.0  # the parts trained (smear's λ starts at 0)
+
+
+def test_slices_cut_inside_the_parts_update_them_as_the_whole():
+    """NorMuon over slices of the flat state (as ZeRO-1's ranks hold them) cut inside a value embedding and
+    between the resid lambdas gives the whole update's bytes on each slice: the parts' groups and resid's decay
+    mask follow the cut."""
+    cfg = tiny()
+    tc, layout = cfg.train, arch.layout_for(cfg.model)
+    n = n_params(layout)
+    at = {s.name: s.offset for s in layout}
+    cuts = [0, at["value_embeds.1.weight"] + 1000, at["lambdas.resid"] + 1, n]
+    hp = Hyper(3, 1e-3, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, None, progress=0.2)
+    gen = torch.Generator().manual_seed(5)
+    whole = [torch.randn(n, generator=gen), torch.randn(n, generator=gen), torch.randn(n, generator=gen),
+             torch.rand(n, generator=gen)]
+    parts_in = [t.clone() for t in whole]
+    NorMuon(layout, tc, adamw_reference, "torch", CPU)(*whole, hp)
+    for lo, hi in zip(cuts, cuts[1:]):
+        part = [t[lo:hi].clone() for t in parts_in]
+        NorMuon(layout, tc, adamw_reference, "torch", CPU, lo, hi)(*part, hp)
+        for a, b in zip(part, whole):
+            assert torch.allclose(a, b[lo:hi], rtol=0, atol=1e-6)
