@@ -18,7 +18,8 @@ the two reads around the crossing ("-" if never).
     python bench/recipe.py --ablation --step-cost 10   # CPU time per step only, the subjects interleaved
 
 A subject named "<subject>+<extra>+<extra>…" is that subject with those model extras on (EXTRAS: nanochat's, each a
-ModelConfig key, andrea/model/modern.py); the ablation table gives each one's held-out loss at the last step, its
+ModelConfig key, andrea/model/modern.py: softcap, embed_norm, rope1e5, qk1.2, relu2, and the parts with parameters
+ve, lambdas, smear, backout); the ablation table gives each one's held-out loss at the last step, its
 change against the plain subject's (run alongside, else BASELINE), steps to 5.018 and its CPU seconds per step
 relative to the plain subject's (process time, so a machine shared with other work counts less).
 

@@ -43,7 +43,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from andrea.config.model import SMEAR_CHANNELS, VE_GATE_CHANNELS
+from andrea.config.model import SMEAR_CHANNELS, VE_GATE_CHANNELS, value_embed_layers
 from andrea.config.schema import ModelConfig, swiglu_hidden
 from andrea.model.gpt import ModelMath, ParamSpec, RmsNormFn, RotaryFn, _embedding, n_params
 
@@ -52,7 +52,7 @@ NORM_EPS = 1e-6  # every RMSNorm's eps (Qwen3's rms_norm_eps)
 
 def has_value_embed(layer: int, n_layer: int) -> bool:
     """Whether block `layer` has a value embedding (model.value_embeds): every other layer, the last included."""
-    return layer % 2 == (n_layer - 1) % 2
+    return layer in value_embed_layers(n_layer)
 
 
 def lambda_inits(n_layer: int) -> tuple[list[float], list[float]]:

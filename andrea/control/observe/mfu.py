@@ -35,6 +35,8 @@ import re
 from collections import deque
 from dataclasses import dataclass
 
+from andrea.config.model import lookup_params
+
 # (pattern on torch.cuda.get_device_name, dense peak TFLOP/s by matmul precision). First match wins: the more
 # specific names (H100 PCIe / NVL, L40S) come before the names they contain.
 PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
@@ -60,9 +62,11 @@ def flops_per_token(n_layer: int, n_head: int, n_embd: int, block_size: int, voc
 
 
 def model_flops_per_token(model_cfg, n_params: int) -> float:
-    """flops_per_token of an andrea ModelConfig (either arch)."""
+    """flops_per_token of an andrea ModelConfig (either arch); a modern model's value-embedding tables and scalars
+    (andrea/config/model.py `lookup_params`) are no matmul weights either."""
     m = model_cfg
-    return flops_per_token(m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, n_params,
+    lookups = lookup_params(m) if m.arch == "modern" else 0
+    return flops_per_token(m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, n_params - lookups,
                            position_table=m.arch == "gpt2")
 
 

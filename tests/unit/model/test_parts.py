@@ -331,3 +331,36 @@ def test_the_triton_kernels_and_block_recomputation_carry_the_parts():
     assert plain.state.grad[ve.offset:ve.offset + ve.numel].abs().max() > 0
     ck.train_step(0, x, y)
     assert torch.equal(ck.state.buffer, plain.state.buffer)
+
+
+@pytest.mark.parametrize("parts", [ALL, {"value_embeds": True}, {"resid_lambdas": True, "backout": True}])
+def test_the_mfu_count_leaves_the_parts_lookups_out_and_equals_torchs(parts):
+    """MFU's FLOPs per token (andrea/control/observe/mfu.py): the value-embedding tables and the scalars are no
+    matmul weights (the gates are), so the count is torch's to the FLOP, as for the plain modern model."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from andrea.control.observe import mfu
+    from andrea.kernels.attention import attention_reference
+    cfg = ModelConfig(**SHAPE, **parts)
+    model = Modern(cfg, ModelMath(attention=attention_reference))
+    B, T = 3, cfg.block_size
+    with FlopCounterMode(display=False) as counter:
+        logits, _ = model(torch.randint(0, cfg.vocab_size, (B, T)))
+        logits.float().square().mean().backward()
+    assert mfu.model_flops_per_token(cfg, n_params(arch.layout_for(cfg))) == counter.get_total_flops() / (B * T)
+
+
+def test_the_modern_presets_take_the_parts_that_paid_and_an_older_run_keeps_its_model():
+    """andrea-12m-modern and andrea-120m-modern turn value_embeds and smear on (docs/benchmarks.md: -0.12 together
+    under NorMuon, -0.07 under Muon at issue 54's setup), not resid_lambdas or backout (+0.12, -0.006); a run.toml
+    written before the keys existed reads as the model it trained (off)."""
+    for name in ("andrea-12m-modern", "andrea-120m-modern"):
+        m = configload.load(preset=name).model
+        assert (m.value_embeds, m.smear, m.resid_lambdas, m.backout) == (True, True, False, False), name
+    old = {k: v for k, v in vars(configload.load(preset="andrea-12m-modern").model).items()
+           if k not in ("value_embeds", "resid_lambdas", "smear", "backout")}
+    m = configload.load(base={"model": old}).model
+    assert not (m.value_embeds or m.smear)
+    m = configload.load(preset="andrea-12m-modern", base={"model": old}).model  # resumed naming the preset again
+    assert not (m.value_embeds or m.smear)
+    m = configload.load(preset="andrea-12m-modern", base={"model": {"n_layer": 2}}).model  # no run's record
+    assert m.value_embeds and m.smear
