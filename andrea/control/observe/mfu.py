@@ -20,7 +20,10 @@ its untied head are all in N. What it adds besides matmuls is elementwise and O(
 PaLM leaves out softmax, norms and activations): rotary (6 FLOPs per rotated pair of q and k), the RMSNorms (QK-norm
 per head, two per block and the final one: ~4 per element), SwiGLU's SiLU and product. At andrea-12m-modern's
 shape those are ~0.3 % of 6·N, forward and backward. A modern model has no bias or norm vector, so its N is
-matmul weights only and the formula equals torch's count exactly (tests/unit/control/observe/test_mfu.py).
+matmul weights only and the formula equals torch's count exactly (tests/unit/control/observe/test_mfu.py). Its
+parts (model.value_embeds, resid_lambdas, smear, backout) add lookups and scalars, left out of N as the embedding
+is (andrea/config/model.py `lookup_params`), and two small gates, matmuls in N: torch's count still
+(tests/unit/model/test_parts.py).
 
 Peaks are dense tensor-core FLOP/s (no 2:4 sparsity), from NVIDIA's data sheets and architecture whitepapers (the
 H100/H200 SXM sheet quotes BF16 1,979 and TF32 989 TFLOPS with sparsity: halved here). On CUDA andrea trains under
