@@ -28,13 +28,6 @@ def value_embed_layers(n_layer: int) -> list[int]:
     return [i for i in range(n_layer) if i % 2 == (n_layer - 1) % 2]
 
 
-def lookup_params(cfg: "ModelConfig") -> int:
-    """The modern model's parts' parameters that no matmul multiplies: the value-embedding tables (V, C) each and
-    the scalars (resid and x0 lambdas, smear's λ, backout's β); the gates are matmul weights."""
-    tables = len(value_embed_layers(cfg.n_layer)) * cfg.vocab_size * cfg.n_embd if cfg.value_embeds else 0
-    return tables + 2 * cfg.n_layer * cfg.resid_lambdas + cfg.smear + cfg.backout
-
-
 def mlp_hidden(cfg: "ModelConfig") -> int:
     """The modern model's MLP hidden width: `swiglu_hidden` for model.mlp = swiglu, 4·n_embd for relu2."""
     return 4 * cfg.n_embd if cfg.mlp == "relu2" else swiglu_hidden(cfg.n_embd)

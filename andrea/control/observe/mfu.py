@@ -22,7 +22,7 @@ per head, two per block and the final one: ~4 per element), SwiGLU's SiLU and pr
 shape those are ~0.3 % of 6·N, forward and backward. A modern model has no bias or norm vector, so its N is
 matmul weights only and the formula equals torch's count exactly (tests/unit/control/observe/test_mfu.py). Its
 parts (model.value_embeds, resid_lambdas, smear, backout) add lookups and scalars, left out of N as the embedding
-is (andrea/config/model.py `lookup_params`), and two small gates, matmuls in N: torch's count still
+is (`lookup_params`), and two small gates, matmuls in N: torch's count still
 (tests/unit/model/test_parts.py).
 
 Peaks are dense tensor-core FLOP/s (no 2:4 sparsity), from NVIDIA's data sheets and architecture whitepapers (the
@@ -37,8 +37,6 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass
-
-from andrea.config.model import lookup_params
 
 # (pattern on torch.cuda.get_device_name, dense peak TFLOP/s by matmul precision). First match wins: the more
 # specific names (H100 PCIe / NVL, L40S) come before the names they contain.
@@ -64,9 +62,18 @@ def flops_per_token(n_layer: int, n_head: int, n_embd: int, block_size: int, voc
     return 6 * matmul_params + 12 * n_layer * n_head * head_dim * block_size
 
 
+def lookup_params(m) -> int:
+    """A modern ModelConfig's parts' parameters that no matmul multiplies: the value-embedding tables, (V, C) in
+    every other layer ending with the last (andrea/config/model.py `value_embed_layers`), and the scalars (resid
+    and x0 lambdas, smear's λ, backout's β); the gates are matmul weights."""
+    L = m.n_layer
+    tables = sum(i % 2 == (L - 1) % 2 for i in range(L)) * m.vocab_size * m.n_embd if m.value_embeds else 0
+    return tables + 2 * L * m.resid_lambdas + m.smear + m.backout
+
+
 def model_flops_per_token(model_cfg, n_params: int) -> float:
     """flops_per_token of an andrea ModelConfig (either arch); a modern model's value-embedding tables and scalars
-    (andrea/config/model.py `lookup_params`) are no matmul weights either."""
+    (`lookup_params`) are no matmul weights either."""
     m = model_cfg
     lookups = lookup_params(m) if m.arch == "modern" else 0
     return flops_per_token(m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, n_params - lookups,
