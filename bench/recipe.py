@@ -18,7 +18,8 @@ the two reads around the crossing ("-" if never).
     python bench/recipe.py --ablation --step-cost 10   # CPU time per step only, the subjects interleaved
 
 A subject named "<subject>+<extra>+<extra>…" is that subject with those model extras on (EXTRAS: nanochat's, each a
-ModelConfig key, andrea/model/modern.py); the ablation table gives each one's held-out loss at the last step, its
+ModelConfig key, andrea/model/modern.py: softcap, embed_norm, rope1e5, qk1.2, relu2, and the parts with parameters
+ve, lambdas, smear, backout); the ablation table gives each one's held-out loss at the last step, its
 change against the plain subject's (run alongside, else BASELINE), steps to 5.018 and its CPU seconds per step
 relative to the plain subject's (process time, so a machine shared with other work counts less).
 
@@ -74,6 +75,9 @@ QUICK = Size(1, 2, 32, 32, 300, 4, 12, 2, 2, 60_000)
 EXTRAS = {  # name -> the model keys it sets: nanochat's extras (issue 54)
     "softcap": {"logit_softcap": 15.0}, "embed_norm": {"embed_norm": True}, "rope1e5": {"rope_base": 1e5},
     "qk1.2": {"qk_scale": 1.2}, "relu2": {"mlp": "relu2"},
+    # nanochat's parts with parameters (their own AdamW groups under NorMuon: andrea/optim/normuon.py PARTS)
+    "ve": {"value_embeds": True}, "lambdas": {"resid_lambdas": True}, "smear": {"smear": True},
+    "backout": {"backout": True},
 }
 ABLATED = "modern+NorMuon"  # the subject --ablation adds each extra to, at muon_lr 0.06 (its best point)
 BASELINE = 3.710  # modern+NorMuon at muon_lr 0.06 (docs/benchmarks.md), when the ablation does not rerun it

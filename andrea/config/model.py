@@ -3,7 +3,8 @@
 One section of the schema (andrea/config/schema.py holds RunConfig and the rest, andrea/config/corpus.py the data's,
 andrea/config/keepers.py the guard's, the watchdog's and the notices'): a dataclass with a docstring per field,
 checked on construction; andrea/config/doc.py reads it for docs/configuration.md. The model's extras (nanochat's:
-softcap, embedding norm, q/k scale, ReLU², rotary base) are keys here whose defaults are the plain modern model.
+softcap, embedding norm, q/k scale, ReLU², rotary base; value embeddings, residual lambdas, smear, backout) are keys
+here whose defaults are the plain modern model.
 Reads and writes nothing.
 """
 
@@ -16,6 +17,15 @@ from andrea.config.check import ConfigError
 
 ARCHS = ("gpt2", "modern")
 MLPS = ("swiglu", "relu2")  # model.mlp (arch = modern)
+VE_GATE_CHANNELS = 12  # model.value_embeds: the gate reads the first 12 channels of the attention's input
+SMEAR_CHANNELS = 24  # model.smear: the gate reads the first 24 channels of the embedding
+# the extras that add parameters (andrea/model/modern.py; docs/formats.md says where they sit)
+PARAM_EXTRAS = ("value_embeds", "resid_lambdas", "smear", "backout")
+
+
+def value_embed_layers(n_layer: int) -> list[int]:
+    """The layers with a value embedding (model.value_embeds): every other one, the last included (nanochat's)."""
+    return [i for i in range(n_layer) if i % 2 == (n_layer - 1) % 2]
 
 
 def mlp_hidden(cfg: "ModelConfig") -> int:
@@ -71,6 +81,20 @@ class ModelConfig:
     """arch = modern: swiglu | relu2. swiglu: silu(gate) · up with hidden width 8·n_embd/3 (three matrices).
     relu2: relu(up)² with hidden width 4·n_embd (nanochat's): two matrices, up_proj (4C, C) and down_proj (C, 4C),
     no gate_proj; as many parameters as swiglu's to within the width's rounding."""
+    value_embeds: bool = False
+    """arch = modern: value embeddings with gates (nanochat's, ResFormer's): every other layer, the last included,
+    has its own (V, C) token embedding added to attention's v, per head gated by 3·sigmoid of a (n_head, 12) matrix
+    over the first 12 channels of the attention's input. Adds (V, C) per such layer."""
+    resid_lambdas: bool = False
+    """arch = modern: before each block i the residual stream becomes r_i·x + a_i·x0 (x0: the embedding as the
+    first block would see it), two learned scalars per layer (nanochat's resid_lambdas and x0_lambdas, started at
+    1.15 → 1.05 and 0.20 → 0.05 across the layers)."""
+    smear: bool = False
+    """arch = modern: each token's embedding gets the previous token's added, gated by λ·sigmoid of a (1, 24)
+    vector over its first 24 channels (nanochat's smear; λ starts at 0: the model starts without it)."""
+    backout: bool = False
+    """arch = modern: before the final norm, β times the residual stream after the middle block (n_layer // 2) is
+    subtracted (nanochat's backout; β learned, started at 0.2)."""
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -89,6 +113,13 @@ class ModelConfig:
                 0.0, False, 1.0, "swiglu"):
             raise ConfigError(f"model.arch={self.arch!r}: logit_softcap, embed_norm, qk_scale and mlp are the modern "
                               f"model's (model.arch = \"modern\")")
+        if self.arch != "modern" and any(getattr(self, k) for k in PARAM_EXTRAS):
+            raise ConfigError(f"model.arch={self.arch!r}: {', '.join(PARAM_EXTRAS)} are the modern model's "
+                              f"(model.arch = \"modern\")")
+        for key, width in (("value_embeds", VE_GATE_CHANNELS), ("smear", SMEAR_CHANNELS)):
+            if getattr(self, key) and self.n_embd < width:
+                raise ConfigError(f"model.{key}: its gate reads the first {width} channels, and model.n_embd is "
+                                  f"{self.n_embd}")
         if not self.rope_base > 1.0:
             raise ConfigError(f"model.rope_base={self.rope_base} must be > 1")
         if self.vocab_size < 260:

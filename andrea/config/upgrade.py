@@ -14,6 +14,8 @@ writes nothing. docs/operating.md#upgrading-andrea-under-a-running-run lists the
 | notify.events              | every kind of a version that recorded the list, not "all":   | today's default  |
 |                            | the nine before the incident markers (incident … failed), or | (["all"]: every  |
 |                            | the fourteen before "all" (… rank_mismatch), in any order    | kind, new ones)  |
+| model.value_embeds, smear, | absent from a run.toml written before they existed: the     | false (the model |
+| resid_lambdas, backout     | model trained without them (a modern preset now turns two on) | it trained)      |
 
 Since "all" (andrea/notices.py), run.toml records the intent: a new notice kind needs no row here. The two lists
 below are history, frozen: the defaults of the versions that wrote today's kinds out one by one.
@@ -30,6 +32,7 @@ OLD_NOTIFY_EVENTS = ["incident", "rollback", "guard_stop", "write_error", "stall
 LISTED_NOTIFY_EVENTS = [*OLD_NOTIFY_EVENTS, "quarantine", "resume_below", "replica_down", "replica_back",
                         "rank_mismatch"]  # the last default that listed the kinds
 OLD_NOTIFY_DEFAULTS = (frozenset(OLD_NOTIFY_EVENTS), frozenset(LISTED_NOTIFY_EVENTS))
+MODEL_PARTS = ("value_embeds", "resid_lambdas", "smear", "backout")  # andrea/config/model.py PARAM_EXTRAS, frozen
 
 
 def meant_every_kind(events: Any) -> bool:
@@ -53,4 +56,10 @@ def upgrade_run_toml(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         del notify["events"]
         notes.append("notify.events lists every kind of the version that started this run: read as \"all\" "
                      "(today's default: every kind, those added since included)")
+    model = out.get("model")
+    # a recorded model (run.toml records every key, arch included) without them: off, which a preset naming them
+    # (andrea-12m-modern's) must not turn on
+    if isinstance(model, dict) and "arch" in model:
+        for key in MODEL_PARTS:
+            model.setdefault(key, False)
     return out, notes

@@ -2,8 +2,9 @@
 andrea/model/init_from.py reads back as the starting point of a new run (`train --init-from`). A modern run
 (`model.arch = "modern"`) exports as a `Qwen3ForCausalLM` directory instead: its names, config and norm weights
 are andrea/model/qwen3.py's; the files, the tokenizer, npz and every refusal are the same as below. With a model
-extra Qwen3 cannot express (logit_softcap, embed_norm, mlp = relu2) the directory also holds modeling_andrea.py and
-config.json names it (model_type andrea_modern, auto_map): andrea/model/hf_modeling.py.
+extra Qwen3 cannot express (logit_softcap, embed_norm, mlp = relu2, and the parts value_embeds, resid_lambdas, smear,
+backout) the directory also holds modeling_andrea.py and config.json names it (model_type andrea_modern,
+auto_map): andrea/model/hf_modeling.py.
 
 andrea's model is GPT-2 (andrea/model/gpt.py): learned positions, pre-LayerNorm blocks, tanh-approximated GELU,
 LayerNorm eps 1e-5, biases everywhere, an untied head. Name mapping, andrea layout name → HF `GPT2LMHeadModel`

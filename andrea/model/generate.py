@@ -30,7 +30,8 @@ takes the next slot in every row, at position = that row's length, so one forwar
 
 The modern model (andrea/model/modern.py) runs the same loop through `_modern_blocks`: RMSNorms, q/k/v/o, QK-norm,
 rotary at each slot's position (the tables gathered per row, so left padding shifts them as it shifts the GPT's
-positions), SwiGLU or ReLU², and the model's own extras (embedding norm, q/k scale, logit softcap).
+positions), SwiGLU or ReLU², and the model's own extras (embedding norm, q/k scale, logit softcap; value
+embeddings, residual lambdas and backout per slot; smear from the cache's last embedding, none at a row's position 0).
 
 Past block_size: positions are learned and absolute (rotary tables stop at block_size), and the uncached loop
 feeds the last block_size tokens at positions 0..block_size-1; once a row is longer than that, every token's
@@ -81,6 +82,7 @@ class KVCache:
         self.k: torch.Tensor | None = None  # (L, B, nh, capacity, hs), allocated at the first write
         self.v: torch.Tensor | None = None
         self.used = 0  # slots written
+        self.last: torch.Tensor | None = None  # (B, 1, C) the last written slot's embedding (model.smear's)
 
 
 @torch.no_grad()
@@ -106,7 +108,10 @@ def forward_cached(model: GPT | Modern, cache: KVCache, idx: torch.Tensor) -> to
         y = F.scaled_dot_product_attention(q, cache.k[i, :, :, :s1], cache.v[i, :, :, :s1], attn_mask=mask)
         return y.transpose(1, 2).reshape(B, t, -1)
 
-    logits = (_modern_blocks if isinstance(model, Modern) else _gpt_blocks)(model, cache.pos[:, s0:s1], idx, attend)
+    if isinstance(model, Modern):
+        logits = _modern_blocks(model, cache.pos[:, s0:s1], idx, attend, cache)
+    else:
+        logits = _gpt_blocks(model, cache.pos[:, s0:s1], idx, attend)
     cache.used = s1
     return logits
 
@@ -125,7 +130,7 @@ def _gpt_blocks(model: GPT, pos: torch.Tensor, idx: torch.Tensor, attend) -> tor
     return _linear(model.lm_head, model.ln_f(x[:, -1])).float()  # (B, V)
 
 
-def _modern_blocks(model: Modern, pos: torch.Tensor, idx: torch.Tensor, attend) -> torch.Tensor:
+def _modern_blocks(model: Modern, pos: torch.Tensor, idx: torch.Tensor, attend, cache: KVCache) -> torch.Tensor:
     """Modern.forward's math over idx (B, t) at positions pos (B, t) → fp32 logits of the last slot (B, V). Rotary
     takes each row's own positions (left padding shifts them), so QK-norm and rotary are torch's here
     (andrea/model/torch_math.py), with the tables gathered per row; the block norms are the model's (the Triton
@@ -133,18 +138,23 @@ def _modern_blocks(model: Modern, pos: torch.Tensor, idx: torch.Tensor, attend) 
     B, t = idx.shape
     C, nh = model.cfg.n_embd, model.cfg.n_head
     cos, sin = (tab[pos] for tab in model.rotary_tables(idx.device))  # (B, t, hs/2): each row's positions
-    x = model.embed(idx)  # (B, t, C)
+    e = model.embed(idx)  # (B, t, C)
+    prev = torch.zeros_like(e[:, :1]) if cache.last is None else cache.last
+    x = x0 = model.smeared(e, prev, pos == 0)
+    cache.last, middle = e[:, -1:], None
     for i, block in enumerate(model.h):
+        x = model.mixed(i, x, x0)
         attn, h = block.attn, block.norm_1(x)
         qkv = torch.stack([_linear(p, h) for p in (attn.q_proj, attn.k_proj, attn.v_proj)], dim=2)  # (B, t, 3, C)
         q, k, v = attn.heads(qkv_heads(qkv.view(B, t, 3, nh, C // nh), cos, sin, NORM_EPS))  # (B, nh, t, hs)
-        x = x + _linear(attn.o_proj, attend(i, q, k, v))
+        x = x + _linear(attn.o_proj, attend(i, q, k, attn.mix_value(h, v, model.value_embed(i, idx))))
         mlp, h = block.mlp, block.norm_2(x)
         if isinstance(mlp, ReLU2):
             x = x + _linear(mlp.down_proj, F.relu(_linear(mlp.up_proj, h)).square())
         else:
             x = x + _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, h)) * _linear(mlp.up_proj, h))
-    logits = _linear(model.lm_head, model.norm_f(x[:, -1]))  # (B, V)
+        middle = x if i == model.cfg.n_layer // 2 else middle
+    logits = _linear(model.lm_head, model.norm_f(model.backed_out(x, middle)[:, -1]))  # (B, V)
     c = model.cfg.logit_softcap
     return (logits if c == 0.0 else softcap(logits, c)).float()
 

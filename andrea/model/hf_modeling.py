@@ -11,23 +11,30 @@ transformers refuses the unknown type rather than build a stock Qwen3 that would
 The file subclasses Qwen3's config and causal LM and swaps in, under Qwen3's own state-dict names (so the tensors,
 their names and andrea/model/init_from.py's reading are qwen3.py's): an embedding followed by a parameter-free
 RMSNorm (model.embed_tokens.weight), a head followed by c·tanh(x/c) (lm_head.weight), and a ReLU² MLP
-(model.layers.i.mlp.{up,down}_proj.weight, no gate_proj). The extras' values are config.json keys
-(logit_softcap, embed_norm, mlp) that `train --init-from` checks against the run's. Reads and writes nothing.
+(model.layers.i.mlp.{up,down}_proj.weight, no gate_proj). nanochat's parts with parameters (model.value_embeds,
+resid_lambdas, smear, backout) are modules added under andrea's own names with Qwen3's prefixes (qwen3.py's
+`hf_name`: model.layers.i.self_attn.ve_gate.weight, model.value_embeds.i.weight, model.lambdas.{resid,x0},
+model.smear.{lam,gate.weight}, model.backout.lam) and computed by hooks around Qwen3's own modules: the embedding's
+output smeared, each decoder layer's input mixed with x0, v_proj's output plus the gated value embedding, the final
+norm's input backed out. The extras' values are config.json keys (EXTRA_KEYS) that `train --init-from` checks
+against the run's. Reads and writes nothing.
 """
 
 from __future__ import annotations
 
+from andrea.config.model import PARAM_EXTRAS
 from andrea.config.schema import ModelConfig
 from andrea.model import qwen3
 
 FILE_NAME = "modeling_andrea.py"
 MODEL_TYPE = "andrea_modern"
-EXTRA_KEYS = ("logit_softcap", "embed_norm", "mlp")  # config.json keys beyond Qwen3's
+EXTRA_KEYS = ("logit_softcap", "embed_norm", "mlp") + PARAM_EXTRAS  # config.json keys beyond Qwen3's
 
 
 def stock(cfg: ModelConfig) -> bool:
     """Whether the stock Qwen3ForCausalLM computes this modern model (no extra beyond rope_base and qk_scale)."""
-    return cfg.logit_softcap == 0.0 and not cfg.embed_norm and cfg.mlp == "swiglu"
+    return cfg.logit_softcap == 0.0 and not cfg.embed_norm and cfg.mlp == "swiglu" and not any(
+        getattr(cfg, k) for k in PARAM_EXTRAS)
 
 
 def config(cfg: ModelConfig, eot: int | None) -> dict:
@@ -39,14 +46,19 @@ def config(cfg: ModelConfig, eot: int | None) -> dict:
             "auto_map": {"AutoConfig": "modeling_andrea.AndreaModernConfig",
                          "AutoModelForCausalLM": "modeling_andrea.AndreaModernForCausalLM"},
             "hidden_act": "relu2" if cfg.mlp == "relu2" else "silu",
-            "logit_softcap": cfg.logit_softcap, "embed_norm": cfg.embed_norm, "mlp": cfg.mlp}
+            **{k: getattr(cfg, k) for k in EXTRA_KEYS}}
 
 
 MODELING = '''"""andrea's modern decoder (written by `andrea export`): Qwen3's decoder with every norm weight one (q_norm and
 k_norm: the run's model.qk_scale) and the extras no stock class has, from config.json: logit_softcap (logits ->
 c * tanh(logits / c)), embed_norm (a parameter-free RMSNorm after the token embedding) and mlp = "relu2"
-(down(relu(up(x))^2), no gate). Load with AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True).
-The tensors keep Qwen3's names. Passing inputs_embeds bypasses the embedding's norm."""
+(down(relu(up(x))^2), no gate), and nanochat's parts with parameters: value_embeds (a token embedding added to v
+in every other layer ending with the last, gated per head by 3 * sigmoid over the first 12 channels of the
+attention's input), resid_lambdas (layer i's input r_i * x + a_i * x0), smear (the previous token's embedding added
+through lam * sigmoid(gate . its first 24 channels)) and backout (beta * the stream after layer n // 2 subtracted
+before the final norm). Load with AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True). The tensors
+keep Qwen3's names, the parts andrea's under Qwen3's prefixes. Passing inputs_embeds bypasses the embedding's norm
+and the parts' token-dependent inputs; a left-padded batch smears a row's first token with its padding's."""
 
 import torch
 from torch import nn
@@ -105,5 +117,81 @@ class AndreaModernForCausalLM(Qwen3ForCausalLM):
         if getattr(config, "mlp", "swiglu") == "relu2":
             for layer in self.model.layers:
                 layer.mlp = ReLU2MLP(config.hidden_size, config.intermediate_size)
+        add_parts(self.model, config)
         self.post_init()
+
+    def forward(self, input_ids=None, *args, **kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        self.model.parts_ids = input_ids  # what the hooks read (add_parts)
+        self.model.parts_start = 0 if cache is None else int(cache.get_seq_length())
+        return super().forward(input_ids, *args, **kwargs)
+
+
+def has_value_embed(layer, n_layer):
+    return layer % 2 == (n_layer - 1) % 2
+
+
+class Scalars(nn.Module):
+    def __init__(self, **parts):
+        super().__init__()
+        for name, part in parts.items():
+            setattr(self, name, part if isinstance(part, nn.Module) else nn.Parameter(torch.zeros(part)))
+
+
+def add_parts(model, config):
+    """The parts config.json turns on, as modules of the Qwen3Model `model` and hooks around its own modules."""
+    n, heads = config.num_hidden_layers, config.num_attention_heads
+    if getattr(config, "value_embeds", False):
+        model.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, config.hidden_size)
+                                            for i in range(n) if has_value_embed(i, n)})
+        for i, layer in enumerate(model.layers):
+            if has_value_embed(i, n):
+                layer.self_attn.ve_gate = nn.Linear(12, heads, bias=False)
+                layer.self_attn.v_proj.register_forward_hook(
+                    lambda m, args, out, i=i, attn=layer.self_attn: mix_value(model, i, attn, args[0], out))
+    if getattr(config, "resid_lambdas", False):
+        model.lambdas = Scalars(resid=n, x0=n)
+        for i, layer in enumerate(model.layers):
+            layer.register_forward_pre_hook(lambda m, args, kwargs, i=i: mix_stream(model, i, args, kwargs),
+                                            with_kwargs=True)
+    if getattr(config, "smear", False):
+        model.smear = Scalars(lam=1, gate=nn.Linear(24, 1, bias=False))
+    model.embed_tokens.register_forward_hook(lambda m, args, out: smeared(model, out))
+    if getattr(config, "backout", False):
+        model.backout = Scalars(lam=1)
+        model.layers[n // 2].register_forward_hook(lambda m, args, out: setattr(
+            model, "parts_middle", out[0] if isinstance(out, tuple) else out))
+        model.norm.register_forward_pre_hook(lambda m, args: (args[0] - model.backout.lam * model.parts_middle,))
+
+
+def smeared(model, e):
+    """The embedding's output e (B, T, C), smeared (with smear), kept as x0 for the lambdas."""
+    if getattr(model, "smear", None) is not None:
+        gate = model.smear.lam * torch.sigmoid(model.smear.gate(e[..., :24]))  # (B, T, 1)
+        if getattr(model, "parts_start", 0) == 0:
+            x = torch.cat([e[:, :1], e[:, 1:] + gate[:, 1:] * e[:, :-1]], dim=1)
+        else:  # a cached decode: the previous call's last embedding precedes this one's first
+            x = e + gate * torch.cat([model.parts_last, e[:, :-1]], dim=1)
+        model.parts_last = e[:, -1:]
+        e = x
+    model.parts_x0 = e
+    return e
+
+
+def mix_stream(model, i, args, kwargs):
+    """Layer i's input hidden_states (first argument or keyword) -> r_i * x + a_i * x0."""
+    lam = model.lambdas
+    if args:
+        return (lam.resid[i] * args[0] + lam.x0[i] * model.parts_x0, *args[1:]), kwargs
+    x = kwargs["hidden_states"]
+    return args, {**kwargs, "hidden_states": lam.resid[i] * x + lam.x0[i] * model.parts_x0}
+
+
+def mix_value(model, i, attn, x, v):
+    """v_proj's output v (B, T, C) plus layer i's value embedding gated per head by its input x's first 12."""
+    B, T, C = v.shape
+    heads = attn.ve_gate.out_features
+    gate = 3 * torch.sigmoid(attn.ve_gate(x[..., :12]))  # (B, T, heads)
+    ve = model.value_embeds[str(i)](model.parts_ids).view(B, T, heads, C // heads)
+    return v + (gate[..., None] * ve).view(B, T, C)
 '''

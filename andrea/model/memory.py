@@ -30,6 +30,10 @@ fp32); and, once per block rather than per token, the concatenated q|k|v and gat
 save ((3·C + 2·H)·C, fp32 on CPU, their bf16 cast on CUDA). On CUDA (modelled, the Triton kernels under bf16
 autocast): fp32 RMSNorm inputs (2·C), bf16 everything else, the QK-normed q and k not kept (rotary saves only its
 tables).
+nanochat's parts (fp32 on either device, outside the blocks' recomputation): per value-embedding layer the
+embedding's rows and the gate (C + 2·n_head), with resid_lambdas each block's unmixed input (C), with smear the
+previous tokens' embeddings and the gate (C + 2); backout saves nothing new (its middle stream is the next block's
+input). Checked against saved-tensor hooks in tests/unit/model/test_parts.py.
 Not counted: the allocator's slack and fragmentation, the CUDA context (~0.5 GB), dropout masks (dropout is off
 by default), the checkpoint staging buffers on the host.
 """
@@ -115,6 +119,13 @@ def _modern_block_bytes_per_token(cfg: ModelConfig, device: str) -> int:
     return 4 * (10 * C + act) + stats
 
 
+def parts_bytes_per_token(cfg: ModelConfig) -> int:
+    """Bytes autograd saves per token for the modern model's parts with parameters (fp32; see the docstring)."""
+    C, L = cfg.n_embd, cfg.n_layer
+    ve_layers = sum(i % 2 == (L - 1) % 2 for i in range(L)) if cfg.value_embeds else 0
+    return 4 * (ve_layers * (C + 2 * cfg.n_head) + (L * C if cfg.resid_lambdas else 0) + (C + 2 if cfg.smear else 0))
+
+
 def block_weight_bytes(cfg: ModelConfig, device: str) -> int:
     """Bytes one block saves once, whatever the tokens: the modern model's concatenated q|k|v and gate|up weights
     (fp32 on CPU, bf16 on CUDA); none for the GPT."""
@@ -140,6 +151,7 @@ def estimate(cfg: ModelConfig, n_params: int, micro_batch_size: int, *, activati
     per_token += 4 * 2 * cfg.n_embd + 16  # ln_f input and output; int64 inputs and targets
     if cfg.embed_norm:
         per_token += 4 * cfg.n_embd + 4  # the embedding norm's input (fp32) and its rsqrt
+    per_token += parts_bytes_per_token(cfg)
     # log-probabilities (fp32) and their gradient (fp32); on CUDA also the bf16 logits and their bf16 gradient
     logits_per_token = cfg.vocab_size * (4 + 4 + (2 if device == "cuda" else 0))
     if cfg.logit_softcap:

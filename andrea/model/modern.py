@@ -8,7 +8,10 @@ export without custom code (andrea/model/qwen3.py says why that class; docs/oper
 nanochat's extras, each a ModelConfig key whose default is the model above, op for op (issue 54's ablation,
 docs/benchmarks.md): `logit_softcap` (logits → c·tanh(logits/c)), `embed_norm` (an RMSNorm after the embedding),
 `qk_scale` (q and k × s after QK-norm), `mlp = "relu2"` (relu(up)² through down, hidden 4C, no gate) and
-`rope_base`. None adds a parameter; relu2 changes the MLP's matrices (below).
+`rope_base`. None adds a parameter; relu2 changes the MLP's matrices (below). Four more are nanochat's parts with
+parameters (each a bool key, off by default): `value_embeds` (a token embedding added to v in every other layer,
+gated per head), `resid_lambdas` (x ← r_i·x + a_i·x0 before block i), `smear` (the previous token's embedding
+mixed in through a gate) and `backout` (β × the stream after the middle block subtracted before the final norm).
 
 The flat-buffer machinery is the GPT's (andrea/model/gpt.py: `param_layout`, `bind_flat`, `decay_mask`,
 `n_params`); this module adds the model, its initialisation and the MLP's width. Parameter-iteration order —
@@ -18,8 +21,13 @@ part of the checkpoint format (docs/formats.md), listed by `param_layout` and pr
                       h.i.mlp.{gate_proj, up_proj}.weight (H, C), h.i.mlp.down_proj.weight (C, H),
     lm_head.weight (V, C).
 H = `swiglu_hidden(C)` (andrea/config/schema.py). With model.mlp = "relu2" a block's MLP is
-h.i.mlp.up_proj.weight (4C, C), h.i.mlp.down_proj.weight (C, 4C): no gate_proj. The norms have no parameters and no place in the buffer. Linear
-weights are (out, in).
+h.i.mlp.up_proj.weight (4C, C), h.i.mlp.down_proj.weight (C, 4C): no gate_proj. The norms have no parameters and no
+place in the buffer. Linear weights are (out, in). The parts with parameters add, each only when on:
+    value_embeds:  h.i.attn.ve_gate.weight (n_head, 12) after h.i.attn.o_proj.weight, in each layer i that has one
+                   (`has_value_embed`), and value_embeds.i.weight (V, C) after lm_head.weight, for those layers;
+    resid_lambdas: lambdas.resid (L), lambdas.x0 (L), after those;
+    smear:         smear.lam (1), smear.gate.weight (1, 24), after those;
+    backout:       backout.lam (1), last.
 
 The math (`ModelMath`): attention, RMSNorm, QK-norm with rotary, and the loss come from torch (andrea/model/
 torch_math.py, SDPA) or, with `--kernels triton`, the Triton kernels (`split_heads` composes QK-norm and rotary from
@@ -35,10 +43,22 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from andrea.config.model import SMEAR_CHANNELS, VE_GATE_CHANNELS, value_embed_layers
 from andrea.config.schema import ModelConfig, swiglu_hidden
 from andrea.model.gpt import ModelMath, ParamSpec, RmsNormFn, RotaryFn, _embedding, n_params
 
 NORM_EPS = 1e-6  # every RMSNorm's eps (Qwen3's rms_norm_eps)
+
+
+def has_value_embed(layer: int, n_layer: int) -> bool:
+    """Whether block `layer` has a value embedding (model.value_embeds): every other layer, the last included."""
+    return layer in value_embed_layers(n_layer)
+
+
+def lambda_inits(n_layer: int) -> tuple[list[float], list[float]]:
+    """resid_lambdas' and x0_lambdas' starting values: 1.15 → 1.05 and 0.20 → 0.05, linear over the layers."""
+    f = [i / max(n_layer - 1, 1) for i in range(n_layer)]
+    return [1.15 - 0.10 * x for x in f], [0.20 - 0.15 * x for x in f]
 
 
 class RMSNorm(nn.Module):
@@ -74,6 +94,7 @@ class Attention(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.attention, self.qkv_heads = ops.attention, ops.qkv_heads
         self.qk_scale = cfg.qk_scale
+        self.ve_gate = None  # a (n_head, 12) gate when the block has a value embedding (Block sets it)
 
     def qkv(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, T, C) → the q|k|v projection split into heads (B, T, 3, nh, hs).
@@ -84,12 +105,21 @@ class Attention(nn.Module):
         w = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))  # (3C, C)
         return F.linear(x, w).view(B, T, 3, self.n_head, C // self.n_head)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ve: torch.Tensor | None = None
+                ) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.heads(self.qkv_heads(self.qkv(x), cos, sin, NORM_EPS))  # (B, nh, T, hs) each
-        y = self.attention(q, k, v)  # (B, nh, T, hs)
+        y = self.attention(q, k, self.mix_value(x, v, ve))  # (B, nh, T, hs)
         return self.resid_dropout(self.o_proj(y.transpose(1, 2).reshape(B, T, C)))
 
+    def mix_value(self, x: torch.Tensor, v: torch.Tensor, ve: torch.Tensor | None) -> torch.Tensor:
+        """v (B, nh, T, hs) plus the value embedding ve (B, T, C) gated per head by 3·sigmoid(ve_gate · x[..., :12])
+        (x: the attention's input (B, T, C)); v itself without one."""
+        if ve is None:
+            return v
+        B, nh, T, hs = v.shape
+        gate = 3 * torch.sigmoid(F.linear(x[..., :VE_GATE_CHANNELS], self.ve_gate.weight))  # (B, T, nh)
+        return v + gate.transpose(1, 2)[..., None] * ve.view(B, T, nh, hs).transpose(1, 2)
 
     def heads(self, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -129,16 +159,28 @@ class ReLU2(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: ModelMath):
+    def __init__(self, cfg: ModelConfig, ops: ModelMath, layer: int = 0):
         super().__init__()
         self.norm_1 = RMSNorm(ops.rms_norm)
         self.attn = Attention(cfg, ops)
+        if cfg.value_embeds and has_value_embed(layer, cfg.n_layer):  # registered after o_proj
+            self.attn.ve_gate = nn.Linear(VE_GATE_CHANNELS, cfg.n_head, bias=False)
         self.norm_2 = RMSNorm(ops.rms_norm)
         self.mlp = ReLU2(cfg) if cfg.mlp == "relu2" else SwiGLU(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm_1(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ve: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        x = x + self.attn(self.norm_1(x), cos, sin, ve)
         return x + self.mlp(self.norm_2(x))
+
+
+class Scalars(nn.Module):
+    """A few parameters under one prefix, in the order given: name=n for an (n,) vector, or a module."""
+
+    def __init__(self, **parts: int | nn.Module):
+        super().__init__()
+        for name, part in parts.items():
+            setattr(self, name, part if isinstance(part, nn.Module) else nn.Parameter(torch.zeros(part)))
 
 
 class Modern(nn.Module):
@@ -152,9 +194,17 @@ class Modern(nn.Module):
         self.wte = _embedding(cfg.vocab_size, cfg.n_embd)
         self.norm_e = RMSNorm(ops.rms_norm) if cfg.embed_norm else None  # no parameter, no place in the buffer
         self.drop = nn.Dropout(cfg.dropout)
-        self.h = nn.ModuleList(Block(cfg, ops) for _ in range(cfg.n_layer))
+        self.h = nn.ModuleList(Block(cfg, ops, i) for i in range(cfg.n_layer))
         self.norm_f = RMSNorm(ops.rms_norm)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        # nanochat's parts with parameters, each registered only when on (the plain model's layout unchanged)
+        L = cfg.n_layer
+        self.value_embeds = nn.ModuleDict({str(i): _embedding(cfg.vocab_size, cfg.n_embd) for i in range(L)
+                                           if has_value_embed(i, L)}) if cfg.value_embeds else None
+        # (in submodules: a module's own parameters would come before its children's in the layout)
+        self.lambdas = Scalars(resid=L, x0=L) if cfg.resid_lambdas else None
+        self.smear = Scalars(lam=1, gate=nn.Linear(SMEAR_CHANNELS, 1, bias=False)) if cfg.smear else None
+        self.backout = Scalars(lam=1) if cfg.backout else None
         self.checkpoint_blocks = False  # as GPT.checkpoint_blocks (andrea/model/gpt.py)
         self._tables: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos, sin) (block_size, hs/2) fp32
 
@@ -171,6 +221,34 @@ class Modern(nn.Module):
         x = self.wte(idx)
         return x if self.norm_e is None else self.norm_e(x)
 
+    def smeared(self, x: torch.Tensor, prev: torch.Tensor | None = None, first: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """model.smear: x (B, T, C) embeddings, each plus λ·sigmoid(smear_gate · its first 24 channels) times the
+        previous token's. Training's whole sequences (prev None): positions 1.. take their predecessor, position 0
+        nothing. The cached decode (andrea/model/generate.py) passes prev (B, 1, C), the embedding before the first
+        slot (zeros at a start), and first (B, T) true where a slot has no predecessor (a row's position 0)."""
+        if self.smear is None:
+            return x
+        gate = self.smear.lam * torch.sigmoid(self.smear.gate(x[..., :SMEAR_CHANNELS]))  # (B, T, 1)
+        if prev is None:
+            return torch.cat([x[:, :1], x[:, 1:] + gate[:, 1:] * x[:, :-1]], dim=1)
+        before = torch.cat([prev, x[:, :-1]], dim=1)  # (B, T, C): each slot's predecessor
+        return x + (gate * before).masked_fill(first[..., None], 0.0)
+
+    def value_embed(self, i: int, idx: torch.Tensor) -> torch.Tensor | None:
+        """Block i's value embedding of the tokens idx (..., T) → (..., T, C), or None (none at this layer)."""
+        if self.value_embeds is None or str(i) not in self.value_embeds:
+            return None
+        return self.value_embeds[str(i)](idx)
+
+    def mixed(self, i: int, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        """Block i's input: r_i·x + a_i·x0 with model.resid_lambdas, x itself without."""
+        return x if self.lambdas is None else self.lambdas.resid[i] * x + self.lambdas.x0[i] * x0
+
+    def backed_out(self, x: torch.Tensor, middle: torch.Tensor | None) -> torch.Tensor:
+        """The stream before the final norm: x − β·middle with model.backout (middle: after block n_layer // 2)."""
+        return x if self.backout is None else x - self.backout.lam * middle
+
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """The residual stream (..., C) → logits (..., V): final norm, lm_head, and c·tanh(logits/c) with
         logit_softcap c > 0 (in torch on either math: the Triton cross-entropy then reads the capped logits)."""
@@ -183,11 +261,14 @@ class Modern(nn.Module):
         """idx (B, T) → logits (B, T, V) and, with targets, the per-sequence mean loss (B,)."""
         B, T = idx.shape
         cos, sin = (t[:T] for t in self.rotary_tables(idx.device))  # (T, hs/2) each
-        x = self.drop(self.embed(idx))  # (B, T, C)
+        x = self.drop(self.smeared(self.embed(idx)))  # (B, T, C)
+        x0, middle = x, None
         recompute = self.checkpoint_blocks and torch.is_grad_enabled()
-        for block in self.h:
-            x = checkpoint(block, x, cos, sin, use_reentrant=False) if recompute else block(x, cos, sin)
-        logits = self.head(x)  # (B, T, V)
+        for i, block in enumerate(self.h):
+            x, ve = self.mixed(i, x, x0), self.value_embed(i, idx)
+            x = checkpoint(block, x, cos, sin, ve, use_reentrant=False) if recompute else block(x, cos, sin, ve)
+            middle = x if i == self.cfg.n_layer // 2 else middle
+        logits = self.head(self.backed_out(x, middle))  # (B, T, V)
         if targets is None:
             return logits, None
         token_loss = self.token_loss(logits.view(-1, logits.size(-1)), targets.reshape(-1))  # (B·T,) fp32
@@ -205,14 +286,21 @@ def init_weights(layout: list[ParamSpec], cfg: ModelConfig, seed: int) -> torch.
     wte ~ N(0, 1): no norm follows the embedding, and the first RMSNorm sees unit-scale rows; q, k, v, gate and up
     ~ U(±√3/√C), std 1/√C, so each projection starts variance-preserving; o_proj and down_proj are zero, so every
     block starts as the identity on the residual stream (depth needs no 1/√L scale); lm_head ~ N(0, 0.001): the
-    first logits are near zero and the loss starts at ln V.
+    first logits are near zero and the loss starts at ln V. The parts' (nanochat's): value embeddings as v_proj,
+    the gates ~ U(0, 0.02), the lambdas `lambda_inits`, smear's λ 0 and backout's β 0.2.
     """
     gen = torch.Generator().manual_seed(seed)
     flat = torch.empty(n_params(layout), dtype=torch.float32)
     bound = math.sqrt(3.0 / cfg.n_embd)
+    resid, x0 = lambda_inits(cfg.n_layer)
+    fixed = {"lambdas.resid": resid, "lambdas.x0": x0, "smear.lam": [0.0], "backout.lam": [0.2]}
     for spec in layout:
         view = flat[spec.offset:spec.offset + spec.numel]
-        if spec.name == "wte.weight":
+        if spec.name in fixed:
+            view.copy_(torch.tensor(fixed[spec.name]))
+        elif spec.name.endswith(("ve_gate.weight", "smear.gate.weight")):  # gates start a little above neutral
+            view.uniform_(0.0, 0.02, generator=gen)
+        elif spec.name == "wte.weight":
             view.normal_(0.0, 1.0, generator=gen)
         elif spec.name == "lm_head.weight":
             view.normal_(0.0, 0.001, generator=gen)

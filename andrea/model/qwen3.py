@@ -8,8 +8,9 @@ has one but scales the embedding by √C, gates with GELU and normalises after e
 after the sublayers, and q and k as a whole rather than per head. Qwen3's norms carry weights:
 andrea's have none, so an export writes them as ones (x · 1 is x exactly) and an import refuses any other value;
 q_norm and k_norm are written as model.qk_scale (1 by default): Qwen3 multiplies the normalised q and k by them,
-as andrea multiplies them by the scale. The extras Qwen3 cannot express (logit softcap, embedding norm, ReLU²)
-export with andrea's own modeling file under the same names (andrea/model/hf_modeling.py).
+as andrea multiplies them by the scale. The extras Qwen3 cannot express (logit softcap, embedding norm, ReLU²,
+and the parts with parameters: value embeddings, lambdas, smear, backout) export with andrea's own modeling file
+under the same names, the parts' under `hf_name`'s prefixes (andrea/model/hf_modeling.py).
 
 Name mapping, andrea layout name → Qwen3ForCausalLM state-dict name (no transposes: both keep Linear's (out, in)):
     wte.weight (V, C)                         model.embed_tokens.weight

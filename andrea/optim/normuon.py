@@ -7,6 +7,9 @@ Reads and updates device memory only, called as every update in andrea/optim/reg
   train.group_eps and their lr scaled by √(lr_width / C) (C = the embedding's width: nanochat's 1/√d_model rule,
   tuned at 768); everything else outside the matrices (a GPT's biases and norm gains) keeps train.lr, beta1, beta2,
   eps and weight_decay. Every group's lr follows lr's schedule and the guard's scale (hp.lr / train.lr).
+  The modern model's parts (model.value_embeds, resid_lambdas, smear, backout) get nanochat's groups (`PARTS`):
+  the value embeddings at half the embeddings' lr with their betas, the residual and x0 lambdas, and smear's and
+  backout's scalars each at their own fixed lr and betas (not width-scaled), with train.group_eps.
 - NorMuon's variance reduction (Li et al. 2025, as nanochat): after Polar Express, a second moment of the
   orthogonalised update per index of the matrix's long side (per row of a square one, per part of a fused one),
   decayed by train.normuon_beta2, rescales it row by row (or column by column) and the whole is brought back to
@@ -32,11 +35,25 @@ from andrea.optim.registry import Hyper
 
 EMBEDDINGS = ("wte.weight", "wpe.weight")
 HEAD = ("lm_head.weight",)
+# The modern model's parts (andrea/model/modern.py), nanochat's groups (its gpt.py setup_optimizer, scalar_lr 0.5):
+# group -> (the layout names' prefix, lr (None: half embed_lr, width-scaled), beta1, beta2, weight decay, whether
+# the decay reaches 1-D parameters too)
+PARTS = {
+    "value_embed": ("value_embeds.", None, None, None, 0.01, False),  # betas: embed_beta1, embed_beta2
+    "resid": ("lambdas.resid", 0.005, 0.8, 0.95, 0.05, True),
+    "x0": ("lambdas.x0", 0.5, 0.96, 0.95, 0.0, False),
+    "smear": (("smear.", "backout."), 0.2, 0.8, 0.95, 0.0, False),
+}
 
 
 def group_of(spec: ParamSpec) -> str:
-    """embed | head | rest: the AdamW group of a parameter outside the Muon matrices."""
-    return "embed" if spec.name in EMBEDDINGS else "head" if spec.name in HEAD else "rest"
+    """embed | head | value_embed | resid | x0 | smear | rest: the AdamW group of a parameter outside the Muon
+    matrices."""
+    if spec.name in EMBEDDINGS:
+        return "embed"
+    if spec.name in HEAD:
+        return "head"
+    return next((g for g, part in PARTS.items() if spec.name.startswith(part[0])), "rest")
 
 
 def group_hyper(group: str, tc, width: int, hp: Hyper) -> dict:
@@ -49,6 +66,12 @@ def group_hyper(group: str, tc, width: int, hp: Hyper) -> dict:
     if group == "head":
         return hp.adamw(lr=tc.head_lr * scale * ratio, beta1=tc.head_beta1, beta2=tc.head_beta2,
                         eps=tc.group_eps, weight_decay=tc.head_weight_decay, max_grad_norm=None)
+    if group in PARTS:
+        _, lr, beta1, beta2, wd, _ = PARTS[group]
+        if lr is None:
+            lr, beta1, beta2 = 0.5 * tc.embed_lr * scale, tc.embed_beta1, tc.embed_beta2
+        return hp.adamw(lr=lr * ratio, beta1=beta1, beta2=beta2, eps=tc.group_eps, weight_decay=wd,
+                        max_grad_norm=None)
     return hp.adamw(max_grad_norm=None)
 
 
@@ -76,7 +99,10 @@ class NorMuon(MuonAdamW):
             a, b = max(s.offset, lo) - lo, min(s.offset + s.numel, hi) - lo
             if a >= b or is_hidden_matrix(s):
                 continue
-            runs = spans.setdefault(group_of(s), [])
+            group = group_of(s)
+            if group in PARTS and PARTS[group][5]:  # its decay reaches its vectors too
+                mask[a:b] = True
+            runs = spans.setdefault(group, [])
             if runs and runs[-1][1] == a:
                 runs[-1] = (runs[-1][0], b)
             else:

@@ -63,7 +63,7 @@ class Optimizer:
 
 ADAMW_KEYS = ("beta1", "beta2", "eps", "weight_decay")
 MATRICES = ("the 2-D matrices inside the blocks (`h.i.…`: the GPT's c_attn, c_proj, c_fc, mlp.c_proj; the modern "
-            "model's q/k/v/o_proj, gate/up/down_proj)")
+            "model's q/k/v/o_proj, gate/up/down_proj and, with model.value_embeds, attn.ve_gate)")
 ADAMW_REST = Holds("every other one: embeddings, head, biases, norm gains", "AdamW's first moment",
                    "AdamW's second moment")
 MUON_KEYS = ("muon_lr", "muon_momentum", "muon_nesterov", "muon_weight_decay", "muon_ns_steps")
@@ -85,6 +85,8 @@ OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (
                      "index of the long side (per row of a square matrix; each part's, of a fused one); 0 after"),
                Holds("the embeddings (wte, a gpt2's wpe) and the head", "AdamW's first moment (their own β1)",
                      "AdamW's second moment (their own β2)"),
+               Holds("the modern model's parts: value_embeds.i, lambdas.resid, lambdas.x0, smear.*, backout.lam",
+                     "AdamW's first moment (their group's β1)", "AdamW's second moment (their group's β2)"),
                Holds("every other one: biases, norm gains", "AdamW's first moment", "AdamW's second moment")),
               ADAMW_KEYS + MUON_KEYS + NORMUON_KEYS,
               whole_matrices="andrea.optim.muon:matrix_spans", workspace="andrea.optim.muon:workspace_bytes"),

@@ -250,3 +250,81 @@ def test_rope_base_and_qk_scale_keep_the_stock_qwen3(run, tmp_path):
         assert (want - plain(run.idx)[0]).abs().max() > 1e-2  # the scale and the base matter beyond the bound
     assert (got - want).abs().max() <= 1e-4
     assert init_from.read_weights(out, run.layout, "modern", 1.2).tobytes() == weights.tobytes()
+
+
+# --- nanochat's parts with parameters (model.value_embeds, resid_lambdas, smear, backout) ----------------------------
+PARTS = ("--set", "model.value_embeds=true", "--set", "model.resid_lambdas=true", "--set", "model.smear=true",
+         "--set", "model.backout=true", "--set", "train.optimizer=\"normuon\"")
+
+
+@pytest.fixture(scope="module")
+def parts_run(prepared, tmp_path_factory):
+    """A short modern run with the four parts on, under NorMuon, exported by the command line."""
+    root = tmp_path_factory.mktemp("export_parts")
+    run_dir = seed_data(prepared, root / "run")
+    result = train(run_dir, *MODERN, *PARTS, "--steps", "6", "--set", "train.warmup_steps=1")
+    assert result.returncode == 0, result.stderr
+    out = root / "hf"
+    assert cli_main(["export", str(run_dir), "--out", str(out)]) == 0
+    cfg = run_config(run_dir)
+    layout = arch.layout_for(cfg.model)
+    _, payload = ckpt.read_payload(run_dir / names.checkpoint_name(6), n_params(layout))
+    tokens = np.fromfile(next((run_dir / "data").glob("*.val.u16")), dtype="<u2").astype(np.int64)
+    T = cfg.model.block_size
+    idx = torch.from_numpy(np.stack([tokens[:T], tokens[T:2 * T]]))
+    return SimpleNamespace(dir=run_dir, out=out, cfg=cfg, layout=layout, n=n_params(layout),
+                           weights=payload[:n_params(layout)].copy(), idx=idx)
+
+
+def test_an_export_with_the_parts_loads_every_tensor_and_gives_andreas_logits(parts_run, tmp_path):
+    """The run's own export loads with its modeling file, every tensor placed; and on sharp weights (every part far
+    from its start, where each moves the logits well beyond the bound) the logits match andrea's, as does a
+    cached greedy generation."""
+    from transformers import AutoModelForCausalLM
+    run = parts_run
+    config = json.loads((run.out / "config.json").read_text())
+    assert config["model_type"] == "andrea_modern"
+    assert [config[k] for k in ("value_embeds", "resid_lambdas", "smear", "backout")] == [True] * 4
+    hf, info = AutoModelForCausalLM.from_pretrained(run.out, trust_remote_code=True, output_loading_info=True)
+    assert (info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"]) == (set(), set(), set()), info
+    with torch.no_grad():
+        assert (hf.eval()(run.idx).logits - andrea_model(run)(run.idx)[0]).abs().max() <= 1e-4
+    sharp = SimpleNamespace(**{**vars(run), "weights": (0.3 * torch.randn(
+        run.n, generator=torch.Generator().manual_seed(5))).numpy()})
+    out = tmp_path / "sharp"
+    out.mkdir()
+    save_file(export.hf_state(run.layout, sharp.weights, run.cfg.model), str(out / export.SAFETENSORS_NAME),
+              metadata={"format": "pt"})
+    for name in ("config.json", "modeling_andrea.py"):
+        (out / name).write_bytes((run.out / name).read_bytes())
+    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    model = andrea_model(sharp)
+    plain_cfg = run.cfg.model.__class__(**{**vars(run.cfg.model), "value_embeds": False, "resid_lambdas": False,
+                                           "smear": False, "backout": False})
+    with torch.no_grad():
+        want, got = model(run.idx)[0], hf(run.idx).logits
+        assert want.abs().max() > 1.0
+        assert (got - want).abs().max() <= 1e-4
+        for part in ("value_embeds", "resid_lambdas", "smear", "backout"):  # each moves the logits past the bound
+            one = arch.build(run.cfg.model.__class__(**{**vars(plain_cfg), part: True})).eval()
+            params = dict(model.named_parameters())
+            for name, p in one.named_parameters():
+                p.data.copy_(params[name].data)
+            assert (one(run.idx)[0] - want).abs().max() > 1e-2, part
+        prompt = run.idx[:1, :8]
+        hf_tokens = hf.generate(prompt, max_new_tokens=5, do_sample=False, use_cache=True)[0, 8:].tolist()
+    from andrea.model import generate as generation
+    ours = generation.decode(model, prompt.tolist(), 5, lambda logits: logits.argmax(-1).tolist())[0]
+    assert hf_tokens == ours
+
+
+def test_an_export_with_the_parts_comes_back_bit_for_bit(parts_run, prepared, tmp_path):
+    run = parts_run
+    new = seed_data(prepared, tmp_path / "new")
+    result = train(new, *MODERN, *PARTS, "--init-from", str(run.out), "--steps", "0")
+    assert result.returncode == 0, result.stderr
+    start = np.fromfile(new / "step_000000.bin", dtype="<f4", offset=8).reshape(3, run.n)
+    assert start[0].tobytes() == run.weights.tobytes()
+    from dataclasses import replace
+    with pytest.raises(ckpt.CheckpointError, match="smear True \\(this run's: False\\)"):
+        init_from.check_config(run.out, replace(run.cfg.model, smear=False))

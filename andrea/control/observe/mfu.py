@@ -20,7 +20,10 @@ its untied head are all in N. What it adds besides matmuls is elementwise and O(
 PaLM leaves out softmax, norms and activations): rotary (6 FLOPs per rotated pair of q and k), the RMSNorms (QK-norm
 per head, two per block and the final one: ~4 per element), SwiGLU's SiLU and product. At andrea-12m-modern's
 shape those are ~0.3 % of 6·N, forward and backward. A modern model has no bias or norm vector, so its N is
-matmul weights only and the formula equals torch's count exactly (tests/unit/control/observe/test_mfu.py).
+matmul weights only and the formula equals torch's count exactly (tests/unit/control/observe/test_mfu.py). Its
+parts (model.value_embeds, resid_lambdas, smear, backout) add lookups and scalars, left out of N as the embedding
+is (`lookup_params`), and two small gates, matmuls in N: torch's count still
+(tests/unit/model/test_parts.py).
 
 Peaks are dense tensor-core FLOP/s (no 2:4 sparsity), from NVIDIA's data sheets and architecture whitepapers (the
 H100/H200 SXM sheet quotes BF16 1,979 and TF32 989 TFLOPS with sparsity: halved here). On CUDA andrea trains under
@@ -59,10 +62,21 @@ def flops_per_token(n_layer: int, n_head: int, n_embd: int, block_size: int, voc
     return 6 * matmul_params + 12 * n_layer * n_head * head_dim * block_size
 
 
+def lookup_params(m) -> int:
+    """A modern ModelConfig's parts' parameters that no matmul multiplies: the value-embedding tables, (V, C) in
+    every other layer ending with the last (andrea/config/model.py `value_embed_layers`), and the scalars (resid
+    and x0 lambdas, smear's λ, backout's β); the gates are matmul weights."""
+    L = m.n_layer
+    tables = sum(i % 2 == (L - 1) % 2 for i in range(L)) * m.vocab_size * m.n_embd if m.value_embeds else 0
+    return tables + 2 * L * m.resid_lambdas + m.smear + m.backout
+
+
 def model_flops_per_token(model_cfg, n_params: int) -> float:
-    """flops_per_token of an andrea ModelConfig (either arch)."""
+    """flops_per_token of an andrea ModelConfig (either arch); a modern model's value-embedding tables and scalars
+    (`lookup_params`) are no matmul weights either."""
     m = model_cfg
-    return flops_per_token(m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, n_params,
+    lookups = lookup_params(m) if m.arch == "modern" else 0
+    return flops_per_token(m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, n_params - lookups,
                            position_table=m.arch == "gpt2")
 
 

@@ -28,11 +28,14 @@ from andrea.rundir.ledger import readable_entries
 
 MODEL_KEYS = ("arch", "n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 # what only that model reads (a modern model has no biases; its extras, andrea/model/modern.py, change its math)
-ARCH_KEYS = {"gpt2": ("bias",), "modern": ("rope_base", "logit_softcap", "embed_norm", "qk_scale", "mlp")}
+ARCH_KEYS = {"gpt2": ("bias",), "modern": ("rope_base", "logit_softcap", "embed_norm", "qk_scale", "mlp",
+                                           "value_embeds", "resid_lambdas", "smear", "backout")}
 # What a record written before a field existed means by its absence: the only value there was then, so a resume
 # that would change it is refused, not let through.
 BEFORE_RECORDED = {"model.arch": "gpt2", "train.optimizer": "adamw", "train.schedule": "cosine",
-                   "model.logit_softcap": 0.0, "model.embed_norm": False, "model.qk_scale": 1.0, "model.mlp": "swiglu"}
+                   "model.logit_softcap": 0.0, "model.embed_norm": False, "model.qk_scale": 1.0, "model.mlp": "swiglu",
+                   "model.value_embeds": False, "model.resid_lambdas": False, "model.smear": False,
+                   "model.backout": False}
 
 
 def identity(cfg: RunConfig, tokenizer_sha256: str | None) -> dict[str, Any]:
