@@ -1,5 +1,5 @@
-"""andrea's recipes against the anchor (issue 54's setup): gpt2+AdamW, modern+Muon and modern+NorMuon on the same
-tokens, held-out loss at step 300 and steps to nanoGPT's final loss, beside nanochat's figures measured elsewhere.
+"""andrea's recipes against the anchor (issue 54's setup): gpt2+AdamW, modern+Muon, modern+NorMuon and andrea's best,
+modern+NorMuon with value embeddings and smear (the modern presets' parts), on the same tokens, held-out loss at step 300 and steps to nanoGPT's final loss, beside nanochat's figures measured elsewhere.
 
 The setup: a 4-layer, 4-head, n_embd-128, block-128 model; a 4,096-token BPE prepared by andrea's data module from
 the embedded arms (as `andrea prepare --preset andrea-tiny --set model.vocab_size=4096`, into a temporary directory);
@@ -10,7 +10,7 @@ is andrea's own Trainer (`--kernels torch`, one thread); each subject's best of 
 The held-out loss is read every 5 steps to step 100, every 25 after: "steps to 5.018" interpolates linearly between
 the two reads around the crossing ("-" if never).
 
-    python bench/recipe.py --jobs 3        # the sweeps and the table (12 runs of ~200 s of one idle core each)
+    python bench/recipe.py --jobs 3        # the sweeps and the table (15 runs of ~200 s of one idle core each)
     python bench/recipe.py --quick         # smoke: a tiny shape, 12 steps, two-point sweeps (seconds)
     python bench/recipe.py --json out.json # also every curve
     python bench/recipe.py --ablation --jobs 2   # modern+NorMuon at muon_lr 0.06 with each model extra alone
@@ -90,6 +90,10 @@ SUBJECTS = {
     "modern+NorMuon, wsd": ("modern", {**NORMUON, "lr": 8e-3, "schedule": "wsd"}, "muon_lr", [0.03, 0.06, 0.09],
                             [0.02, 0.04]),
 }
+
+
+BEST = "modern+NorMuon+ve+smear"  # andrea's best recipe at this setup (docs/benchmarks.md): the modern presets' parts
+DEFAULT = [*SUBJECTS, BEST]  # what a run without --only or --ablation sweeps
 
 
 def subject(name: str) -> tuple:
@@ -222,7 +226,7 @@ def main() -> int:
                              f"{TARGET} and the step cost, for a fraction of the time")
     args = parser.parse_args()
     size = QUICK if args.quick else FULL
-    names = args.only or ([] if args.ablation else list(SUBJECTS))
+    names = args.only or ([] if args.ablation else DEFAULT)
     if args.ablation and not args.only:
         names += [ABLATED] + [f"{ABLATED}+{e}" for e in EXTRAS]
     subjects = {name: subject(name) for name in names}

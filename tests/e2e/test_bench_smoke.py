@@ -194,7 +194,8 @@ def test_recipe_bench_quick_prints_the_sweeps_and_the_anchors(tmp_path):
     result = run_bench("bench/recipe.py", "--quick", "--json", str(out), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     res = json.loads(out.read_text())
-    assert list(res["sweeps"]) == ["gpt2+AdamW", "modern+Muon", "modern+NorMuon", "modern+NorMuon, wsd"]
+    assert list(res["sweeps"]) == ["gpt2+AdamW", "modern+Muon", "modern+NorMuon", "modern+NorMuon, wsd",
+                                   "modern+NorMuon+ve+smear"]  # andrea's best: the modern presets' parts
     assert all(len(runs) == 2 and runs[0]["curve"][0][0] == 0 for runs in res["sweeps"].values())
     assert "| andrea, modern+NorMuon | muon_lr 0.02, 0.04 | " in result.stdout
     assert re.search(r"^\| \*\*nanochat\*\* .*measured elsewhere\) \| \| \| \| 3\.712 \| 49 \|$", result.stdout, re.M)
