@@ -65,7 +65,8 @@ REGRESSIONS = [
     ("201", "0", "a flipped bit in the ledger's start marker is a damaged ledger, not another run: flip@5 of .loss.json "
      "turned the marker's model.n_layer into model.N_layer, and the next start's replica check refused its own "
      "replica as 'another run' (advising another prefix) before the ledger check could name the change and "
-     "--accept-ledger-gap; the run id now decides ownership (control/replica/plan.py's same_run)"),
+     "--accept-ledger-gap; the run id now decides ownership (control/replica/plan.py's same_run), and where the flip "
+     "leaves no readable start marker, the id the newest checkpoint vouches for (control/replica/admit.py)"),
     ("58", "2", "a flipped bit in a checkpoint's ledger record must make it unverified: flip@25 of "
      "step_000025.ledger.json turned \"last_step\" into \"las4_step\" and verify said ok (the checksum binds only the "
      "record's hash of the ledger); the record is now sealed (rundir/ledger.py, rundir/checksum.py)"),

@@ -1,7 +1,8 @@
 """Whether a run may use its replica, decided at its start before it writes anything in its run directory, and
 the run's record of itself that the replica's owner record holds (control/replica/owner.py's `replica.json`).
 
-Reads the run's ledger (its `start` markers: `record_of`, `earlier_starts`), the replica's `replica.json` and
+Reads the run's ledger (its `start` markers: `record_of`, `earlier_starts`), its checkpoints' checksums (the run id
+they vouch for, when the ledger's start marker is unreadable: `vouched_run`), the replica's `replica.json` and
 listing, and the devices of the run directory and of a plain-path replica; writes, in the replica only, a test
 object (put, then deleted) and `replica.json`: the run's record, or for a run not started yet a provisional claim
 `{"format": 1, "claimed_by": {"host", "pid", "run_dir"}}` that the replicator's first pass replaces with the record
@@ -17,8 +18,9 @@ from pathlib import Path
 
 from andrea.control.replica import owner, remote as rep
 from andrea.control.replica.plan import claim_holder, placement_problem
+from andrea.rundir import jsonfile
 from andrea.rundir.ledger import readable_entries
-from andrea.rundir.names import LEDGER_NAME
+from andrea.rundir.names import LEDGER_NAME, step_of
 
 
 class ReplicaPlacementError(rep.ReplicaError):
@@ -28,19 +30,36 @@ class ReplicaPlacementError(rep.ReplicaError):
 
 
 def run_record(run_dir: Path) -> dict | None:
-    """This run's owner record (`record_of` its ledger); None before the run has a start marker."""
-    return record_of(readable_entries(run_dir / LEDGER_NAME))
+    """This run's owner record (`record_of` its ledger and `vouched_run`); None before the run has a start marker."""
+    return record_of(readable_entries(run_dir / LEDGER_NAME), vouched_run(run_dir))
 
 
-def record_of(entries: list[dict]) -> dict | None:
+def vouched_run(run_dir: Path) -> str | None:
+    """The run id that this run directory's newest checkpoint with one vouches for (its `.sum.json`'s `run`, bound
+    by its checksum); None when none does (no checkpoint yet, or a run from before ids)."""
+    sums = sorted(((step_of(p.name[:-len(".sum.json")] + ".bin") or -1, p) for p in run_dir.glob("step_*.sum.json")),
+                  reverse=True)
+    for _, path in sums:
+        try:
+            run = (jsonfile.read_json(path, ValueError, invalid="{e}") or {}).get("run")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(run, str):
+            return run
+    return None
+
+
+def record_of(entries: list[dict], vouched: str | None = None) -> dict | None:
     """This run's {"identity", "started", "branched", "run"} from its ledger's `entries`: the newest `start` marker
     (its identity, time and run id) and the time of the `branch` marker after it (an audit branch carries its
     parent's start marker, but is another run); None before the run has a start marker. Lines that are no
     entries are skipped (the start reports them, and a `gap` marker that `--accept-ledger-gap` writes lists them):
-    they never make this run another one."""
+    they never make this run another one. A ledger whose start markers are all unreadable (a flipped bit broke the
+    line: campaign seed 201) while a checkpoint vouches for the run's id (`vouched`) is the record of that id alone:
+    the run is still its replica's owner (plan.same_run compares ids), and the replica keeps its intact record."""
     starts = [i for i, e in enumerate(entries) if e.get("event") == "start"]
     if not starts:
-        return None
+        return {"identity": None, "started": None, "branched": None, "run": vouched} if vouched else None
     start = entries[starts[-1]]
     branches = [e for e in entries[starts[-1]:] if e.get("event") == "branch"]
     return {"identity": start.get("identity"), "started": start.get("time"),
@@ -71,7 +90,7 @@ def check_at_start(uri: str, run_dir: Path, has_checkpoints: bool) -> str | None
     try:
         replica = rep.Replica(uri, timeout_s=15)
         entries = readable_entries(run_dir / LEDGER_NAME) if run_dir.is_dir() else []
-        record, earlier = record_of(entries), earlier_starts(entries)
+        record, earlier = record_of(entries, vouched_run(run_dir)), earlier_starts(entries)
         me = claimant(run_dir)
         remote = owner.read(replica)
         holder = claim_holder(remote, me, _alive(remote))

@@ -55,7 +55,7 @@ from pathlib import Path
 
 from andrea import testhooks
 from andrea.control.guard.decisions import named_checkpoints
-from andrea.control.replica.admit import claimant, earlier_starts, record_of
+from andrea.control.replica.admit import claimant, earlier_starts, record_of, vouched_run
 from andrea.control.replica.plan import Health, open_outage, stop_line, superseded, upload_plan
 from andrea.rundir import checkpoint as ckpt, checksum, regular
 from andrea.control.replica import owner, remote as rep
@@ -252,7 +252,7 @@ class Replicator:
         pass that succeeds then closes it with replica_back); False before the run has a start marker."""
         if not self.pos.claimed:
             entries = readable_entries(self.run_dir / LEDGER_NAME)
-            record = record_of(entries)
+            record = record_of(entries, vouched_run(self.run_dir))
             if record is None:
                 return False
             if not self.pos.inherited:

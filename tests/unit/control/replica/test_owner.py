@@ -89,3 +89,25 @@ def test_a_bit_flipped_in_the_start_markers_identity_or_time_leaves_the_run_its_
         assert owner_verdict(remote, record_of(damaged), earlier_starts(damaged), published=[5]) == "ours"
     assert not same_run(remote, record_of([start(100.0, "b" * 32), *steps(1, 2)]))
     assert not same_run(remote, {**record_of(mine), "branched": 150.0})
+
+
+def test_a_start_marker_a_flipped_bit_made_unreadable_leaves_the_run_the_owner_its_checkpoints_vouch_for(tmp_path):
+    """Campaign seed 201 again: the flip broke the start marker's line (`"model.n_layer":2` -> `"model.n_layer"::`),
+    so the ledger held no readable start marker and the start refused its own replica as another run's, before the
+    ledger check could name the damage and --accept-ledger-gap. The run id the newest checkpoint's checksum names
+    stands in for the marker: the replica is still this run's (its intact record kept), and another id's is not."""
+    import json
+
+    from andrea.control.replica.admit import vouched_run
+    for step, run in ((5, "b" * 32), (10, "a" * 32)):
+        (tmp_path / f"step_{step:06d}.sum.json").write_text(json.dumps({"format": 1, "run": run}))
+    (tmp_path / "step_000020.sum.json").write_text("{not json")  # the newest, damaged: passed over
+    assert vouched_run(tmp_path) == "a" * 32
+    remote = owner_of([start(100.0, "a" * 32), *steps(1, 2)])
+    unreadable = steps(1, 2)  # what readable_entries returns once the marker's line no longer parses
+    assert record_of(unreadable) is None
+    local = record_of(unreadable, vouched_run(tmp_path))
+    assert owner_verdict(remote, local, earlier_starts(unreadable), published=[10]) == "ours"
+    theirs = owner_of([start(100.0, "c" * 32)])
+    assert owner_verdict(theirs, local, earlier_starts(unreadable), published=[10]) == "other"
+    assert vouched_run(tmp_path / "nowhere") is None
