@@ -28,13 +28,14 @@ venv-test: $(VENV)/.installed-test
 train: venv
 	$(PY) -m andrea train --preset $(PRESET) --run-dir $(RUN_DIR) $(ARGS)
 
-# A worker per core (up to 4), one test file each at a time (pytest-xdist, --dist loadfile: a module's fixtures are
-# built once). The suite is CPU-bound: 1,783 CPU-seconds in 903 s of wall time on 2 cores with three workers
-# (2026-12-06, make durations), so a worker beyond the cores buys nothing and crowds the tests that time a signal.
-# --no-loadscope-reorder hands the files out in collection order, the longest first by the durations record
-# (tests/durations.json; tests/conftest.py), so no worker is left alone on a long file at the end. --durations=12
-# prints the slowest tests of every run: what to look at when the suite grows (<= 10 min on 2 cores).
-WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))")
+# A worker per core plus one (up to 4), one test file each at a time (pytest-xdist, --dist loadfile: a module's
+# fixtures are built once). Since the trainers fork from a warm interpreter (tests/zygote.py) the suite spends ~1,090
+# CPU-seconds, and a worker per core left a fifth of the cores idle while tests wait (a step delay, a commit window, a
+# signal's grace): on 2 cores 688 s with two workers, 556 s with three (2026-12-06). --no-loadscope-reorder hands the
+# files out in collection order, the longest first by the durations record (tests/durations.json;
+# tests/conftest.py), so no worker is left alone on a long file at the end. --durations=12 prints the slowest tests
+# of every run: what to look at when the suite grows (<= 10 min on 2 cores).
+WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) + 1))")
 test: venv-test
 	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" --durations=12 $(ARGS)
 
