@@ -62,9 +62,11 @@ faults: venv-test
 # bit, a store outage, a full disk, the loss of the machine) under a supervisor loop as systemd runs it, with a real
 # S3 server and a loopback webhook; one report: the final bytes against the same command on a perfect machine, every
 # incident on the record, recovery seconds, goodput (bench/chaos.py, docs/benchmarks.md). Opt-in, like `make faults`;
-# the default takes about (faults + 1) minutes twice. CHAOS="--preset andrea-tiny --every 6" for a quick one.
+# the default takes about (faults + 1) minutes twice, after the short chaos run's test (tests/e2e/test_chaos.py, a
+# minute). CHAOS="--preset andrea-tiny --every 6" for a quick one.
 CHAOS ?= --preset andrea-12m --every 60 --checkpoint-every 1
 chaos: venv-test
+	$(PY) -m pytest -q -m slow tests/e2e/test_chaos.py
 	$(PY) bench/chaos.py $(CHAOS) $(ARGS)
 
 # The seeded campaign of random fault sequences (bench/campaign.py; docs/testing.md says how to read and replay one):

@@ -2,6 +2,8 @@
 bit in its newest checkpoint and the loss of its machine, under the supervisor loop, with a real S3 server and a
 loopback webhook; it must reach its target with the bytes of the same command on a perfect machine, and the
 report must show each fault with what it left on the record. Timings are printed by the bench, never asserted.
+Marked slow: `make chaos` runs it before its own run, as `make campaign` runs the campaign's replays (a minute of a
+worker, which `make test`'s 10 minutes on 2 cores could not spare; 2026-12-06).
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.runs import ROOT, env
 
 FAULTS = ["poison", "bitflip", "loss"]  # a guard rollback, a checksum quarantine, a restore: one start each at most
 
 
+@pytest.mark.slow
 def test_the_chaos_run_reaches_its_target_with_the_fault_free_bytes_and_reports_every_fault(prepared, tmp_path):
     # Steps held to >= 40 ms (andrea/testhooks.py): on a quiet machine andrea-tiny trains 150 steps in ~2 s, before
     # the faults (2 s apart) could strike; the delay only sleeps, so the bytes are those of an undelayed run.
