@@ -15,23 +15,14 @@ from andrea.config.schema import ModelConfig
 from andrea.model import arch, generate as generation
 from andrea.model.gpt import ModelMath, n_params, sdpa_attention
 from andrea.model.modern import Modern
+from tests.unit.model.live import live_model, tokens
 
 SHAPE = {"arch": "modern", "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": 300}
 
 
 def model_of(ops: ModelMath = ModelMath(), seed: int = 5, **extras) -> Modern:
     """A modern model with `extras`, every weight N(0, 0.3²) from `seed` (far from init: blocks live, logits large)."""
-    cfg = ModelConfig(**SHAPE, **extras)
-    model = arch.build(cfg, ops).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-    return model
-
-
-def tokens(rows: int = 3, T: int = 16) -> torch.Tensor:
-    return torch.randint(0, 300, (rows, T), generator=torch.Generator().manual_seed(0))
+    return live_model({**SHAPE, **extras}, ops, seed)
 
 
 @torch.no_grad()

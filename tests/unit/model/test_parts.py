@@ -18,6 +18,7 @@ from andrea.kernels import adamw_reference
 from andrea.model import arch, generate as generation, memory
 from andrea.model.gpt import ModelMath, decay_mask, n_params, sdpa_attention
 from andrea.model.modern import Modern
+from tests.unit.model.live import live_model, tokens
 from andrea.optim.normuon import NorMuon
 from andrea.optim.registry import Hyper
 from tests.activations import saved_bytes
@@ -29,16 +30,7 @@ CPU = torch.device("cpu")
 
 def model_of(ops: ModelMath = ModelMath(), seed: int = 5, **parts) -> Modern:
     """A modern model with `parts`, every weight N(0, 0.3²) from `seed` (far from init: every part live)."""
-    model = arch.build(ModelConfig(**SHAPE, **parts), ops).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-    return model
-
-
-def tokens(rows: int = 3, T: int = 16) -> torch.Tensor:
-    return torch.randint(0, 300, (rows, T), generator=torch.Generator().manual_seed(0))
+    return live_model({**SHAPE, **parts}, ops, seed)
 
 
 def inputs_of(model: Modern, idx: torch.Tensor) -> list[torch.Tensor]:
