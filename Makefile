@@ -7,7 +7,7 @@ RUN_DIR ?= runs/$(PRESET)
 ARGS ?=
 
 .PHONY: train test quick durations faults chaos campaign mutants bench venv venv-test clean kernels-gpu-triton \
-	compile-check
+	compile-check gpu-offline
 
 # Two install markers: `make train` installs what training needs (andrea and its dependencies: `pip install -e .`),
 # everything else here the test extras too (pytest, SeaweedFS, wandb, transformers, pandas: `.[test]`).
@@ -34,25 +34,35 @@ train: venv
 # signal's grace): on 2 cores 688 s with two workers, 556 s with three (2026-12-06). --no-loadscope-reorder hands the
 # files out in collection order, the longest first by the durations record (tests/durations.json;
 # tests/conftest.py), so no worker is left alone on a long file at the end. --durations=12 prints the slowest tests
-# of every run: what to look at when the suite grows (<= 10 min on 2 cores).
+# of every run: what to look at when the suite grows (<= 10 min on 2 cores). The GPU code's long checks on this CPU
+# run in `make gpu-offline` (below), which .ci/run runs after this.
 WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) + 1))")
+SUITE := -m "not slow and not gpu_offline"
 test: venv-test
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" --durations=12 $(ARGS)
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(SUITE) --durations=12 $(ARGS)
 
 # Regenerates the durations record that orders `make test` (tests/durations.py): the suite as `make test` runs it,
 # every test's time into build/durations.txt, then each file's seconds into tests/durations.json (commit it).
 # ARGS=tests/e2e/test_x.py measures and updates that file's entry alone.
 durations: venv-test
 	@mkdir -p build
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" --durations=0 \
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(SUITE) --durations=0 \
 	    $(ARGS) > build/durations.txt || true
 	$(PY) -m tests.durations build/durations.txt
 
-# The development loop: the unit tests only (no trainer process; ~3 min on 2 cores, about half of it the kernels'
-# compile check, tests/unit/kernels/test_compile.py). `make test` runs them too, with everything else.
+# The development loop: the unit tests only (no trainer process; ~1.5 min on 2 cores). `make test` runs them too,
+# with everything else.
 QUICK ?= tests/unit
 quick: venv-test
-	$(PY) -m pytest -q -n auto --maxprocesses 2 --dist load -m "not slow" $(QUICK) $(ARGS)
+	$(PY) -m pytest -q -n auto --maxprocesses 2 --dist load $(SUITE) $(QUICK) $(ARGS)
+
+# The GPU code checked on this CPU at length (the tests marked gpu_offline; ~3.5 CPU-minutes, ~2 min on 2 cores):
+# every Triton kernel at every launch configuration the trainer can pick compiled for sm_89
+# (tests/unit/kernels/test_compile.py) and bench/gpu_check.sh's self-test, every part's real program on tiny shapes
+# (tests/e2e/test_gpu_check.py). .ci/run runs it after `make test`, whose 10 minutes on 2 cores it would
+# otherwise take a sixth of; run it after changing a kernel, a launcher's configuration or bench/gpu_check.sh.
+gpu-offline: venv-test
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile -m gpu_offline $(ARGS)
 
 # The long fault campaign: >= 200 SIGKILLs and every bad input, printed as one table.
 faults: venv-test
@@ -86,7 +96,7 @@ mutants: venv-test
 	$(PY) -m tests.mutants $(ARGS)
 
 # Every Triton kernel at every launch configuration compiled for sm_80, sm_89 and sm_90 on this CPU, one table
-# (andrea/kernels/compile_check.py; ~1.5 min on 2 cores). `make test` compiles for sm_89 alone.
+# (andrea/kernels/compile_check.py; ~1.5 min on 2 cores). `make gpu-offline` compiles for sm_89 alone.
 compile-check: venv-test
 	TRITON_INTERPRET=0 $(PY) -m andrea.kernels.compile_check $(ARGS)
 

@@ -31,14 +31,22 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.zygote import Zygote
+from tests.zygote import Zygote, import_time
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--preset", "andrea-tiny"]
+# The variables read at import as this test process found them (tests/conftest.py has chosen TRITON_INTERPRET).
+# A test that compiles in process leaves torch.compile's TORCHINDUCTOR_CACHE_DIR in os.environ: this process's, not
+# its children's, and with it every later start of this test process would differ from the zygote's at import and
+# start afresh (most of a `make test`'s 99 fresh starts, ~2.7 CPU-s each, 2026-12-06).
+_IMPORT_TIME_AT_START = import_time(dict(os.environ))
 
 
 def env() -> dict[str, str]:
-    e = dict(os.environ)
+    """The environment of a process a test starts: this one's, with the variables read at import as they were when
+    this process started (`_IMPORT_TIME_AT_START`), PYTHONPATH at the checkout, one torch thread."""
+    e = {k: v for k, v in os.environ.items() if k not in import_time(dict(os.environ))}
+    e.update(_IMPORT_TIME_AT_START)
     e["PYTHONPATH"] = str(ROOT)
     e.setdefault("OMP_NUM_THREADS", "1")  # equal thread counts across processes: equal float summation order
     return e

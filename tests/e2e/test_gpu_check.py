@@ -85,6 +85,7 @@ def test_the_plan_orders_the_parts_and_their_caps_sum_to_the_budget():
     assert dict(overridden)["peer"] == 200 and "!= budget 480 s" in stdout  # an override is never silent
 
 
+@pytest.mark.gpu_offline
 def test_the_selftest_runs_every_part_into_one_results_directory(selftests):
     """Each part's program (pytest tests/unit/kernels, bench/gpu_train.py, bench/kernels.py, bench/checkpoint.py,
     bench/peer.py, bench/gpu_report.py) ran on the CPU and its results are in the one results directory."""
@@ -127,6 +128,7 @@ def test_the_selftest_runs_every_part_into_one_results_directory(selftests):
     assert all(f"| {p} |" in md for p in PARTS[:-1]) and "| andrea-tiny |" in md
 
 
+@pytest.mark.gpu_offline
 def test_a_part_over_its_cap_is_cut_reported_and_the_next_part_still_runs(selftests):
     proc, out = selftests["hung"]
     rc, stdout, stderr = finish(proc)

@@ -66,6 +66,7 @@ def report(tmp_path_factory):
     return json.loads(out.read_text())
 
 
+@pytest.mark.gpu_offline
 def test_every_kernel_compiles_for_every_arch_within_its_limits(report):
     rows = report["rows"]
     assert report["launch_failures"] == []  # every launch sets enable_fp_fusion; every kernel is launched
@@ -79,6 +80,7 @@ def test_every_kernel_compiles_for_every_arch_within_its_limits(report):
     assert set(ARCHS) < set(compile_check.ARCHS)
 
 
+@pytest.mark.gpu_offline
 @pytest.mark.parametrize("preset", preset_names())
 def test_each_preset_shape_is_compiled_as_its_launcher_picks_it(report, preset):
     cfg = load(preset).model
@@ -106,6 +108,7 @@ def test_each_preset_shape_is_compiled_as_its_launcher_picks_it(report, preset):
                            and _config(r)["BLOCK"] == str(block) and f" w{warps} " in r["config"] for r in rows)
 
 
+@pytest.mark.gpu_offline
 @pytest.mark.parametrize("preset", [p for p in preset_names() if load(p).model.arch == "modern"])
 def test_each_modern_preset_compiles_rms_norm_and_rotary_in_the_dtypes_training_gives_them(report, preset):
     cfg = load(preset).model
@@ -125,6 +128,7 @@ def test_each_modern_preset_compiles_rms_norm_and_rotary_in_the_dtypes_training_
                        and f" w{warps} " in r["config"] and _used_by(r, preset) for r in report["rows"])
 
 
+@pytest.mark.gpu_offline
 @pytest.mark.parametrize("preset", preset_names())
 def test_each_preset_compiles_muons_kernels_for_either_nesterov(report, preset):
     block, warps = muon_config("cuda")
