@@ -67,6 +67,13 @@ REGRESSIONS = [
      "replica as 'another run' (advising another prefix) before the ledger check could name the change and "
      "--accept-ledger-gap; the run id now decides ownership (control/replica/plan.py's same_run), and where the flip "
      "leaves no readable start marker, the id the newest checkpoint vouches for (control/replica/admit.py)"),
+    ("201", "0,1,2", "the whole sequence, flip@5 of .loss.json -> restore@24 -> disk@26 (the flip's byte follows the "
+     "start marker's time, so which field it hits varies run to run): where the flip broke the marker's line, the "
+     "start with --accept-ledger-gap went on, but its checkpoints named no run, and after the restore the run was "
+     "refused by its own replica as another run; the run now keeps the id its checkpoint vouches for "
+     "(control/run/ledger_feed.py's vouched_run). Where the line still parsed (model.n_layer 2 -> 6), the start with "
+     "the flag refused the run's own configuration as a change; a changed ledger's start marker is now no evidence "
+     "of the identity, run.toml's is (control/run/identity.py's ledger_changed)"),
     ("58", "2", "a flipped bit in a checkpoint's ledger record must make it unverified: flip@25 of "
      "step_000025.ledger.json turned \"last_step\" into \"las4_step\" and verify said ok (the checksum binds only the "
      "record's hash of the ledger); the record is now sealed (rundir/ledger.py, rundir/checksum.py)"),
@@ -80,7 +87,8 @@ REGRESSIONS = [
 # run (20-35 s on one worker), and each defect has its focused test in the suite: seeds 24 and 156,
 # tests/e2e/test_guard_run.py::test_losing_the_known_good_checkpoint_keeps_the_rollbacks_data_offset_and_lr_scale;
 # seed 64, tests/unit/control/guard/test_rollback.py's sealed-companion tests; seed 15 was the harness's own; seed 201,
-# tests/unit/control/replica/test_owner.py; seed 214, tests/unit/control/parallel/test_sharing.py; seed 58,
+# tests/unit/control/replica/test_owner.py and (its whole sequence) tests/e2e/test_run_integrity.py's
+# test_a_bit_flipped_in_the_start_marker_keeps_the_runs_id_and_identity_past_the_gap; seed 214, tests/unit/control/parallel/test_sharing.py; seed 58,
 # tests/unit/rundir/test_checksum.py.
 @pytest.mark.slow
 @pytest.mark.parametrize("seed,events,reason", REGRESSIONS, ids=[f"seed{s}" for s, _, _ in REGRESSIONS])

@@ -158,6 +158,36 @@ def test_a_damaged_ledger_is_refused_untouched_then_continued_past_with_a_gap_ma
         assert train(run, "--steps", "80").returncode == 0
 
 
+@pytest.mark.parametrize("flip", ["breaks its line", "changes its identity"])
+def test_a_bit_flipped_in_the_start_marker_keeps_the_runs_id_and_identity_past_the_gap(trained, tmp_path, flip):
+    """Campaign seed 201: a bit flipped in the ledger's start marker, inside the history the newest checkpoint
+    vouches for. Where it broke the line (`:` to `;`), `--accept-ledger-gap` went on, but the checkpoints written from
+    there named no run (the id was the unreadable marker's), and after a `restore` the run was refused by its own
+    replica as another run. Where the line still parsed (`2` to `6`: model.n_layer), the start with the flag refused
+    the run's own configuration as a change of model.n_layer. Now the run keeps the id its checkpoint vouches for,
+    and a changed ledger's start marker is no evidence of the identity: run.toml's is, and every later start
+    (the `gap` marker on the record) agrees."""
+    run = copy_of(trained, tmp_path)
+    ledger = run / names.LEDGER_NAME
+    data = bytearray(ledger.read_bytes())
+    at = data.index(b'"model.n_layer":2') + len(b'"model.n_layer"') + (0 if flip == "breaks its line" else 1)
+    data[at] ^= 0b1 if flip == "breaks its line" else 0b100  # 0x3a ':' -> 0x3b ';', 0x32 '2' -> 0x36 '6'
+    ledger.write_bytes(bytes(data))
+    run_id = json.loads((run / "step_000040.sum.json").read_text())["run"]
+    refused = train(run, "--steps", "60")
+    [line] = error_lines(refused)
+    assert refused.returncode == 1 and "changed inside the history" in line and "--accept-ledger-gap" in line
+    accepted = train(run, "--steps", "60", "--accept-ledger-gap")
+    assert accepted.returncode == 0, accepted.stderr[-3000:]
+    assert json.loads((run / "step_000060.sum.json").read_text())["run"] == run_id
+    assert json.loads((run / "step_000060.ledger.json").read_text())["run"] == run_id
+    again = train(run, "--steps", "80")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((run / "step_000080.sum.json").read_text())["run"] == run_id
+    changed = train(run, "--steps", "100", "--set", "model.n_layer=3")  # a real change is still refused
+    assert changed.returncode == 2 and "model.n_layer from 2 to 3" in error_lines(changed)[0]
+
+
 def test_junk_after_the_last_checkpoint_is_cut_in_one_line_and_never_vouched_for(trained, tmp_path):
     run, junk = copy_of(trained, tmp_path), b"\0" * 64 + b"\n"  # a crash's NUL-filled line (`echo junk >>`: unit)
     ledger = run / names.LEDGER_NAME

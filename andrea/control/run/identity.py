@@ -11,8 +11,10 @@ The same identity binds the ways a checkpoint's m and v reach another run direct
 (`check_branch`) and `train --init-from` a checkpoint (`check_init_from`).
 
 Reads the ledger's `start` marker (its `identity` field: written by control/run/runtime.py at every kind of start,
-append-only, so it survives a lost `run.toml`), else `run.toml` for a run started before identities were recorded,
-and `tokenizer.json` (or the file `data.tokenizer` names). Writes nothing.
+append-only, so it survives a lost `run.toml`), else `run.toml`: for a run started before identities were recorded,
+and for a ledger changed inside a checkpoint's history (`ledger_changed`: its start marker may be a changed line);
+the newest checkpoint's ledger record (`step_N.ledger.json`), and `tokenizer.json` (or the file `data.tokenizer`
+names). Writes nothing.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Any
 
 from andrea.config.schema import RunConfig
 from andrea.config.check import ConfigError
-from andrea.rundir import checkpoint as ckpt, names, regular
+from andrea.rundir import checkpoint as ckpt, names, regular, sidecars
 from andrea.rundir.ledger import readable_entries
+from andrea.rundir.ledger_seal import ledger_problem
 
 MODEL_KEYS = ("arch", "n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 # what only that model reads (a modern model has no biases; its extras, andrea/model/modern.py, change its math)
@@ -79,10 +82,37 @@ def run_tokenizer_sha256(run_dir: Path, cfg: RunConfig) -> str | None:
 
 
 def recorded_identity(run_dir: Path) -> dict[str, Any] | None:
-    """The identity the run recorded at its (latest) first step: the newest `start` marker's."""
+    """The identity the run recorded at its (latest) first step: the newest `start` marker's; None when it has none,
+    or when the ledger's own lines are no evidence of it (`ledger_changed`: then `of_run` reads run.toml's)."""
     entries = readable_entries(run_dir / names.LEDGER_NAME)  # the start reports a line that is none (control/run/resume.py)
-    starts = [e["identity"] for e in entries if e.get("event") == "start" and isinstance(e.get("identity"), dict)]
-    return starts[-1] if starts else None
+    starts = [i for i, e in enumerate(entries) if e.get("event") == "start" and isinstance(e.get("identity"), dict)]
+    if not starts or ledger_changed(entries[starts[-1]:], run_dir):
+        return None
+    return entries[starts[-1]]["identity"]
+
+
+def ledger_changed(since_start: list[dict], run_dir: Path) -> bool:
+    """Whether the ledger was changed inside a history a checkpoint vouched for, so that its start marker may be
+    a changed line (a flipped digit still parses: campaign seed 201 read `"model.n_layer":6` where the run wrote 2,
+    and refused the run's own configuration as a change): a `gap` marker after the newest start marker (a start
+    went past such a change with `--accept-ledger-gap`), or the ledger not holding what the newest checkpoint with
+    a ledger record vouches for (the start that will be asked to accept it). `since_start`: the entries from the
+    newest start marker on."""
+    if any(e.get("event") == "gap" for e in since_start):
+        return True
+    records = sorted((s, p) for p in run_dir.glob("step_*.ledger.json")
+                     if (s := names.step_of(p.name[:-len(".ledger.json")] + ".bin")) is not None)
+    if not records:
+        return False
+    step, path = records[-1]
+    try:
+        recorded = sidecars.read_json(path)
+    except (sidecars.SidecarError, OSError):
+        return False  # a damaged record: the checkpoint is passed over for it, and says so (rundir/checksum.py)
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("bytes"), int) \
+            or not isinstance(recorded.get("xxh3_128"), str):
+        return False
+    return ledger_problem(run_dir / names.LEDGER_NAME, recorded, names.checkpoint_name(step)) is not None
 
 
 def check_resume(run_dir: Path, cfg: RunConfig, saved: RunConfig | None) -> None:
