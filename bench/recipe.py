@@ -16,6 +16,8 @@ the two reads around the crossing ("-" if never).
     python bench/recipe.py --ablation --jobs 2   # modern+NorMuon at muon_lr 0.06 with each model extra alone
     python bench/recipe.py --only modern+NorMuon+softcap+relu2 --grid modern+NorMuon+softcap+relu2=0.04,0.06
     python bench/recipe.py --ablation --step-cost 10   # CPU time per step only, the subjects interleaved
+    python bench/recipe.py --size 12m --ablation --only modern+NorMuon modern+NorMuon+ve+smear --jobs 2
+                                                       # at andrea-12m-modern's model (M12: 8 x 256 tokens a batch)
 
 A subject named "<subject>+<extra>+<extra>…" is that subject with those model extras on (EXTRAS: nanochat's, each a
 ModelConfig key, andrea/model/modern.py: softcap, embed_norm, rope1e5, qk1.2, relu2, and the parts with parameters
@@ -68,10 +70,16 @@ class Size:
     warmup: int
     held_out: int
     max_bytes: int  # data.max_bytes_per_arm (andrea-tiny's)
+    lr_scale: float = 1.0  # on the subjects' fixed AdamW lr (embedding, head, scalars), tuned at n_embd 128
 
 
 FULL = Size(4, 4, 128, 128, 4096, 16, 300, 15, 10, 300_000)
 QUICK = Size(1, 2, 32, 32, 300, 4, 12, 2, 2, 60_000)
+# andrea-12m-modern's model (6 layers, 5 heads, n_embd 320, block 256, vocab 8,192) on what one CPU core trains in
+# minutes: 8 sequences a batch (the preset's 32 is a GPU's), 300 steps, a megabyte of each arm; the AdamW lr
+# scaled by sqrt(128 / 320), as nanochat scales it with width (the preset's comment), Muon's unscaled
+M12 = Size(6, 5, 320, 256, 8192, 8, 300, 15, 10, 1_000_000, lr_scale=(128 / 320) ** 0.5)
+SIZES = {"bench": FULL, "12m": M12}
 EXTRAS = {  # name -> the model keys it sets: nanochat's extras (issue 54)
     "softcap": {"logit_softcap": 15.0}, "embed_norm": {"embed_norm": True}, "rope1e5": {"rope_base": 1e5},
     "qk1.2": {"qk_scale": 1.2}, "relu2": {"mlp": "relu2"},
@@ -112,6 +120,7 @@ def subject(name: str) -> tuple:
 
 
 def config(size: Size, arch: str, fixed: dict, key: str, value: float, model_keys: dict | None = None):
+    fixed = {**fixed, "lr": fixed["lr"] * size.lr_scale} if "lr" in fixed else fixed
     train = {"batch_size": size.batch_size, "warmup_steps": size.warmup, "lr_decay_steps": size.steps,
              "steps": size.steps, **fixed, key: value}
     lr = train.get("lr", 6e-4)
@@ -210,6 +219,9 @@ def step_costs(cfgs: dict[str, object], train_batches, steps: int, rounds: int =
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny shape, 12 steps, two-point sweeps")
+    parser.add_argument("--size", choices=SIZES, default="bench",
+                        help="bench: issue 54's setup (the anchors' rows); 12m: andrea-12m-modern's model, 8 x 256 "
+                             "tokens a batch (no anchor measured there)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (one thread each)")
     parser.add_argument("--json", type=Path, help="also write every curve here")
     parser.add_argument("--only", nargs="*", help="these subjects only")
@@ -225,7 +237,7 @@ def main() -> int:
                         help="stop every run at this step (the schedule unchanged): the curve's start, its steps to "
                              f"{TARGET} and the step cost, for a fraction of the time")
     args = parser.parse_args()
-    size = QUICK if args.quick else FULL
+    size = QUICK if args.quick else SIZES[args.size]
     names = args.only or ([] if args.ablation else DEFAULT)
     if args.ablation and not args.only:
         names += [ABLATED] + [f"{ABLATED}+{e}" for e in EXTRAS]
@@ -270,7 +282,7 @@ def main() -> int:
         reached = "-" if reach is None else f"{reach:.0f}"
         print(f"| andrea, {name} | {key} {swept} | {finals} | {key} {best['value']:g} | {best['final']:.3f} | "
               f"{reached} |")
-    for who, loss, steps in ANCHORS:
+    for who, loss, steps in (ANCHORS if size.n_embd == FULL.n_embd else []):  # measured at the bench's size only
         print(f"| {who} | | | | {loss:.3f} | {steps} |")
     if any(_extras_of(name) for name in sweeps):
         print()
