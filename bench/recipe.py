@@ -71,6 +71,7 @@ class Size:
     held_out: int
     max_bytes: int  # data.max_bytes_per_arm (andrea-tiny's)
     lr_scale: float = 1.0  # on the subjects' fixed AdamW lr (embedding, head, scalars), tuned at n_embd 128
+    anchors: bool = True  # print the anchors' rows (measured at FULL; QUICK's smoke prints them too)
 
 
 FULL = Size(4, 4, 128, 128, 4096, 16, 300, 15, 10, 300_000)
@@ -78,7 +79,7 @@ QUICK = Size(1, 2, 32, 32, 300, 4, 12, 2, 2, 60_000)
 # andrea-12m-modern's model (6 layers, 5 heads, n_embd 320, block 256, vocab 8,192) on what one CPU core trains in
 # minutes: 8 sequences a batch (the preset's 32 is a GPU's), 300 steps, a megabyte of each arm; the AdamW lr
 # scaled by sqrt(128 / 320), as nanochat scales it with width (the preset's comment), Muon's unscaled
-M12 = Size(6, 5, 320, 256, 8192, 8, 300, 15, 10, 1_000_000, lr_scale=(128 / 320) ** 0.5)
+M12 = Size(6, 5, 320, 256, 8192, 8, 300, 15, 10, 1_000_000, lr_scale=(128 / 320) ** 0.5, anchors=False)
 SIZES = {"bench": FULL, "12m": M12}
 EXTRAS = {  # name -> the model keys it sets: nanochat's extras (issue 54)
     "softcap": {"logit_softcap": 15.0}, "embed_norm": {"embed_norm": True}, "rope1e5": {"rope_base": 1e5},
@@ -282,7 +283,7 @@ def main() -> int:
         reached = "-" if reach is None else f"{reach:.0f}"
         print(f"| andrea, {name} | {key} {swept} | {finals} | {key} {best['value']:g} | {best['final']:.3f} | "
               f"{reached} |")
-    for who, loss, steps in (ANCHORS if size.n_embd == FULL.n_embd else []):  # measured at the bench's size only
+    for who, loss, steps in (ANCHORS if size.anchors else []):
         print(f"| {who} | | | | {loss:.3f} | {steps} |")
     if any(_extras_of(name) for name in sweeps):
         print()

@@ -153,6 +153,7 @@ MAKE_TARGETS = {
     "train": "-m andrea train --preset $(PRESET) --run-dir $(RUN_DIR) $(ARGS)",  # the README's first run runs it
     "test": "-m pytest",  # CI itself (.ci/run)
     "quick": "-m pytest",  # the unit tests of `make test`, for the development loop
+    "gpu-offline": "-m gpu_offline",  # the tests marked gpu_offline: CI runs it after `make test` (.ci/run)
     "chaos": "bench/chaos.py",  # the long chaos run; its short version runs in the suite (BENCH_TESTS)
     "campaign": "bench/campaign.py --seeds $(SEEDS)",  # the long campaign; two seeds run in the suite (BENCH_TESTS)
 }
