@@ -100,13 +100,12 @@ def ledger_changed(since_start: list[dict], run_dir: Path) -> bool:
     newest start marker on."""
     if any(e.get("event") == "gap" for e in since_start):
         return True
-    records = sorted((s, p) for p in run_dir.glob("step_*.ledger.json")
-                     if (s := names.step_of(p.name[:-len(".ledger.json")] + ".bin")) is not None)
+    records = [s for s, _ in ckpt.list_checkpoints(run_dir) if names.companion_path(run_dir, s, "ledger").exists()]
     if not records:
         return False
-    step, path = records[-1]
+    step = records[-1]
     try:
-        recorded = sidecars.read_json(path)
+        recorded = sidecars.read_json(names.companion_path(run_dir, step, "ledger"))
     except (sidecars.SidecarError, OSError):
         return False  # a damaged record: the checkpoint is passed over for it, and says so (rundir/checksum.py)
     if not isinstance(recorded, dict) or not isinstance(recorded.get("bytes"), int) \
