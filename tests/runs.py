@@ -45,8 +45,9 @@ _IMPORT_TIME_AT_START = import_time(dict(os.environ))
 def env() -> dict[str, str]:
     """The environment of a process a test starts: this one's, with the variables read at import as they were when
     this process started (`_IMPORT_TIME_AT_START`), PYTHONPATH at the checkout, one torch thread."""
-    e = {k: v for k, v in os.environ.items() if k not in import_time(dict(os.environ))}
-    e.update(_IMPORT_TIME_AT_START)
+    now = dict(os.environ)
+    read_at_import = import_time(now)
+    e = {k: v for k, v in now.items() if k not in read_at_import} | _IMPORT_TIME_AT_START
     e["PYTHONPATH"] = str(ROOT)
     e.setdefault("OMP_NUM_THREADS", "1")  # equal thread counts across processes: equal float summation order
     return e
