@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from andrea.config.keepers import GuardConfig
-from andrea.config.schema import CheckpointConfig
+from andrea.config.outputs import CheckpointConfig
 from andrea.control.guard.decisions import most_tentative
 from bench import chaos_plan as plan
 from tests.notices import Inbox

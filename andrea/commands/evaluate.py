@@ -28,7 +28,8 @@ import torch
 
 from andrea.config import load as configload
 from andrea.control.run import devices
-from andrea.config.schema import EvalConfig, RunConfig
+from andrea.config.outputs import EvalConfig
+from andrea.config.schema import RunConfig
 from andrea.config.check import ConfigError
 from andrea.data.codec import TextCodec
 from andrea.evals.tasks import TaskFile, TaskScore, read_tasks, score_tasks, trainer_forward

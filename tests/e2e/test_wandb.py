@@ -159,7 +159,7 @@ def test_the_offline_run_equals_the_ledgers_history_through_a_rollback_and_a_res
 
 
 def view_config(**kw):
-    from andrea.config.schema import LogConfig
+    from andrea.config.outputs import LogConfig
     return LogConfig(wandb=True, wandb_timeout_s=kw.pop("timeout", 5.0), **kw)
 
 

@@ -19,7 +19,8 @@ LAYERS = [
      "andrea.notices"},                                                     # pure: errors; caps, floors; types; MFU;
                                                                             # the C allocator's settings
     {"andrea.config", "andrea.config.schema", "andrea.config.corpus", "andrea.config.keepers",
-     "andrea.testhooks", "andrea.optim.registry", "andrea.optim.schedule"}, # the schema; the test hooks; the
+     "andrea.config.outputs", "andrea.testhooks", "andrea.optim.registry",
+     "andrea.optim.schedule"},                                              # the schema; the test hooks; the
                                                                             # optimizers' table, the schedules
     {"andrea.rundir", "andrea.control.replica.remote"},                     # the run directory's files, its replica
     {"andrea.config.load", "andrea.control.observe.progress"},              # TOML layered; progress lines

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from andrea.config.schema import LogConfig
+from andrea.config.outputs import LogConfig
 from andrea.control.observe.scalars import LedgerScalars
 from andrea.rundir.names import TB_DIR
 

@@ -46,7 +46,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from andrea.config.schema import LogConfig
+from andrea.config.outputs import LogConfig
 from andrea.control.observe.scalars import RESETS, LedgerScalars
 from andrea.rundir import atomic, checkpoint as ckpt, regular
 from andrea.rundir.ledger import read_ledger

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from andrea.config.check import ConfigError
-from andrea.config.schema import CheckpointConfig
+from andrea.config.outputs import CheckpointConfig
 
 OPERATING = Path(__file__).resolve().parents[3] / "docs" / "operating.md"
 

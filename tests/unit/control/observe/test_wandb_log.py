@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from andrea.config.schema import LogConfig
+from andrea.config.outputs import LogConfig
 from andrea.control.observe.wandb_log import WandbLog, from_record, rewound_warning
 from andrea.rundir.ledger import marker
 

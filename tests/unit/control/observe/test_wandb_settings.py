@@ -4,7 +4,7 @@ import pytest
 
 from andrea.config.check import ConfigError
 from andrea.config.load import load
-from andrea.config.schema import LogConfig
+from andrea.config.outputs import LogConfig
 from andrea.control.observe.wandb_log import init_settings
 
 ENV = {"WANDB_MODE": "offline", "WANDB_PROJECT": "cluster-proj", "WANDB_ENTITY": "team"}

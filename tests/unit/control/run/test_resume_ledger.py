@@ -36,7 +36,7 @@ def wandb_backfill(run_dir):
     import sys
     from unittest import mock
 
-    from andrea.config.schema import LogConfig
+    from andrea.config.outputs import LogConfig
     from andrea.control.observe.wandb_log import WandbLog
     with mock.patch.dict(sys.modules, {"wandb": None}):
         WandbLog(LogConfig(wandb=True, wandb_mode="offline"), run_dir, {}, log_every=10).close(0)
