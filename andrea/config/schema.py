@@ -108,6 +108,37 @@ class TrainConfig:
     """normuon: the embeddings' AdamW weight decay."""
     head_weight_decay: float = 0.01
     """normuon: the head's AdamW weight decay."""
+    value_embed_lr: float = 0.15
+    """normuon: the value embeddings' (model.value_embeds) AdamW peak lr at width lr_width (nanochat: half
+    embed_lr), with embed_beta1, embed_beta2 and group_eps."""
+    value_embed_weight_decay: float = 0.01
+    """normuon: the value embeddings' AdamW weight decay."""
+    resid_lr: float = 0.005
+    """normuon: the residual lambdas' (model.resid_lambdas) AdamW peak lr; this and the other scalars' lrs are not
+    width-scaled; every part's group has group_eps."""
+    resid_beta1: float = 0.8
+    """normuon: the residual lambdas' AdamW beta1."""
+    resid_beta2: float = 0.95
+    """normuon: the residual lambdas' AdamW beta2."""
+    resid_weight_decay: float = 0.05
+    """normuon: the residual lambdas' AdamW weight decay (toward 0, as nanochat: it reaches these vectors, as each
+    part's decay reaches all of its parameters)."""
+    x0_lr: float = 0.5
+    """normuon: the x0 lambdas' (model.resid_lambdas) AdamW peak lr."""
+    x0_beta1: float = 0.96
+    """normuon: the x0 lambdas' AdamW beta1."""
+    x0_beta2: float = 0.95
+    """normuon: the x0 lambdas' AdamW beta2."""
+    x0_weight_decay: float = 0.0
+    """normuon: the x0 lambdas' AdamW weight decay."""
+    smear_lr: float = 0.2
+    """normuon: smear's gate and lambda and backout's lambda (model.smear, model.backout): their AdamW peak lr."""
+    smear_beta1: float = 0.8
+    """normuon: smear's and backout's AdamW beta1."""
+    smear_beta2: float = 0.95
+    """normuon: smear's and backout's AdamW beta2."""
+    smear_weight_decay: float = 0.0
+    """normuon: smear's and backout's AdamW weight decay."""
     normuon_beta2: float = 0.9
     """normuon: decay of the per-row second moment of the orthogonalised update (kept in the matrix's v)."""
     muon_momentum_start: float = 0.85
@@ -181,11 +212,13 @@ class TrainConfig:
         if not self.muon_weight_decay >= 0:
             raise ConfigError(f"train.muon_weight_decay={self.muon_weight_decay} must be >= 0")
         for key in ("embed_beta1", "embed_beta2", "head_beta1", "head_beta2", "normuon_beta2", "muon_momentum_start",
-                    "muon_momentum_end"):
+                    "muon_momentum_end", "resid_beta1", "resid_beta2", "x0_beta1", "x0_beta2", "smear_beta1",
+                    "smear_beta2"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must be in [0, 1)")
         for key in ("embed_lr", "head_lr", "group_eps", "embed_weight_decay", "head_weight_decay", "lr_width",
-                    "muon_momentum_warmup"):
+                    "muon_momentum_warmup", "value_embed_lr", "value_embed_weight_decay", "resid_lr",
+                    "resid_weight_decay", "x0_lr", "x0_weight_decay", "smear_lr", "smear_weight_decay"):
             if not getattr(self, key) >= 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)} must be >= 0")
         if not 1 <= self.muon_ns_steps <= 5:

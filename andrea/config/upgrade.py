@@ -16,6 +16,8 @@ writes nothing. docs/operating.md#upgrading-andrea-under-a-running-run lists the
 |                            | the fourteen before "all" (… rank_mismatch), in any order    | kind, new ones)  |
 | model.value_embeds, smear, | absent from a run.toml written before they existed: the     | false (the model |
 | resid_lambdas, backout     | model trained without them (a modern preset now turns two on) | it trained)      |
+| train.value_embed_lr       | absent from a run.toml that records train.embed_lr: the      | half the run's   |
+|                            | value embeddings trained at half of it (before their key)    | embed_lr         |
 
 Since "all" (andrea/notices.py), run.toml records the intent: a new notice kind needs no row here. The two lists
 below are history, frozen: the defaults of the versions that wrote today's kinds out one by one.
@@ -62,4 +64,8 @@ def upgrade_run_toml(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if isinstance(model, dict) and "arch" in model:
         for key in MODEL_PARTS:
             model.setdefault(key, False)
+    train = out.get("train")
+    if isinstance(train, dict) and isinstance(train.get("embed_lr"), (int, float)) \
+            and not isinstance(train.get("embed_lr"), bool):
+        train.setdefault("value_embed_lr", 0.5 * train["embed_lr"])  # exact: a halving
     return out, notes

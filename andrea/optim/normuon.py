@@ -7,9 +7,12 @@ Reads and updates device memory only, called as every update in andrea/optim/reg
   train.group_eps and their lr scaled by √(lr_width / C) (C = the embedding's width: nanochat's 1/√d_model rule,
   tuned at 768); everything else outside the matrices (a GPT's biases and norm gains) keeps train.lr, beta1, beta2,
   eps and weight_decay. Every group's lr follows lr's schedule and the guard's scale (hp.lr / train.lr).
-  The modern model's parts (model.value_embeds, resid_lambdas, smear, backout) get nanochat's groups (`PARTS`):
-  the value embeddings at half the embeddings' lr with their betas, the residual and x0 lambdas, and smear's and
-  backout's scalars each at their own fixed lr and betas (not width-scaled), with train.group_eps.
+  The modern model's parts (model.value_embeds, resid_lambdas, smear, backout) get nanochat's groups (`PARTS`),
+  each with its own train keys and train.group_eps: the value embeddings at train.value_embed_lr (width-scaled as
+  embed_lr, nanochat's half of it) with the embeddings' betas and value_embed_weight_decay; the residual lambdas,
+  the x0 lambdas, and smear's and backout's scalars at train.<group>_lr, <group>_beta1, <group>_beta2 and
+  <group>_weight_decay (resid, x0, smear; not width-scaled). A part's weight decay reaches every parameter of its
+  group, vectors too (nanochat decays the residual lambdas toward 0).
 - NorMuon's variance reduction (Li et al. 2025, as nanochat): after Polar Express, a second moment of the
   orthogonalised update per index of the matrix's long side (per row of a square one, per part of a fused one),
   decayed by train.normuon_beta2, rescales it row by row (or column by column) and the whole is brought back to
@@ -35,15 +38,10 @@ from andrea.optim.registry import Hyper
 
 EMBEDDINGS = ("wte.weight", "wpe.weight")
 HEAD = ("lm_head.weight",)
-# The modern model's parts (andrea/model/modern.py), nanochat's groups (its gpt.py setup_optimizer, scalar_lr 0.5):
-# group -> (the layout names' prefix, lr (None: half embed_lr, width-scaled), beta1, beta2, weight decay, whether
-# the decay reaches 1-D parameters too)
-PARTS = {
-    "value_embed": ("value_embeds.", None, None, None, 0.01, False),  # betas: embed_beta1, embed_beta2
-    "resid": ("lambdas.resid", 0.005, 0.8, 0.95, 0.05, True),
-    "x0": ("lambdas.x0", 0.5, 0.96, 0.95, 0.0, False),
-    "smear": (("smear.", "backout."), 0.2, 0.8, 0.95, 0.0, False),
-}
+# The modern model's parts (andrea/model/modern.py), nanochat's groups (its gpt.py setup_optimizer): group -> the
+# layout names' prefixes; the group's keys are train.<group>_lr and so on (value_embed: _lr and _weight_decay).
+PARTS = {"value_embed": ("value_embeds.",), "resid": ("lambdas.resid",), "x0": ("lambdas.x0",),
+         "smear": ("smear.", "backout.")}
 
 
 def group_of(spec: ParamSpec) -> str:
@@ -53,7 +51,7 @@ def group_of(spec: ParamSpec) -> str:
         return "embed"
     if spec.name in HEAD:
         return "head"
-    return next((g for g, part in PARTS.items() if spec.name.startswith(part[0])), "rest")
+    return next((g for g, prefixes in PARTS.items() if spec.name.startswith(prefixes)), "rest")
 
 
 def group_hyper(group: str, tc, width: int, hp: Hyper) -> dict:
@@ -66,10 +64,11 @@ def group_hyper(group: str, tc, width: int, hp: Hyper) -> dict:
     if group == "head":
         return hp.adamw(lr=tc.head_lr * scale * ratio, beta1=tc.head_beta1, beta2=tc.head_beta2,
                         eps=tc.group_eps, weight_decay=tc.head_weight_decay, max_grad_norm=None)
-    if group in PARTS:
-        _, lr, beta1, beta2, wd, _ = PARTS[group]
-        if lr is None:
-            lr, beta1, beta2 = 0.5 * tc.embed_lr * scale, tc.embed_beta1, tc.embed_beta2
+    if group == "value_embed":
+        return hp.adamw(lr=tc.value_embed_lr * scale * ratio, beta1=tc.embed_beta1, beta2=tc.embed_beta2,
+                        eps=tc.group_eps, weight_decay=tc.value_embed_weight_decay, max_grad_norm=None)
+    if group in PARTS:  # the scalars: resid, x0, smear
+        lr, beta1, beta2, wd = (getattr(tc, f"{group}_{k}") for k in ("lr", "beta1", "beta2", "weight_decay"))
         return hp.adamw(lr=lr * ratio, beta1=beta1, beta2=beta2, eps=tc.group_eps, weight_decay=wd,
                         max_grad_norm=None)
     return hp.adamw(max_grad_norm=None)
@@ -100,7 +99,7 @@ class NorMuon(MuonAdamW):
             if a >= b or is_hidden_matrix(s):
                 continue
             group = group_of(s)
-            if group in PARTS and PARTS[group][5]:  # its decay reaches its vectors too
+            if group in PARTS:  # a part's decay reaches its vectors too (its key's doc)
                 mask[a:b] = True
             runs = spans.setdefault(group, [])
             if runs and runs[-1][1] == a:

@@ -69,7 +69,9 @@ ADAMW_REST = Holds("every other one: embeddings, head, biases, norm gains", "Ada
 MUON_KEYS = ("muon_lr", "muon_momentum", "muon_nesterov", "muon_weight_decay", "muon_ns_steps")
 NORMUON_KEYS = ("embed_lr", "head_lr", "lr_width", "embed_beta1", "embed_beta2", "head_beta1", "head_beta2",
                 "group_eps", "embed_weight_decay", "head_weight_decay", "normuon_beta2", "muon_momentum_start",
-                "muon_momentum_warmup", "muon_momentum_end")
+                "muon_momentum_warmup", "muon_momentum_end", "value_embed_lr", "value_embed_weight_decay",
+                "resid_lr", "resid_beta1", "resid_beta2", "resid_weight_decay", "x0_lr", "x0_beta1", "x0_beta2",
+                "x0_weight_decay", "smear_lr", "smear_beta1", "smear_beta2", "smear_weight_decay")
 
 OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (
     Optimizer("adamw", "andrea.optim.adamw_update:AdamW",
@@ -86,7 +88,8 @@ OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (
                Holds("the embeddings (wte, a gpt2's wpe) and the head", "AdamW's first moment (their own β1)",
                      "AdamW's second moment (their own β2)"),
                Holds("the modern model's parts: value_embeds.i, lambdas.resid, lambdas.x0, smear.*, backout.lam",
-                     "AdamW's first moment (their group's β1)", "AdamW's second moment (their group's β2)"),
+                     "AdamW's first moment (their group's β1: `train.resid_beta1`, `x0_beta1`, `smear_beta1`; the "
+                     "value embeddings', `embed_beta1`)", "AdamW's second moment (their group's β2)"),
                Holds("every other one: biases, norm gains", "AdamW's first moment", "AdamW's second moment")),
               ADAMW_KEYS + MUON_KEYS + NORMUON_KEYS,
               whole_matrices="andrea.optim.muon:matrix_spans", workspace="andrea.optim.muon:workspace_bytes"),

@@ -65,3 +65,14 @@ def test_the_upgrade_leaves_its_input_alone_and_says_what_it_read_anew():
     assert "replica_wait" not in upgraded["checkpoint"] and "events" not in upgraded["notify"]
     assert len(notes) == 2 and any("replica_wait" in n for n in notes) and any("notify.events" in n for n in notes)
     assert upgrade_run_toml(upgraded) == (upgraded, [])
+
+
+def test_a_run_from_before_the_value_embeddings_key_keeps_training_them_at_half_its_embed_lr():
+    """Before train.value_embed_lr, NorMuon ran the value embeddings at half train.embed_lr: a run.toml recording
+    embed_lr without the new key resumes at the lr they trained at, not at today's default."""
+    assert load(preset="andrea-tiny", base={"train": {"optimizer": "normuon", "embed_lr": 0.2}}).train.value_embed_lr \
+        == 0.1
+    assert load(preset="andrea-tiny", base={"train": {"embed_lr": 0.2, "value_embed_lr": 0.05}}).train.value_embed_lr \
+        == 0.05  # recorded: the operator's
+    assert load(preset="andrea-tiny", base={"train": {"lr": 1e-3}}).train.value_embed_lr == 0.15  # no embed_lr
+    assert load(preset="andrea-tiny", overrides=["train.embed_lr=0.2"]).train.value_embed_lr == 0.15  # a new run

@@ -16,7 +16,7 @@ from andrea.config.schema import ModelConfig
 from andrea.control.run.trainer import Trainer
 from andrea.kernels import adamw_reference
 from andrea.model import arch, generate as generation, memory
-from andrea.model.gpt import ModelMath, decay_mask, n_params, sdpa_attention
+from andrea.model.gpt import ModelMath, n_params, sdpa_attention
 from andrea.model.modern import Modern
 from tests.unit.model.live import live_model, tokens
 from andrea.optim.normuon import NorMuon
@@ -184,8 +184,32 @@ def tiny(*overrides: str):
         "model.vocab_size=260", "model.block_size=16", *[f"model.{k}=true" for k in ALL], *overrides])
 
 
-def test_each_part_takes_its_own_adamw_group_at_the_guards_scale():
-    cfg = tiny("train.grad_clip=0")
+# (the --set items, each group's (lr, beta1, beta2, weight decay) they make): nanochat's values by default
+# (its gpt.py setup_optimizer: the value embeddings at half embed_lr, scalar_lr 0.5), else each group's own keys
+WIDTH_SCALE = (768 / 32) ** 0.5  # lr_width / n_embd: the value embeddings' lr is width-scaled, the scalars' not
+GROUPS = {
+    "nanochat's": ((), {"value_embeds.1.weight": (0.15 * WIDTH_SCALE, 0.8, 0.995, 0.01),
+                        "lambdas.resid": (0.005, 0.8, 0.95, 0.05), "lambdas.x0": (0.5, 0.96, 0.95, 0.0),
+                        "smear.lam": (0.2, 0.8, 0.95, 0.0), "smear.gate.weight": (0.2, 0.8, 0.95, 0.0),
+                        "backout.lam": (0.2, 0.8, 0.95, 0.0)}),
+    "set": (("train.value_embed_lr=0.05", "train.value_embed_weight_decay=0.2", "train.embed_beta1=0.7",
+             "train.resid_lr=0.01", "train.resid_beta1=0.5", "train.resid_beta2=0.6", "train.resid_weight_decay=0.3",
+             "train.x0_lr=0.25", "train.x0_beta1=0.85", "train.x0_beta2=0.75", "train.x0_weight_decay=0.1",
+             "train.smear_lr=0.125", "train.smear_beta1=0.65", "train.smear_beta2=0.55",
+             "train.smear_weight_decay=0.4"),
+            {"value_embeds.1.weight": (0.05 * WIDTH_SCALE, 0.7, 0.995, 0.2),
+             "lambdas.resid": (0.01, 0.5, 0.6, 0.3), "lambdas.x0": (0.25, 0.85, 0.75, 0.1),
+             "smear.lam": (0.125, 0.65, 0.55, 0.4), "smear.gate.weight": (0.125, 0.65, 0.55, 0.4),
+             "backout.lam": (0.125, 0.65, 0.55, 0.4)}),
+}
+
+
+@pytest.mark.parametrize("values", list(GROUPS))
+def test_each_part_takes_its_own_adamw_group_at_the_guards_scale(values):
+    """Each part's AdamW group has its own lr, betas and weight decay (train keys, nanochat's by default), its
+    decay reaching its vectors too, and the guard's scale reaches it."""
+    overrides, groups = GROUPS[values]
+    cfg = tiny("train.grad_clip=0", *overrides)
     tc, layout = cfg.train, arch.layout_for(cfg.model)
     n = n_params(layout)
     gen = torch.Generator().manual_seed(2)
@@ -194,18 +218,12 @@ def test_each_part_takes_its_own_adamw_group_at_the_guards_scale():
     ratio = 0.5  # the schedule's and the guard's scale: hp.lr / train.lr
     NorMuon(layout, tc, adamw_reference, "torch", CPU)(*got, Hyper(1, tc.lr * ratio, tc.beta1, tc.beta2, tc.eps,
                                                                    tc.weight_decay, None))
-    mask = decay_mask(layout, CPU)
-    embed = 0.5 * tc.embed_lr * (768 / 32) ** 0.5  # half the embedding's width-scaled lr
-    groups = {"value_embeds.1.weight": (embed, tc.embed_beta1, tc.embed_beta2, 0.01, mask),
-              "lambdas.resid": (0.005, 0.8, 0.95, 0.05, torch.ones(n, dtype=torch.bool)),  # decayed though 1-D
-              "lambdas.x0": (0.5, 0.96, 0.95, 0.0, mask), "smear.lam": (0.2, 0.8, 0.95, 0.0, mask),
-              "smear.gate.weight": (0.2, 0.8, 0.95, 0.0, mask), "backout.lam": (0.2, 0.8, 0.95, 0.0, mask)}
-    for name, (lr, b1, b2, wd, decay) in groups.items():
+    for name, (lr, b1, b2, wd) in groups.items():
         s = next(p for p in layout if p.name == name)
         r = slice(s.offset, s.offset + s.numel)
         want = [w[r].clone(), g[r].clone(), torch.zeros(s.numel), torch.zeros(s.numel)]
         adamw_reference(*want, step=1, lr=lr * ratio, beta1=b1, beta2=b2, eps=tc.group_eps, weight_decay=wd,
-                        decay_mask=decay[r])
+                        decay_mask=None)  # every element decays, a vector's too
         for a, b in zip((got[0][r], got[2][r], got[3][r]), (want[0], want[2], want[3])):
             assert torch.equal(a, b), name
 
