@@ -58,7 +58,8 @@ attention's input), resid_lambdas (layer i's input r_i * x + a_i * x0), smear (t
 through lam * sigmoid(gate . its first 24 channels)) and backout (beta * the stream after layer n // 2 subtracted
 before the final norm). Load with AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True). The tensors
 keep Qwen3's names, the parts andrea's under Qwen3's prefixes. Passing inputs_embeds bypasses the embedding's norm
-and the parts' token-dependent inputs; a left-padded batch smears a row's first token with its padding's."""
+and the parts' token-dependent inputs. In a left-padded batch (its attention_mask 0 over the padding) a row's first
+token is smeared with nothing, as at position 0."""
 
 import torch
 from torch import nn
@@ -124,6 +125,8 @@ class AndreaModernForCausalLM(Qwen3ForCausalLM):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         self.model.parts_ids = input_ids  # what the hooks read (add_parts)
         self.model.parts_start = 0 if cache is None else int(cache.get_seq_length())
+        mask = kwargs.get("attention_mask", args[0] if args else None)  # (B, past + T): 0 over padding
+        self.model.parts_mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
         return super().forward(input_ids, *args, **kwargs)
 
 
@@ -167,8 +170,14 @@ def add_parts(model, config):
 def smeared(model, e):
     """The embedding's output e (B, T, C), smeared (with smear), kept as x0 for the lambdas."""
     if getattr(model, "smear", None) is not None:
+        B, T, _ = e.shape
+        start = getattr(model, "parts_start", 0)
         gate = model.smear.lam * torch.sigmoid(model.smear.gate(e[..., :24]))  # (B, T, 1)
-        if getattr(model, "parts_start", 0) == 0:
+        mask = getattr(model, "parts_mask", None)
+        if mask is not None and mask.shape == (B, start + T):  # smear only where the predecessor is a token
+            real = torch.cat([mask.new_zeros(B, 1), mask], dim=1)[:, start:start + T]  # (B, T): is token t-1 one
+            gate = gate * real[..., None].to(gate.dtype)
+        if start == 0:
             x = torch.cat([e[:, :1], e[:, 1:] + gate[:, 1:] * e[:, :-1]], dim=1)
         else:  # a cached decode: the previous call's last embedding precedes this one's first
             x = e + gate * torch.cat([model.parts_last, e[:, :-1]], dim=1)

@@ -313,9 +313,19 @@ def test_an_export_with_the_parts_loads_every_tensor_and_gives_andreas_logits(pa
             assert (one(run.idx)[0] - want).abs().max() > 1e-2, part
         prompt = run.idx[:1, :8]
         hf_tokens = hf.generate(prompt, max_new_tokens=5, do_sample=False, use_cache=True)[0, 8:].tolist()
+        # a batch of unequal prompts, left-padded as transformers pads for generation: the short row's first token
+        # has no predecessor to smear with (its padding is none), as in andrea's own batched decode
+        short = run.idx[1, :5]
+        pad = torch.full((3,), int(run.idx[0, 0]))  # a token of the vocabulary, masked out
+        batch = torch.stack([run.idx[0, :8], torch.cat([pad, short])])
+        mask = torch.tensor([[1] * 8, [0] * 3 + [1] * 5])
+        hf_batch = hf.generate(batch, attention_mask=mask, max_new_tokens=5, do_sample=False, use_cache=True,
+                               pad_token_id=int(pad[0]))[:, 8:].tolist()
     from andrea.model import generate as generation
-    ours = generation.decode(model, prompt.tolist(), 5, lambda logits: logits.argmax(-1).tolist())[0]
+    pick = lambda logits: logits.argmax(-1).tolist()  # noqa: E731
+    ours = generation.decode(model, prompt.tolist(), 5, pick)[0]
     assert hf_tokens == ours
+    assert hf_batch == generation.decode(model, [run.idx[0, :8].tolist(), short.tolist()], 5, pick)
 
 
 def test_an_export_with_the_parts_comes_back_bit_for_bit(parts_run, prepared, tmp_path):
