@@ -22,8 +22,8 @@ the two reads around the crossing ("-" if never).
 A subject named "<subject>+<extra>+<extra>…" is that subject with those model extras on (EXTRAS: nanochat's, each a
 ModelConfig key, andrea/model/modern.py: softcap, embed_norm, rope1e5, qk1.2, relu2, and the parts with parameters
 ve, lambdas, smear, backout); the ablation table gives each one's held-out loss at the last step, its
-change against the plain subject's (run alongside, else BASELINE), steps to 5.018 and its CPU seconds per step
-relative to the plain subject's (process time, so a machine shared with other work counts less).
+change against the plain subject's (run alongside, else the size's measured baseline), steps to 5.018 and its CPU
+seconds per step relative to the plain subject's (process time, so a machine shared with other work counts less).
 
 Reads the embedded arms; writes the markdown report to stdout. Losses are a pure function of the seed on one
 machine. The anchors' rows are constants (ANCHORS), measured outside the project by issue 54 on the same setup.
@@ -72,14 +72,16 @@ class Size:
     max_bytes: int  # data.max_bytes_per_arm (andrea-tiny's)
     lr_scale: float = 1.0  # on the subjects' fixed AdamW lr (embedding, head, scalars), tuned at n_embd 128
     anchors: bool = True  # print the anchors' rows (measured at FULL; QUICK's smoke prints them too)
+    baseline: float | None = None  # ABLATED's loss at muon_lr 0.06 here (docs/benchmarks.md), when not rerun
 
 
-FULL = Size(4, 4, 128, 128, 4096, 16, 300, 15, 10, 300_000)
+FULL = Size(4, 4, 128, 128, 4096, 16, 300, 15, 10, 300_000, baseline=3.710)
 QUICK = Size(1, 2, 32, 32, 300, 4, 12, 2, 2, 60_000)
 # andrea-12m-modern's model (6 layers, 5 heads, n_embd 320, block 256, vocab 8,192) on what one CPU core trains in
 # minutes: 8 sequences a batch (the preset's 32 is a GPU's), 300 steps, a megabyte of each arm; the AdamW lr
 # scaled by sqrt(128 / 320), as nanochat scales it with width (the preset's comment), Muon's unscaled
-M12 = Size(6, 5, 320, 256, 8192, 8, 300, 15, 10, 1_000_000, lr_scale=(128 / 320) ** 0.5, anchors=False)
+M12 = Size(6, 5, 320, 256, 8192, 8, 300, 15, 10, 1_000_000, lr_scale=(128 / 320) ** 0.5, anchors=False,
+           baseline=4.018)
 SIZES = {"bench": FULL, "12m": M12}
 EXTRAS = {  # name -> the model keys it sets: nanochat's extras (issue 54)
     "softcap": {"logit_softcap": 15.0}, "embed_norm": {"embed_norm": True}, "rope1e5": {"rope_base": 1e5},
@@ -89,7 +91,6 @@ EXTRAS = {  # name -> the model keys it sets: nanochat's extras (issue 54)
     "backout": {"backout": True},
 }
 ABLATED = "modern+NorMuon"  # the subject --ablation adds each extra to, at muon_lr 0.06 (its best point)
-BASELINE = 3.710  # modern+NorMuon at muon_lr 0.06 (docs/benchmarks.md), when the ablation does not rerun it
 NORMUON = {"optimizer": "normuon", "grad_clip": 0.0, "muon_momentum": 0.97, "muon_weight_decay": 0.1}
 # subject -> (arch, fixed train keys, the swept key, its full grid, its quick grid)
 SUBJECTS = {
@@ -191,11 +192,12 @@ def ablation_table(sweeps: dict[str, list[dict]], size: Size) -> str:
         best = min(runs, key=lambda r: r["final"])
         base_runs = sweeps.get(base_name)
         base = min(base_runs, key=lambda r: r["final"]) if base_runs else None
-        ref = base["final"] if base else BASELINE
+        ref = base["final"] if base else (size.baseline if base_name == ABLATED else None)
         cost = f"{best['cpu_per_step'] / base['cpu_per_step']:.2f}×" if base else "-"
+        change = "-" if ref is None else f"{best['final'] - ref:+.3f}"
         reach = steps_to(best["curve"], TARGET)
         lines.append(f"| {'+'.join(extras) or 'none (' + name + ')'} | {best['value']:g} | {best['final']:.3f} | "
-                     f"{best['final'] - ref:+.3f} | {'-' if reach is None else f'{reach:.0f}'} | {cost} |")
+                     f"{change} | {'-' if reach is None else f'{reach:.0f}'} | {cost} |")
     return "\n".join(lines)
 
 
