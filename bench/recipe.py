@@ -25,6 +25,9 @@ ve, lambdas, smear, backout); the ablation table gives each one's held-out loss 
 change against the plain subject's (run alongside, else the size's measured baseline), steps to 5.018 and its CPU
 seconds per step relative to the plain subject's (process time, so a machine shared with other work counts less).
 
+Last, the modern presets' learning rates (PRESETS: their muon_lr beside the sweep's best for their recipe, and the
+AdamW groups' peak lrs their update computes at their width).
+
 Reads the embedded arms; writes the markdown report to stdout. Losses are a pure function of the seed on one
 machine. The anchors' rows are constants (ANCHORS), measured outside the project by issue 54 on the same setup.
 """
@@ -46,9 +49,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from andrea.config.load import from_dict  # noqa: E402
+from andrea.config.load import from_dict, load as load_config  # noqa: E402
 from andrea.control.run.trainer import Trainer  # noqa: E402
 from andrea.data.store import prepare, rows  # noqa: E402
+from andrea.optim.normuon import group_hyper  # noqa: E402
+from andrea.optim.registry import Hyper  # noqa: E402
 
 TARGET = 5.018  # nanoGPT's final held-out loss on this setup (issue 54)
 ANCHORS = [  # (who, final held-out loss, steps to 5.018): measured elsewhere (issue 54, main at a879c10, CPU)
@@ -201,6 +206,33 @@ def ablation_table(sweeps: dict[str, list[dict]], size: Size) -> str:
     return "\n".join(lines)
 
 
+PRESETS = ("andrea-12m-modern", "andrea-120m-modern")
+
+
+def preset_table(sweeps: dict[str, list[dict]]) -> str:
+    """Markdown: the modern presets' peak learning rates beside the sweeps' best for their recipe. Muon's lr carries
+    over from the bench's width (its update is orthogonalised and shape-scaled); the AdamW groups' lrs are the ones
+    the preset's update computes at its width (normuon's `group_hyper`, muon's train.lr)."""
+    lines = ["| preset | optimizer | muon_lr | the sweep's best muon_lr (its subject) | AdamW peak lr at its width |",
+             "|---|---|---|---|---|"]
+    for name in PRESETS:
+        cfg = load_config(preset=name)
+        tc, width = cfg.train, cfg.model.n_embd
+        base = "modern+NorMuon" if tc.optimizer == "normuon" else "modern+Muon"
+        recipe = base + "".join(f"+{e}" for e, keys in EXTRAS.items()
+                                if all(getattr(cfg.model, k) == v for k, v in keys.items()))
+        runs = sweeps.get(recipe)
+        best = f"{min(runs, key=lambda r: r['final'])['value']:g} ({recipe})" if runs else f"not swept here ({recipe})"
+        if tc.optimizer == "normuon":
+            hp = Hyper(0, tc.lr, tc.beta1, tc.beta2, tc.eps, tc.weight_decay, None)
+            groups = ("embed", "head", "value_embed") if cfg.model.value_embeds else ("embed", "head")
+            adamw = ", ".join(f"{g} {group_hyper(g, tc, width, hp)['lr']:.3g}" for g in groups)
+        else:
+            adamw = f"embed and head {tc.lr:g} (train.lr)"
+        lines.append(f"| {name} | {tc.optimizer} | {tc.muon_lr:g} | {best} | {adamw} |")
+    return "\n".join(lines)
+
+
 def step_costs(cfgs: dict[str, object], train_batches, steps: int, rounds: int = 3) -> dict[str, float]:
     """Median CPU seconds per training step of each configuration, measured in this one process, the subjects
     interleaved round by round (`steps` steps each per round, after one untimed step), so the machine's load
@@ -290,6 +322,8 @@ def main() -> int:
     if any(_extras_of(name) for name in sweeps):
         print()
         print(ablation_table(sweeps, size))
+    print()
+    print(preset_table(sweeps))
     if args.json:
         args.json.write_text(json.dumps({"size": size.__dict__, "sweeps": sweeps}, indent=1))
     return 0

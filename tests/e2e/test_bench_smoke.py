@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from andrea.config.load import load
 from tests.runs import env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -199,6 +200,10 @@ def test_recipe_bench_quick_prints_the_sweeps_and_the_anchors(tmp_path):
     assert all(len(runs) == 2 and runs[0]["curve"][0][0] == 0 for runs in res["sweeps"].values())
     assert "| andrea, modern+NorMuon | muon_lr 0.02, 0.04 | " in result.stdout
     assert re.search(r"^\| \*\*nanochat\*\* .*measured elsewhere\) \| \| \| \| 3\.712 \| 49 \|$", result.stdout, re.M)
+    for preset in ("andrea-12m-modern", "andrea-120m-modern"):  # the presets' lrs, beside the sweep's best
+        tc = load(preset=preset).train
+        assert re.search(rf"^\| {preset} \| {tc.optimizer} \| {tc.muon_lr:g} \| ", result.stdout, re.M), preset
+
 
 def test_clip_bench_quick_prints_a_row_per_clip_with_the_gradient_norms():
     """bench/clip.py --quick: one row per grad_clip value, each with its held-out loss and the pre-clip norms; a
