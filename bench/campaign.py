@@ -229,12 +229,14 @@ class Campaign:
     # --- a seed -----------------------------------------------------------------------------------------------------
     def seed(self, seed: int, only: list[int] | None = None) -> Outcome:
         t = time.time()
-        d = draw(seed)
+        d = draw(seed, recipe=not self.args.plain_recipe)
         events = d.events if only is None else tuple(d.events[i] for i in only)
         rec, failures = self.sequence(d, events)
         o = Outcome(seed, failures, rec.struck, rec.skipped + ([f"end: refused as documented: {rec.refused}"]
                                                                  if rec.answered else []))
-        o.replay = f"python bench/campaign.py --seed {seed}" + (f" --events {','.join(map(str, only))}" if only else "")
+        plain = " --plain-recipe" if self.args.plain_recipe else ""
+        o.replay = f"python bench/campaign.py --seed {seed}{plain}" + (
+            f" --events {','.join(map(str, only))}" if only else "")
         lines = [f"seed {seed}: {describe(d)} | {d.describe(events)}"]
         if self.args.verbose:
             for p in rec.procs:
@@ -253,7 +255,7 @@ class Campaign:
                 small, trials = ddmin(events, fails, self.args.shrink)
                 idx = [events.index(e) for e in small]
                 o.shrunk = d.describe(small)
-                o.replay = f"python bench/campaign.py --seed {seed} --events {','.join(map(str, idx)) or 'none'}"
+                o.replay = f"python bench/campaign.py --seed {seed}{plain} --events {','.join(map(str, idx)) or 'none'}"
                 lines.append(f"  shrunk ({trials} trials): {o.shrunk}")
             lines.append(f"  replay: {o.replay}")
         o.seconds = time.time() - t
@@ -305,7 +307,8 @@ def sha(path: Path) -> str:
 
 def describe(d: Draw) -> str:
     c = d.config
-    return (f"{c.arch}/{c.optimizer} every={c.every} steps={c.steps} keep_last={c.keep_last} "
+    recipe = ("+parts" if c.parts else "") + (" wsd" if c.wsd else "")
+    return (f"{c.arch}/{c.optimizer}{recipe} every={c.every} steps={c.steps} keep_last={c.keep_last} "
             f"keep_every={c.keep_every} guard={'on' if c.guard else 'off'}(window={c.window},confirm={c.confirm},"
             f"persist={c.persist}) micro={c.micro} replica={'s3' if c.replica else 'none'} ranks={c.ranks}")
 
@@ -317,6 +320,9 @@ def main() -> int:
     p.add_argument("--events", default=None, help="with --seed: only these events of its sequence (0-based; none)")
     p.add_argument("--shrink", type=int, default=12, help="trials a failing seed's shrinking may take (0: none)")
     p.add_argument("--jobs", type=int, default=1, help="sequences run at once (each its own S3 server)")
+    p.add_argument("--plain-recipe", action="store_true",
+                   help="draw without the 2026 recipe's choices (NorMuon, the parts, wsd): the draws of campaigns "
+                        "before them, which the replays of seeds found then name")
     p.add_argument("--verbose", action="store_true", help="print every process of a sequence")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--template", type=Path, default=None, help="a prepared andrea-tiny run directory to copy data from")
@@ -347,7 +353,7 @@ def main() -> int:
                     return
                 s = todo.pop(0)
             o = campaign.seed(s, only)
-            d = draw(s)
+            d = draw(s, recipe=not args.plain_recipe)
             with campaign.lock:
                 drawn.update(d.events[i].kind for i in (range(len(d.events)) if only is None else only))
                 outcomes.append(o)

@@ -4,7 +4,11 @@
   (numpy `default_rng(seed)`): the same seed draws the same campaign on every machine, so a seed alone replays it.
   The configuration: arch (gpt2 | modern), optimizer (adamw | muon), checkpoint cadence, `keep_last`,
   `keep_every`, the guard on or off and its windows, micro-batches, a replica (a real S3 server) or none, 1 or 2
-  ranks under torchrun, the step target. The events, ordered by the step they strike at (`at`):
+  ranks under torchrun, the step target; then, drawn after the events (so a seed keeps the configuration and
+  events it drew before this dimension existed; `draw(seed, recipe=False)` is that draw), the 2026 recipe:
+  NorMuon in place of a drawn Muon, the modern model's four parts (value embeddings, lambdas, smear, backout), a
+  wsd schedule whose warmdown (steps 25 to 40) the run enters. The events, ordered by the step they strike at
+  (`at`):
       sigkill, sigterm  the trainer killed / stopped when the run reaches step `at` (or `delay` s after its spawn)
       outage            the S3 server down `seconds` while the trainer trains (a replica only)
       disk              the run directory's filesystem filled to the last byte, then freed (root: a tmpfs)
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -62,6 +66,8 @@ class RunConfig:
     micro: int            # train.micro_batch_size (0: whole batches)
     replica: bool
     ranks: int
+    parts: bool = False   # model.value_embeds, resid_lambdas, smear, backout (a modern model only)
+    wsd: bool = False     # train.schedule = "wsd": lr held from the warmup's end (20), warmdown 25 to 40
 
     def sets(self) -> list[str]:
         """The `--set` overrides of every start (and of the perfect run)."""
@@ -71,6 +77,10 @@ class RunConfig:
                "guard.confirm_steps": self.confirm, "guard.persist": self.persist,
                "guard.persist_window": self.persist + 2, "train.micro_batch_size": self.micro,
                "sample.every": 1000000, "train.eval_every": 1000000}
+        if self.parts:
+            out.update({f"model.{k}": "true" for k in ("value_embeds", "resid_lambdas", "smear", "backout")})
+        if self.wsd:
+            out.update({"train.schedule": '"wsd"', "train.lr_decay_steps": 40, "train.warmdown_steps": 15})
         return [a for k, v in out.items() for a in ("--set", f"{k}={v}")]
 
 
@@ -151,8 +161,17 @@ def draw_event(rng: np.random.Generator, kind: str, cfg: RunConfig) -> Event:
     return Event(kind, at, tuple(sorted(args.items())))
 
 
-def draw(seed: int) -> Draw:
-    """The configuration and the event sequence of `seed`: a pure function of it."""
+def draw_recipe(rng: np.random.Generator, cfg: RunConfig) -> RunConfig:
+    """The 2026 recipe's choices on a drawn configuration: NorMuon for most drawn Muons, the parts for most modern
+    models, wsd for a third of the runs."""
+    normuon = cfg.optimizer == "muon" and bool(rng.random() < 0.6)
+    parts = cfg.arch == "modern" and bool(rng.random() < 0.6)
+    return replace(cfg, optimizer="normuon" if normuon else cfg.optimizer, parts=parts, wsd=bool(rng.random() < 0.3))
+
+
+def draw(seed: int, recipe: bool = True) -> Draw:
+    """The configuration and the event sequence of `seed`: a pure function of it. recipe=False: without the 2026
+    recipe's choices (the draw of campaigns before them, which the replays of seeds found then name)."""
     rng = np.random.default_rng(seed)
     cfg = draw_config(rng)
     kinds = [k for k in KINDS if cfg.replica or k not in NEEDS_REPLICA]
@@ -161,6 +180,8 @@ def draw(seed: int) -> Draw:
     chosen = [str(k) for k in rng.choice(kinds, size=n, p=p / p.sum())]
     events = [draw_event(rng, k, cfg) for k in chosen]
     events.sort(key=lambda e: e.at)  # stable: equal steps keep their drawing order
+    if recipe:
+        cfg = draw_recipe(rng, cfg)
     return Draw(seed, cfg, tuple(events))
 
 

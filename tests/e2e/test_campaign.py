@@ -94,7 +94,7 @@ REGRESSIONS = [
 @pytest.mark.parametrize("seed,events,reason", REGRESSIONS, ids=[f"seed{s}" for s, _, _ in REGRESSIONS])
 def test_a_seed_the_campaign_found_failing_holds(seed, events, reason, prepared, tmp_path):
     r = subprocess.run([sys.executable, "bench/campaign.py", "--seed", seed, "--events", events, "--shrink", "0",
-                        "--template", str(prepared)], capture_output=True, text=True, timeout=300,
+                        "--plain-recipe", "--template", str(prepared)], capture_output=True, text=True, timeout=300,
                        env={**env(), "TMPDIR": str(tmp_path)}, cwd=ROOT)
     if "HARNESS ERROR" in r.stdout or "Traceback" in r.stderr:  # the campaign's own defect: a failure of the harness, not of the run
         pytest.fail(r.stdout[-3000:] + r.stderr[-3000:])

@@ -27,10 +27,33 @@ def test_the_drawing_reaches_every_kind_and_every_configuration_axis():
     kinds = Counter(e.kind for d in draws for e in d.events)
     assert set(kinds) == set(cd.KINDS), set(cd.KINDS) - set(kinds)
     configs = [d.config for d in draws]
-    for axis, values in {"arch": {"gpt2", "modern"}, "optimizer": {"adamw", "muon"}, "guard": {True, False},
-                         "replica": {True, False}, "ranks": {1, 2}, "micro": {0, 2, 4}}.items():
+    for axis, values in {"arch": {"gpt2", "modern"}, "optimizer": {"adamw", "muon", "normuon"},
+                         "guard": {True, False}, "replica": {True, False}, "ranks": {1, 2}, "micro": {0, 2, 4},
+                         "parts": {True, False}, "wsd": {True, False}}.items():
         assert {getattr(c, axis) for c in configs} == values, axis
     assert all(1 <= len(d.events) <= 3 for d in draws)
+
+
+def test_the_recipes_choices_leave_every_earlier_draw_and_reach_normuon_the_parts_and_wsd():
+    """The 2026 recipe's dimension is drawn after the events: a seed keeps the configuration (but its Muon maybe
+    become NorMuon) and the events it drew before the dimension existed, so the replays of seeds found then hold
+    with recipe=False; the choices reach what the modern presets run, only where they apply."""
+    draws = [(cd.draw(s), cd.draw(s, recipe=False)) for s in range(300)]
+    plain_fields = {"optimizer", "parts", "wsd"}
+    for new, old in draws:
+        assert new.events == old.events
+        assert {k: v for k, v in vars(new.config).items() if k not in plain_fields} == \
+            {k: v for k, v in vars(old.config).items() if k not in plain_fields}
+        assert (old.config.optimizer, old.config.parts, old.config.wsd) in {("adamw", False, False),
+                                                                            ("muon", False, False)}
+        c = new.config
+        assert c.optimizer == old.config.optimizer or (old.config.optimizer, c.optimizer) == ("muon", "normuon")
+        assert not c.parts or c.arch == "modern"
+    configs = [new.config for new, _ in draws]
+    assert {c.optimizer for c in configs} == {"adamw", "muon", "normuon"}
+    assert any(c.parts and c.optimizer == "normuon" for c in configs) and any(c.parts and c.wsd for c in configs)
+    wsd = next(c for c in configs if c.wsd).sets()
+    assert 'train.schedule="wsd"' in wsd and "model.value_embeds=true" not in cd.draw(0, recipe=False).config.sets()
 
 
 def test_events_are_ordered_by_step_inside_the_run_and_need_what_they_strike():
