@@ -88,6 +88,22 @@ def test_a_restart_with_the_same_command_is_told_nothing_a_preset_over_another_r
     assert configload.kept_by_run({"train": {"steps": 300}}, {"train": {"steps": 30}}, []) == ["train.steps"]
 
 
+@pytest.mark.parametrize("preset", ["andrea-12m-modern", "andrea-120m-modern"])
+def test_a_run_started_under_a_modern_presets_muon_keeps_it_when_the_preset_moved_to_normuon(preset):
+    """The modern presets run NorMuon (docs/benchmarks.md); a run started when they ran Muon recorded it in its
+    run.toml, and a restart naming the preset again keeps Muon and its lrs (the optimizer is the run's identity: what
+    its checkpoints' m and v hold), told which of the preset's values its run keeps."""
+    now = configload.load(preset=preset)
+    assert now.train.optimizer == "normuon"
+    older = configload.load(preset=preset, overrides=['train.optimizer="muon"', "train.muon_lr=0.02",
+                                                      "train.muon_momentum=0.95", "train.muon_weight_decay=0.0"])
+    recorded = configload.parse_toml(older.to_toml(), "run.toml")
+    again = configload.load(preset=preset, base=recorded)
+    assert (again.train.optimizer, again.train.muon_lr, again.train.muon_weight_decay) == ("muon", 0.02, 0.0)
+    kept = configload.kept_by_run(configload.parse_toml(configload.preset_text(preset), preset), recorded, [])
+    assert "train.optimizer" in kept and "train.muon_weight_decay" in kept
+
+
 @pytest.mark.parametrize("raw, words", [
     ("[train]\nlr = 0.001\n".encode("utf-16"), "not UTF-8 text (byte 0)"),  # as an editor saves UTF-16
     (b"\xef\xbb\xbf[train]\nlr = 0.001\n", "starts with a byte-order mark"),
