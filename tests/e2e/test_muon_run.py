@@ -2,7 +2,8 @@
 processes (and torchrun's 2 gloo ranks) on the tiny preset. What the GPT + AdamW promises, Muon keeps: a SIGKILL
 and a resume end in the bytes of a run that never stopped, and so do a replica's restore and a resume from it
 (checksums verified on the way); two ranks (ZeRO-1 with whole matrices per rank, micro-batches) follow one process
-within the documented tolerance and resume bit for bit; the guard rolls a Muon run back and it heals."""
+within the documented tolerance and resume bit for bit; the guard rolls a Muon run back and it heals. The same for
+NorMuon on wsd with the value embeddings and smear: the modern presets' recipe."""
 
 from __future__ import annotations
 
@@ -121,9 +122,12 @@ def test_the_guard_rolls_a_muon_run_back_and_it_heals(prepared, tmp_path):
     assert andrea_here("verify", str(run)).returncode == 0
 
 
+# the modern presets' recipe: NorMuon, with the parts they turn on (value embeddings and smear: their own AdamW
+# groups, each cut by ZeRO-1's shard boundaries like any other range), on wsd
 NORMUON = ["--set", "model.arch=modern", "--set", "train.optimizer=normuon", "--set", "train.schedule=wsd",
            "--set", "train.warmdown_steps=8", "--set", "train.lr_decay_steps=20", "--set", "train.muon_weight_decay=0.1",
-           "--set", "train.muon_momentum_warmup=10", "--checkpoint-every", "5"]
+           "--set", "train.muon_momentum_warmup=10", "--set", "model.value_embeds=true", "--set", "model.smear=true",
+           "--checkpoint-every", "5"]
 
 
 def resumed_from_10(run, stopped, launch) -> None:
