@@ -46,7 +46,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from andrea.control.replica import remote  # noqa: E402
 from andrea.rundir.ledger import history, readable_entries  # noqa: E402
-from bench.campaign_draw import (COMMANDS, Draw, Event, Outcome, ddmin, draw, parse_seeds, perfect_key,  # noqa: E402
+from bench.campaign_draw import (Draw, Event, Outcome, ddmin, draw, parse_seeds, perfect_commands, perfect_key,  # noqa: E402
                                  summary)  # noqa: E402
 from bench.campaign_procs import Zygote  # noqa: E402
 from bench.campaign_run import Record, Sequence, last_line  # noqa: E402
@@ -141,8 +141,8 @@ class Campaign:
             raise SystemExit(f"cannot mount a tmpfs for the full disk: {r.stderr.strip()}")
         return where
 
-    def perfect_run(self, d: Draw, poisoned: tuple[int, ...]) -> dict:
-        commands = tuple(e for e in d.events if e.kind in COMMANDS and (e.kind != "poison" or e.at in poisoned))
+    def perfect_run(self, d: Draw, events: tuple[Event, ...], poisoned: tuple[int, ...]) -> dict:
+        commands = perfect_commands(events, poisoned)
         key = perfect_key(d.config, commands, poisoned)
         with self.lock:
             key_lock = self.key_locks.setdefault(key, threading.Lock())
@@ -173,7 +173,7 @@ class Campaign:
         final = run / f"step_{d.config.steps:06d}.bin"
         entries = readable_entries(run / ".loss.json")
         poisoned = tuple(e.at for e in events if e.kind == "poison" and seq.met(e.at))
-        ref = self.perfect_run(d, poisoned)
+        ref = self.perfect_run(d, events, poisoned)
         if ref["failures"]:
             return out + [f"the perfect run failed: {'; '.join(ref['failures'])}"]
         if not final.is_file():

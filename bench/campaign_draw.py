@@ -22,8 +22,9 @@
   An offline event (flip ... restore) strikes a stopped run: the campaign first trains with `--steps at`.
   Choices that depend on what the disk holds then (which checkpoint, which bit) are drawn as fractions `u` in
   [0, 1) and resolved against the listing by `pick`.
-- `perfect_key`: what the perfect run (the same commands, no fault) depends on: the configuration, the poisoned
-  steps and the pivots; the campaign runs it once per key.
+- `perfect_commands`, `perfect_key`: what the perfect run (the same commands, no fault) does and depends on: the
+  configuration, the poisoned steps, the pivots and the stops before offline events; the campaign runs it once per
+  key.
 - `ddmin`: the shortest sub-sequence of events that still fails (delta debugging, Zeller 2002), the
   configuration fixed.
 - `parse_seeds`: `0-199`, `17`, `3,5,10-12`.
@@ -205,13 +206,30 @@ def pick(which: float, steps: list[int]) -> int | None:
     return ordered[min(int((which - 0.5) * 2 * len(ordered)), len(ordered) - 1)]
 
 
+def perfect_commands(events: tuple[Event, ...], poisoned: tuple[int, ...]) -> tuple[Event, ...]:
+    """What the perfect run of `events` does too: the poisoned steps a start met, the pivots, and a `stop` (`train
+    --steps at`, then on) at every other offline event's step. A stop is an operator's command, not a fault, and
+    not neutral: a checkpoint the guard's gate holds back at a step target is an incident there
+    (docs/operating.md), one step before a run that trains on would declare it (campaign seed 367: a stop at 32,
+    suspect since a spike at 31, rolled back from 32 where the run without it rolled back from 33)."""
+    out = []
+    for e in events:
+        if e.kind in COMMANDS and (e.kind != "poison" or e.at in poisoned):
+            out.append(e)
+        elif e.kind in OFFLINE:
+            out.append(Event("stop", e.at))
+    return tuple(out)
+
+
 def perfect_key(cfg: RunConfig, events: tuple[Event, ...], poisoned: tuple[int, ...]) -> str:
-    """What the perfect run depends on: the configuration, the poisoned steps a start met, and the pivots (their
-    steps and policies), in order. Retention (keep_last, keep_every) and the replica are left out: docs/ promise
-    that neither touches what a step computes (the perfect run keeps every checkpoint and has no replica)."""
+    """What the perfect run depends on: the configuration, the poisoned steps a start met, the pivots (their
+    steps and policies) and the stops, in order. Retention (keep_last, keep_every) and the replica are left out:
+    docs/ promise that neither touches what a step computes (the perfect run keeps every checkpoint and has no
+    replica)."""
     pivots = [(e.at, e.arg("policy")) for e in events if e.kind == "pivot"]
+    stops = [e.at for e in events if e.kind == "stop"]
     bytes_of = {k: v for k, v in asdict(cfg).items() if k not in ("keep_last", "keep_every", "replica")}
-    return json.dumps([bytes_of, sorted(poisoned), pivots], sort_keys=True)
+    return json.dumps([bytes_of, sorted(poisoned), pivots, stops], sort_keys=True)
 
 
 def ddmin(events: tuple, fails: Callable[[tuple], bool], budget: int = 12) -> tuple[tuple, int]:

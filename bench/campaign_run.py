@@ -160,9 +160,9 @@ class Sequence:
                 online.append(ev)
             elif ev.kind == "poison":
                 continue
-            elif not self.train_to(ev.at, online):
+            elif not self.train_to(ev.at, online):  # (a perfect run's `stop`: only this)
                 return self.rec
-            else:
+            elif ev.kind != "stop":
                 self.offline(ev)
                 if self.rec.failures:
                     return self.rec

@@ -81,6 +81,14 @@ REGRESSIONS = [
      "each rank: rank 1 waited in the broadcast of rank 0's pick, and rank 0's exit broke it into a traceback; rank "
      "0's refusal now reaches every rank (control/parallel/sharing.py's leader_decides)"),
 ]
+# found with the 2026 recipe's dimension, replayed with it (the others were drawn without it: --plain-recipe)
+RECIPE_REGRESSIONS = [
+    ("367", "2", "the oracle's own: a stop is a command (gpt2/adamw on wsd, init_from@32 alone): the offline event's "
+     "`train --steps 32` met a guard suspicion (a spike at 31), and a checkpoint the gate holds back at a step target "
+     "is an incident there (docs/operating.md), so the run rolled back from 32 where the perfect run, never stopped, "
+     "rolled back from 33; the perfect run now stops where an offline event stopped the run "
+     "(bench/campaign_draw.py's perfect_commands)"),
+]
 
 
 # The replays run in `make campaign` (before its seeds), not in `make test`: each costs a sequence and its perfect
@@ -89,12 +97,16 @@ REGRESSIONS = [
 # seed 64, tests/unit/control/guard/test_rollback.py's sealed-companion tests; seed 15 was the harness's own; seed 201,
 # tests/unit/control/replica/test_owner.py and (its whole sequence) tests/e2e/test_run_integrity.py's
 # test_a_bit_flipped_in_the_start_marker_keeps_the_runs_id_and_identity_past_the_gap; seed 214, tests/unit/control/parallel/test_sharing.py; seed 58,
-# tests/unit/rundir/test_checksum.py.
+# tests/unit/rundir/test_checksum.py; seed 367 was the harness's own (tests/unit/bench/test_campaign_draw.py's
+# perfect_commands test).
 @pytest.mark.slow
-@pytest.mark.parametrize("seed,events,reason", REGRESSIONS, ids=[f"seed{s}" for s, _, _ in REGRESSIONS])
-def test_a_seed_the_campaign_found_failing_holds(seed, events, reason, prepared, tmp_path):
+@pytest.mark.parametrize("seed,events,reason,recipe",
+                         [(*r, False) for r in REGRESSIONS] + [(*r, True) for r in RECIPE_REGRESSIONS],
+                         ids=[f"seed{r[0]}" for r in REGRESSIONS + RECIPE_REGRESSIONS])
+def test_a_seed_the_campaign_found_failing_holds(seed, events, reason, recipe, prepared, tmp_path):
+    plain = () if recipe else ("--plain-recipe",)
     r = subprocess.run([sys.executable, "bench/campaign.py", "--seed", seed, "--events", events, "--shrink", "0",
-                        "--plain-recipe", "--template", str(prepared)], capture_output=True, text=True, timeout=300,
+                        *plain, "--template", str(prepared)], capture_output=True, text=True, timeout=300,
                        env={**env(), "TMPDIR": str(tmp_path)}, cwd=ROOT)
     if "HARNESS ERROR" in r.stdout or "Traceback" in r.stderr:  # the campaign's own defect: a failure of the harness, not of the run
         pytest.fail(r.stdout[-3000:] + r.stderr[-3000:])

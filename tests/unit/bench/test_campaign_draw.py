@@ -101,6 +101,18 @@ def test_the_perfect_run_is_shared_across_retention_and_replica_but_not_across_w
     pivot = Event("pivot", 10, (("policy", {"caps": {"stdlib-code": 0.5}}),))
     assert cd.perfect_key(cfg, (pivot,), ()) != cd.perfect_key(cfg, (), ())
     assert cd.perfect_key(cfg, (pivot, Event("sigkill", 3)), ()) == cd.perfect_key(cfg, (pivot,), ())
+    assert cd.perfect_key(cfg, (Event("stop", 7),), ()) != cd.perfect_key(cfg, (), ())
+
+
+def test_the_perfect_run_does_the_commands_and_stops_where_an_offline_event_stopped_the_run():
+    """A poisoned step a start met and a pivot are commands; every other offline event's `train --steps at` is a
+    stop the perfect run makes too (a step target resolves a held-back checkpoint as an incident there); the
+    online faults, and a poison no start met, are not."""
+    pivot = Event("pivot", 10, (("policy", {"caps": {"stdlib-code": 0.5}}),))
+    events = (Event("sigkill", 3), Event("poison", 5), Event("flip", 8, (("file", "bin"),)), pivot,
+              Event("poison", 12), Event("init_from", 20), Event("disk", 22), Event("restore", 25))
+    assert cd.perfect_commands(events, (5,)) == (Event("poison", 5), Event("stop", 8), pivot, Event("stop", 20),
+                                                 Event("stop", 25))
 
 
 @pytest.mark.parametrize("text,seeds", [("0-3", [0, 1, 2, 3]), ("17", [17]), ("3,5,10-12", [3, 5, 10, 11, 12])])
