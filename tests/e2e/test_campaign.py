@@ -88,6 +88,12 @@ RECIPE_REGRESSIONS = [
      "is an incident there (docs/operating.md), so the run rolled back from 32 where the perfect run, never stopped, "
      "rolled back from 33; the perfect run now stops where an offline event stopped the run "
      "(bench/campaign_draw.py's perfect_commands)"),
+    ("400", "0,1,2", "a lost known-good point must go to the candidate the run would have confirmed first: sigkill@9 "
+     "-> flip@23 of the newest .bin -> poison@24 (gpt2/adamw on wsd): the start below the quarantined 23 resumed "
+     "from 18, whose companion named the known-good step 6, released when 12 was confirmed at 20; it took 18 as the "
+     "known-good point and rolled back there from 24, where the run that never lost 23 rolled back to 12 (still on "
+     "disk, a tentative one in 18's companion); the oldest tentative checkpoint still there is now the known-good "
+     "point (control/guard/decisions.py's repoint)"),
 ]
 
 
@@ -98,7 +104,7 @@ RECIPE_REGRESSIONS = [
 # tests/unit/control/replica/test_owner.py and (its whole sequence) tests/e2e/test_run_integrity.py's
 # test_a_bit_flipped_in_the_start_marker_keeps_the_runs_id_and_identity_past_the_gap; seed 214, tests/unit/control/parallel/test_sharing.py; seed 58,
 # tests/unit/rundir/test_checksum.py; seed 367 was the harness's own (tests/unit/bench/test_campaign_draw.py's
-# perfect_commands test).
+# perfect_commands test); seed 400, tests/unit/control/guard/test_rollback.py's oldest-tentative test.
 @pytest.mark.slow
 @pytest.mark.parametrize("seed,events,reason,recipe",
                          [(*r, False) for r in REGRESSIONS] + [(*r, True) for r in RECIPE_REGRESSIONS],

@@ -257,12 +257,22 @@ class Guard:
                 "good": {k: v for k, v in self.good.items()}, "tentative": [], "remedy": dict(self.good["remedy"])}
 
     def repoint(self, step: int, path: str) -> None:
-        """The known-good checkpoint is gone (control/guard/rollback.py's `load_guard`): the checkpoint of `step`
-        resumed from, at `path`, becomes the known-good point, with the detector and the remedy as they are. The
-        remedy's data offset and lr scale belong to the trajectory: a rollback to `step` keeps the data and rate
-        the run had there."""
-        self.good = {"step": step, "path": path, "detector": self.detector.to_state(), "remedy": dict(self.remedy)}
-        self.tentative = [t for t in self.tentative if t["step"] > step]
+        """The known-good checkpoint is gone (control/guard/rollback.py's `load_guard`, which has dropped the
+        tentative ones that are gone too): the oldest tentative checkpoint before `step` becomes the known-good
+        point, with the detector and the remedy it was committed with; it is the one the run would have confirmed
+        first, so the run rolls back where it would have once that happened (campaign seed 400: the good point
+        step 6 gone, the tentative 12 on disk, a start from 18 rolled back to 18 where the run that never lost 6
+        rolled back to 12). Without one, the checkpoint of `step` resumed from, at `path`, with the detector and
+        the remedy as they are. The remedy's data offset and lr scale belong to the trajectory: a rollback to the
+        new point keeps the data and rate the run had there."""
+        older = [t for t in self.tentative if t["step"] < step]
+        if older:
+            t = older[0]
+            self.good = {"step": t["step"], "path": t["path"], "detector": t["detector"], "remedy": t["remedy"]}
+        else:
+            self.good = {"step": step, "path": path, "detector": self.detector.to_state(),
+                         "remedy": dict(self.remedy)}
+        self.tentative = [t for t in self.tentative if t["step"] > self.good["step"]]
 
     def pivot(self, step: int, path: str) -> None:
         """A pivot changes the data (and so the loss level) on purpose: learn the new level from scratch, and

@@ -43,7 +43,8 @@ def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
     checkpoint (a run from before the guard, a branch, --init-from) or the initial state; and a warning.
     A companion whose known-good checkpoint is not in the run directory (a restore from a replica that no longer
     held it, a hand deletion, retention after a newer checkpoint was found corrupt, a branch of an older checkpoint)
-    cannot be rolled back to: the checkpoint resumed from becomes the known-good point, said in one line. The rest
+    cannot be rolled back to: the oldest tentative checkpoint still there before the one resumed from, else that
+    one, becomes the known-good point (decisions.py's `repoint`), said in one line. The rest
     of the companion is kept: its data offset and lr scale are the trajectory's (the data each later step reads, its
     learning rate), not the pointer's, so losing the pointer changes neither; tentative checkpoints that are gone
     are dropped (none of them may become the good point).
@@ -63,14 +64,14 @@ def load_guard(cfg: RunConfig, info: ckpt.CheckpointInfo | None, run_dir: Path,
             guard = Guard.from_state(cfg.guard, d, info.step, str(path), warmup_steps=warmup)
             gone = {s for s in named_checkpoints(d)
                     if s != info.step and not exists(run_dir / names.checkpoint_name(s))}
+            guard.tentative = [t for t in guard.tentative if t["step"] not in gone]
             if guard.good["step"] in gone and guard.good["path"] is not None:
                 lost = names.checkpoint_name(guard.good["step"])
                 guard.repoint(info.step, name)
                 return guard, (f"{path}: its known-good checkpoint {lost} is not in {run_dir} (a rollback could "
-                               f"not read it); the guard's known-good point is now {name}, and the run keeps the "
-                               f"data offset {guard.remedy['data_offset']} and lr scale {guard.remedy['lr_scale']:g} "
-                               "it recorded")
-            guard.tentative = [t for t in guard.tentative if t["step"] not in gone]
+                               f"not read it); the guard's known-good point is now {guard.good['path']}, and the "
+                               f"run keeps the data offset {guard.remedy['data_offset']} and lr scale "
+                               f"{guard.remedy['lr_scale']:g} it recorded")
             return guard, None
     except (sidecars.SidecarError, GuardStateError) as e:
         remedy = ledger_remedy()

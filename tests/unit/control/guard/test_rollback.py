@@ -1,6 +1,6 @@
 """The guard's file side at a start (control/guard/rollback.py): a companion whose known-good checkpoint is not in the run
-directory (a restore from a replica that no longer held it) moves the known-good point to the checkpoint resumed
-from in one line, keeping the remedy, never a rollback that cannot read its checkpoint. Plain files in a temporary directory, no processes."""
+directory (a restore from a replica that no longer held it) moves the known-good point to the oldest tentative
+checkpoint still there, else the checkpoint resumed from, in one line, keeping the remedy, never a rollback that cannot read its checkpoint. Plain files in a temporary directory, no processes."""
 
 from __future__ import annotations
 
@@ -53,6 +53,25 @@ def test_a_missing_known_good_checkpoint_moves_the_pointer_and_keeps_the_traject
     assert [t["step"] for t in guard.tentative] == [30]  # what `exists` (rank 0's view) says is gone is dropped
     guard, _ = rollback.load_guard(RunConfig(), info, tmp_path)
     assert [t["step"] for t in guard.tentative] == [20, 30]
+
+
+def test_a_missing_known_good_checkpoint_moves_the_pointer_to_the_oldest_tentative_one_still_there(tmp_path):
+    """Campaign seed 400: the known-good step 10 gone, the tentative 20 (committed, not yet confirmed) on disk, a
+    start from 30: the run that kept 10 would confirm 20 first and roll back there, so 20, with the detector and
+    the remedy it was committed with, becomes the known-good point, not 30."""
+    info = ckpt.CheckpointInfo(tmp_path / names.checkpoint_name(30), 30, 64)
+    g = Guard(GuardConfig(), good_step=10, good_path=names.checkpoint_name(10))
+    g.on_checkpoint(20, names.checkpoint_name(20))
+    at_20 = {"detector": g.detector.to_state(), "remedy": dict(g.remedy)}
+    g.remedy = {"attempts": 1, "since": 24, "data_offset": 14, "lr_scale": 1.0}  # a rollback after 20's commit
+    g.on_checkpoint(30, names.checkpoint_name(30))
+    rollback.write_companion(tmp_path, 30, g.to_state(30))
+    (tmp_path / names.checkpoint_name(20)).write_bytes(b"")
+    guard, warning = rollback.load_guard(RunConfig(), info, tmp_path)
+    assert (guard.good["step"], guard.good["path"]) == (20, "step_000020.bin")
+    assert guard.good["detector"] == at_20["detector"] and guard.good["remedy"] == at_20["remedy"]
+    assert [t["step"] for t in guard.tentative] == [30] and guard.remedy["data_offset"] == 14  # the trajectory's
+    assert "known-good point is now step_000020.bin" in warning and "data offset 14" in warning
 
 
 def test_a_lost_or_unreadable_companion_keeps_the_ledgers_data_offset_and_lr_scale(tmp_path):
