@@ -80,7 +80,7 @@ def test_the_mlp_matches_the_gpts_parameters_and_the_presets_their_twins():
     for twin in ("andrea-12m", "andrea-120m"):
         gpt = n_params(arch.layout_for(configload.load(preset=twin).model))
         modern = configload.load(preset=f"{twin}-modern").model
-        assert modern.arch == "modern" and configload.load(preset=f"{twin}-modern").train.optimizer == "muon"
+        assert modern.arch == "modern" and configload.load(preset=f"{twin}-modern").train.optimizer == "normuon"
         # the twins' blocks, embedding and head (the value embeddings and smear the presets add: test_parts.py)
         layout = [s for s in arch.layout_for(modern) if not s.name.startswith(("value_embeds.", "smear."))
                   and "ve_gate" not in s.name]
