@@ -211,6 +211,17 @@ def read(checkpoint: Path) -> dict | None:
     return body
 
 
+def run_vouched_by(checkpoint: Path) -> str | None:
+    """The run id `checkpoint`'s checksum records (its `.sum.json`'s `run`): the id a run keeps when no `start`
+    marker of its ledger can be read (a flipped bit broke its line: campaign seed 201). None for a checkpoint that
+    names none (committed before ids) or whose checksum is missing or unreadable."""
+    try:
+        run = (read(checkpoint) or {}).get("run")
+    except (ValueError, OSError):  # ChecksumError is one, and so is a name that is no checkpoint's
+        return None
+    return run if isinstance(run, str) else None
+
+
 def mismatch(recorded: dict, step: int, n_params: int, digests: dict[str, str]) -> str | None:
     """Why the checkpoint's bytes are not the ones recorded, in words; None when they are."""
     if (recorded.get("step"), recorded.get("n_params")) != (step, n_params):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from andrea.control.replica import owner, remote as rep
 from andrea.control.replica.plan import claim_holder, placement_problem
-from andrea.rundir import jsonfile
+from andrea.rundir import checksum
 from andrea.rundir.ledger import readable_entries
 from andrea.rundir.names import LEDGER_NAME, step_of
 
@@ -35,16 +35,13 @@ def run_record(run_dir: Path) -> dict | None:
 
 
 def vouched_run(run_dir: Path) -> str | None:
-    """The run id that this run directory's newest checkpoint with one vouches for (its `.sum.json`'s `run`, bound
-    by its checksum); None when none does (no checkpoint yet, or a run from before ids)."""
+    """The run id that this run directory's newest checkpoint with one vouches for (its checksum's `run`); None when
+    none does (no checkpoint yet, or a run from before ids)."""
     sums = sorted(((step_of(p.name[:-len(".sum.json")] + ".bin") or -1, p) for p in run_dir.glob("step_*.sum.json")),
                   reverse=True)
     for _, path in sums:
-        try:
-            run = (jsonfile.read_json(path, ValueError, invalid="{e}") or {}).get("run")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(run, str):
+        run = checksum.run_vouched_by(path.with_name(path.name[:-len(".sum.json")] + ".bin"))
+        if run is not None:
             return run
     return None
 

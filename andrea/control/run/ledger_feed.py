@@ -136,7 +136,9 @@ def open_ledger(run_dir: Path, info, held: ExitStack, *, leader: bool, accept_ga
     moved = resume.set_aside_newer(run_dir, info) if leader and info is not None else []
     ledger = (LossLedger if leader else ranks.FollowerLedger)(run_dir / names.LEDGER_NAME)
     if leader and ledger.run is None and info is not None:
-        ledger.run = vouched_run(info.path)
+        # the id the checkpoint vouches for when no start marker could be read: the checkpoints from here on still
+        # name their run, and its replica still knows it (campaign seed 201: after a `restore` it was refused)
+        ledger.run = checksum.run_vouched_by(info.path)
     ends = ThreadMarkers(ledger)
     held.callback(ends.close)
     if ledger.torn_bytes:
@@ -146,17 +148,3 @@ def open_ledger(run_dir: Path, info, held: ExitStack, *, leader: bool, accept_ga
         ledger.sync()
     # checkpoints quarantined, a resume below the newest: incidents on the record (rundir/incidents.py)
     return ledger, ends, incidents.resume_markers(info.step, skipped, moved, names.QUARANTINE_DIR) if moved else []
-
-
-def vouched_run(checkpoint: Path) -> str | None:
-    """The run id the checkpoint resumed from vouches for (its `.sum.json`'s `run`): the run's id when no `start`
-    marker of the ledger can be read (a flipped bit broke its line and `--accept-ledger-gap` went on past it), so
-    the checkpoints from here on still name the run they belong to, and its replica still knows it (campaign seed
-    201: without it they named none, and after a `restore` the run was refused by its own replica). None for a
-    checkpoint that names none (a run from before ids)."""
-    try:
-        run = (checksum.read(checkpoint) or {}).get("run")
-    except (checksum.ChecksumError, OSError, AttributeError):
-        return None
-    return run if isinstance(run, str) else None
-

@@ -99,8 +99,11 @@ def test_a_start_marker_a_flipped_bit_made_unreadable_leaves_the_run_the_owner_i
     import json
 
     from andrea.control.replica.admit import vouched_run
+    from andrea.rundir import checksum
+    digests = {region: "0" * 16 for region in checksum.REGIONS}
     for step, run in ((5, "b" * 32), (10, "a" * 32)):
-        (tmp_path / f"step_{step:06d}.sum.json").write_text(json.dumps({"format": 1, "run": run}))
+        body = checksum.record(step, 4, digests, ledger="0" * 16, run=run)
+        (tmp_path / f"step_{step:06d}.sum.json").write_text(json.dumps(body))
     (tmp_path / "step_000020.sum.json").write_text("{not json")  # the newest, damaged: passed over
     assert vouched_run(tmp_path) == "a" * 32
     remote = owner_of([start(100.0, "a" * 32), *steps(1, 2)])
