@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Every check that needs a CUDA device, in one run of at most 480 s of wall time on one H200 with a cold Triton
+# Every check that needs a CUDA device, in one run of at most 570 s of wall time on one H200 with a cold Triton
 # cache. Reads the repository; writes ONE results directory, $OUT/gpu_check (OUT defaults to ./gpu_out), holding
 # summary.json (every part's record and results), summary.md (the same for people) and logs.tar.gz (every part's
 # and every run's output): three files, as the device tool returns at most eight. Scratch runs go to a temporary
 # directory under $GPU_CHECK_WORK (default build/, a real disk: O_DIRECT and checkpoints), removed at the end.
 #
 #     bash bench/gpu_check.sh                  # on the GPU machine: OUT=$OUT bash bench/gpu_check.sh
-#     GPU_CHECK_DRY=1 bash bench/gpu_check.sh  # the plan: each part, its cap, and that the caps sum to 480
+#     GPU_CHECK_DRY=1 bash bench/gpu_check.sh  # the plan: each part, its cap, and that the caps sum to 570
 #
 # The parts, in the order of what they prove (correctness first, timings last), each under `timeout` at its cap:
 # SIGTERM to its whole process group at cap - grace, SIGKILL at the cap, grace = cap/10 within [1, 10] s. A part
@@ -30,12 +30,15 @@
 #   peer           (5) bench/peer.py: a nanoGPT-style loop (SDPA, fused AdamW, bf16, torch.compile) on the same
 #                  model and batch, tokens/s beside andrea's; where the peer is faster, the gap by kernel
 #                  (torch.profiler).
+#   modern         (6) bench/gpu_train.py on the 2026 recipe, andrea-12m-modern then andrea-120m-modern (NorMuon,
+#                  value embeddings, smear): the same figures and checks as part 2, the resume bit-exact through
+#                  NorMuon's state. Last of the parts: the newest, so a lease cut short loses it first.
 #   report         bench/gpu_report.py (stdlib only): summary.json, summary.md, logs.tar.gz.
 # Exit status: 0 iff every part passed; 1 otherwise; 2 when no Python here sees a CUDA device (nothing runs).
 #
 # Knobs: OUT; GPU_CHECK_PYTHON; GPU_CHECK_WORK; GPU_CHECK_XDIST (pytest workers for part 1, default 12: compiling
-# the kernels' specialisations is CPU work); GPU_CHECK_PARTS (a subset of the five, comma-separated; env and
-# report always run); GPU_CHECK_CAP_<part>=SECONDS (overrides a cap; the plan says when the sum leaves 480);
+# the kernels' specialisations is CPU work); GPU_CHECK_PARTS (a subset of the six, comma-separated; env and
+# report always run); GPU_CHECK_CAP_<part>=SECONDS (overrides a cap; the plan says when the sum leaves 570);
 # GPU_CHECK_DRY=1 (print the plan, run nothing); GPU_CHECK_SELFTEST=1 (the same choreography on a CPU with tiny
 # shapes and steps: tests/e2e/test_gpu_check.py; GPU_CHECK_SELFTEST_HANG=<part> replaces that part by a process that
 # never ends, to prove the cut).
@@ -43,9 +46,9 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-BUDGET=480
-PLAN=(env kernels train kernels_bench ckpt120 peer report)
-declare -A CAP=([env]=20 [kernels]=95 [train]=115 [kernels_bench]=55 [ckpt120]=40 [peer]=150 [report]=5)
+BUDGET=570
+PLAN=(env kernels train kernels_bench ckpt120 peer modern report)
+declare -A CAP=([env]=20 [kernels]=95 [train]=115 [kernels_bench]=55 [ckpt120]=40 [peer]=150 [modern]=90 [report]=5)
 declare -A PROVES=(
     [env]="which Python sees the GPU; versions; what imports"
     [kernels]="(1) kernels compiled for CUDA vs references, presets' shapes and dtypes"
@@ -53,13 +56,14 @@ declare -A PROVES=(
     [kernels_bench]="(3) attention vs SDPA flash, AdamW vs fused and the HBM peak; RMSNorm, rotary, Muon vs torch"
     [ckpt120]="(4) 120M checkpoint stall from GPU memory vs memcpy and O_DIRECT"
     [peer]="(5) nanoGPT-style compiled peer, tokens/s side by side, the gap by kernel"
+    [modern]="(6) real andrea train, both modern presets (NorMuon): tokens/s, MFU, peak, signals, resume"
     [report]="summary.json, summary.md, logs.tar.gz")
 for part in "${PLAN[@]}"; do
     override=GPU_CHECK_CAP_$part
     [[ -n ${!override:-} ]] && CAP[$part]=${!override}
 done
 SELFTEST=${GPU_CHECK_SELFTEST:-0}
-SELECTED=",${GPU_CHECK_PARTS:-kernels,train,kernels_bench,ckpt120,peer},env,report,"
+SELECTED=",${GPU_CHECK_PARTS:-kernels,train,kernels_bench,ckpt120,peer,modern},env,report,"
 SELECTED=${SELECTED// /,}
 
 plan() {
@@ -106,6 +110,8 @@ if [[ $SELFTEST == 1 ]]; then
     export TRITON_INTERPRET=1 KT_K="two_runs_are_bit_identical and adamw" XDIST=0
     export TRAIN_ARGS="--presets andrea-tiny --device cpu --kernels torch --warmup-steps 3 --measure-steps 10
         --set data.max_bytes_per_arm=30000 --set data.tokenizer_sample_bytes=30000 --set train.batch_size=2"
+    export MODERN_ARGS="$TRAIN_ARGS --set model.arch=\"modern\" --set model.value_embeds=true --set model.smear=true
+        --set train.optimizer=\"normuon\""
     export KB_ARGS="--device cpu --seq-lens 17 --head-dims 16 --tokens 34 --model-dim 32 --adamw-params 1000
         --rms-shapes 7x100xfp32 --rotary-shapes 1x2x17x16 --muon-params 1000"
     export CK_ARGS="--synthetic-params 200000 --device cpu --repeats 1"
@@ -116,6 +122,7 @@ else
     # Smaller corpora than the presets' (8 MB an arm, a 16 MB tokenizer sample): preparation is CPU work the
     # throughput does not depend on (windows are drawn at random from any size).
     export TRAIN_ARGS="--set data.max_bytes_per_arm=2000000 --set data.tokenizer_sample_bytes=2000000"
+    export MODERN_ARGS="--presets andrea-12m-modern andrea-120m-modern $TRAIN_ARGS"
     export KB_ARGS="--seq-lens 256 1024 4096 --head-dims 64 --adamw-params 12723200 120445440"
     export CK_ARGS="--preset andrea-120m --device cuda --repeats 2 --steps 2"
     export PEER_ARGS=""
@@ -194,6 +201,11 @@ part_peer() {
     "$PY" bench/peer.py --json "$PARTS_DIR/peer.json" --andrea-json "$PARTS_DIR/train.json" $PEER_ARGS
 }
 
+part_modern() {
+    # shellcheck disable=SC2086
+    "$PY" bench/gpu_train.py --json "$PARTS_DIR/modern.json" --work "$WORK/modern" --logs "$LOGS/modern" $MODERN_ARGS
+}
+
 part_report() {
     "${PY:-python3}" bench/gpu_report.py --res "$RES" --budget "$BUDGET" --selftest "$SELFTEST"
 }
@@ -203,7 +215,7 @@ part_hang() {  # the self-test's overrun: a child that never ends, its pid kept 
     echo $! >"$LOGS/hang.pid"
     wait
 }
-export -f part_env part_kernels part_train part_kernels_bench part_ckpt120 part_peer part_report part_hang
+export -f part_env part_kernels part_train part_kernels_bench part_ckpt120 part_peer part_modern part_report part_hang
 
 FAILED=0
 run_part() {
@@ -236,7 +248,7 @@ if [[ -z $PY ]]; then
     echo "no CUDA device: nothing to run"
     FAILED=2
 else
-    for part in kernels train kernels_bench ckpt120 peer; do
+    for part in kernels train kernels_bench ckpt120 peer modern; do
         [[ $SELECTED == *",$part,"* ]] && run_part "$part"
     done
 fi

@@ -10,7 +10,7 @@ Reads, in the results directory RES:
 Writes RES/summary.json, RES/summary.md and RES/logs.tar.gz (parts/ and logs/ inside it), then removes parts/
 and logs/: the device tool returns at most 8 files.
 
-    python bench/gpu_report.py --res gpu_out/gpu_check --budget 480
+    python bench/gpu_report.py --res gpu_out/gpu_check --budget 570
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def markdown(summary: dict, parts: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--res", required=True, help="the results directory")
-    ap.add_argument("--budget", type=int, default=480)
+    ap.add_argument("--budget", type=int, default=570)
     ap.add_argument("--selftest", default="0")
     args = ap.parse_args(argv)
     res = Path(args.res)

@@ -1,7 +1,7 @@
 """bench/gpu_check.sh on a CPU: its plan and budget arithmetic, and its choreography in self-test mode.
 
 The GPU run happens once, on a lent machine, with no second try; what can go wrong without a GPU is proven here.
-GPU_CHECK_DRY=1 prints the plan, whose caps must sum to the 480 s budget. GPU_CHECK_SELFTEST=1 runs every part's
+GPU_CHECK_DRY=1 prints the plan, whose caps must sum to the 570 s budget. GPU_CHECK_SELFTEST=1 runs every part's
 real program on tiny shapes and steps (andrea-tiny on the CPU, the Triton interpreter, torch.compile's eager
 backend): each must run, and its result must land in the one results directory under $OUT. A second self-test
 replaces one part by a process that never ends (GPU_CHECK_SELFTEST_HANG): it must be cut at its cap, killed with
@@ -26,7 +26,7 @@ import pytest
 
 from tests.runs import ROOT, env
 
-PARTS = ["env", "kernels", "train", "kernels_bench", "ckpt120", "peer", "report"]
+PARTS = ["env", "kernels", "train", "kernels_bench", "ckpt120", "peer", "modern", "report"]
 TRAIN_CHECKS = {"ready", "usr1_checkpoint", "usr1_keeps_training", "sigterm_exit_0", "checkpoint_at_last_step",
                 "verify", "resume_exit_0", "resume_bit_exact"}
 
@@ -79,10 +79,10 @@ def dry_plan(extra: dict | None = None) -> tuple[list[tuple[str, int]], str]:
 def test_the_plan_orders_the_parts_and_their_caps_sum_to_the_budget():
     plan, stdout = dry_plan()
     assert [name for name, _ in plan] == PARTS
-    assert sum(cap for _, cap in plan) == 480
-    assert "sum               480  == budget 480 s" in stdout
+    assert sum(cap for _, cap in plan) == 570
+    assert "sum               570  == budget 570 s" in stdout
     overridden, stdout = dry_plan({"GPU_CHECK_CAP_peer": "200"})
-    assert dict(overridden)["peer"] == 200 and "!= budget 480 s" in stdout  # an override is never silent
+    assert dict(overridden)["peer"] == 200 and "!= budget 570 s" in stdout  # an override is never silent
 
 
 @pytest.mark.gpu_offline
@@ -96,7 +96,7 @@ def test_the_selftest_runs_every_part_into_one_results_directory(selftests):
     assert sorted(os.listdir(out / "gpu_check")) == ["logs.tar.gz", "summary.json", "summary.md"]
     assert list((out.parent / "work").iterdir()) == []  # the scratch runs are removed
     summary, parts, tar = results(out)
-    assert summary["selftest"] and summary["budget_s"] == summary["caps_sum_s"] == 480
+    assert summary["selftest"] and summary["budget_s"] == summary["caps_sum_s"] == 570
     assert [p["part"] for p in summary["plan"]] == PARTS and dict(dry_plan()[0]) == {
         p["part"]: p["cap_s"] for p in summary["plan"]}  # the run follows the plan DRY prints
     assert list(parts) == PARTS[:-1] and all(p["status"] == "ok" and p["rc"] == 0 for p in parts.values()), parts
@@ -120,10 +120,21 @@ def test_the_selftest_runs_every_part_into_one_results_directory(selftests):
     for side in ("andrea", "peer"):
         assert peer["sides"][side]["tokens_per_s"] > 0 and peer["sides"][side]["profile"]["categories"]
     assert (peer["peer_over_andrea"] > 1) == bool(peer["gap"])  # the gap is named exactly when the peer is faster
+    [modern] = parts["modern"]["result"]["results"]  # the same checks through NorMuon, value embeddings and smear
+    assert set(modern["checks"]) == TRAIN_CHECKS and all(modern["checks"].values()), modern
+    assert modern["resume_to"] == modern["stop_step"] + 10 and modern["tokens_per_s"] > 0
+    assert modern["n_params"] > train["n_params"]  # the value embeddings' tables: the overrides reached the runs
+    from andrea.config.load import load
+    from andrea.control.observe.mfu import model_flops_per_token
+    overridden = load(preset="andrea-tiny", overrides=[
+        'model.arch="modern"', "model.value_embeds=true", "model.smear=true", 'train.optimizer="normuon"']).model
+    assert modern["flops_per_token"] == model_flops_per_token(overridden, modern["n_params"]) != \
+        model_flops_per_token(load(preset="andrea-tiny").model, modern["n_params"])  # MFU counts the model that ran
 
     names = set(tar.getnames())
     assert {f"logs/{p}.log" for p in PARTS[:-1]} <= names and {f"parts/{p}.status" for p in PARTS[:-1]} <= names
-    assert {f"logs/train/andrea-tiny_{run}.log" for run in ("prepare", "live", "resume", "straight")} <= names
+    assert {f"logs/{part}/andrea-tiny_{run}.log" for run in ("prepare", "live", "resume", "straight")
+            for part in ("train", "modern")} <= names
     md = (out / "gpu_check" / "summary.md").read_text()
     assert all(f"| {p} |" in md for p in PARTS[:-1]) and "| andrea-tiny |" in md
 
