@@ -18,6 +18,8 @@ the two reads around the crossing ("-" if never).
     python bench/recipe.py --ablation --step-cost 10   # CPU time per step only, the subjects interleaved
     python bench/recipe.py --size 12m --ablation --only modern+NorMuon modern+NorMuon+ve+smear --jobs 2
                                                        # at andrea-12m-modern's model (M12: 8 x 256 tokens a batch)
+    python bench/recipe.py --size wide --only modern+NorMuon+ve+smear --grid modern+NorMuon+ve+smear=0.02,0.03
+                                                       # M12's tokens at andrea-120m-modern's width, 2 layers
 
 A subject named "<subject>+<extra>+<extra>…" is that subject with those model extras on (EXTRAS: nanochat's, each a
 ModelConfig key, andrea/model/modern.py: softcap, embed_norm, rope1e5, qk1.2, relu2, and the parts with parameters
@@ -87,7 +89,11 @@ QUICK = Size(1, 2, 32, 32, 300, 4, 12, 2, 2, 60_000)
 # scaled by sqrt(128 / 320), as nanochat scales it with width (the preset's comment), Muon's unscaled
 M12 = Size(6, 5, 320, 256, 8192, 8, 300, 15, 10, 1_000_000, lr_scale=(128 / 320) ** 0.5, anchors=False,
            baseline=4.018)
-SIZES = {"bench": FULL, "12m": M12}
+# andrea-120m-modern's width (n_embd 768, 12 heads of 64) at 2 layers, on M12's tokens (the same vocabulary, batches and
+# held-out windows: its losses compare with M12's rows): where NorMuon's best muon_lr goes at the width the 120m
+# preset's 0.02 was chosen for, in a CPU core's half hour a run; the AdamW groups at nanochat's own lrs (width 768)
+WIDE = replace(M12, n_layer=2, n_head=12, n_embd=768, lr_scale=(128 / 768) ** 0.5, baseline=None)
+SIZES = {"bench": FULL, "12m": M12, "wide": WIDE}
 EXTRAS = {  # name -> the model keys it sets: nanochat's extras (issue 54)
     "softcap": {"logit_softcap": 15.0}, "embed_norm": {"embed_norm": True}, "rope1e5": {"rope_base": 1e5},
     "qk1.2": {"qk_scale": 1.2}, "relu2": {"mlp": "relu2"},
@@ -256,7 +262,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a tiny shape, 12 steps, two-point sweeps")
     parser.add_argument("--size", choices=SIZES, default="bench",
                         help="bench: issue 54's setup (the anchors' rows); 12m: andrea-12m-modern's model, 8 x 256 "
-                             "tokens a batch (no anchor measured there)")
+                             "tokens a batch (no anchor measured there); wide: 12m's tokens at andrea-120m-modern's "
+                             "width (768), 2 layers")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (one thread each)")
     parser.add_argument("--json", type=Path, help="also write every curve here")
     parser.add_argument("--only", nargs="*", help="these subjects only")
