@@ -20,6 +20,8 @@ the two reads around the crossing ("-" if never).
                                                        # at andrea-12m-modern's model (M12: 8 x 256 tokens a batch)
     python bench/recipe.py --size wide --only modern+NorMuon+ve+smear --grid modern+NorMuon+ve+smear=0.02,0.03
                                                        # M12's tokens at andrea-120m-modern's width, 2 layers
+    python bench/recipe.py --size 12m-gpu --device cuda --only modern+NorMuon+ve+smear \
+        --grid modern+NorMuon+ve+smear=0.03,0.04,0.06  # the 12m preset's muon_lr on a GPU at its own batch
 
 A subject named "<subject>+<extra>+<extra>…" is that subject with those model extras on (EXTRAS: nanochat's, each a
 ModelConfig key, andrea/model/modern.py: softcap, embed_norm, rope1e5, qk1.2, relu2, and the parts with parameters
@@ -93,7 +95,10 @@ M12 = Size(6, 5, 320, 256, 8192, 8, 300, 15, 10, 1_000_000, lr_scale=(128 / 320)
 # held-out windows: its losses compare with M12's rows): where NorMuon's best muon_lr goes at the width the 120m
 # preset's 0.02 was chosen for, in a CPU core's half hour a run; the AdamW groups at nanochat's own lrs (width 768)
 WIDE = replace(M12, n_layer=2, n_head=12, n_embd=768, lr_scale=(128 / 768) ** 0.5, baseline=None)
-SIZES = {"bench": FULL, "12m": M12, "wide": WIDE}
+# andrea-12m-modern as its preset trains it, for a GPU (`--device cuda`, issue 57's sweep): its 32 sequences a batch,
+# 2,000 steps (65 M tokens) over 8 MB of each arm, warmup 100, 20 held-out batches; minutes of an H100 a run
+GPU12 = replace(M12, batch_size=32, steps=2000, warmup=100, held_out=20, max_bytes=8_000_000, baseline=None)
+SIZES = {"bench": FULL, "12m": M12, "wide": WIDE, "12m-gpu": GPU12}
 EXTRAS = {  # name -> the model keys it sets: nanochat's extras (issue 54)
     "softcap": {"logit_softcap": 15.0}, "embed_norm": {"embed_norm": True}, "rope1e5": {"rope_base": 1e5},
     "qk1.2": {"qk_scale": 1.2}, "relu2": {"mlp": "relu2"},
@@ -163,9 +168,9 @@ def reads(steps: int) -> list[int]:
 
 
 def train_run(job) -> dict:
-    cfg, train_batches, held_out, steps = job  # steps: where the run stops (the schedule's horizon is cfg's)
+    cfg, train_batches, held_out, steps, device = job  # steps: where the run stops (the schedule's horizon is cfg's)
     torch.set_num_threads(1)
-    trainer = Trainer(cfg, torch.device("cpu"), kernels="torch")
+    trainer = Trainer(cfg, torch.device(device), kernels="torch" if device == "cpu" else "triton")
     wanted, curve, t0, cpu = set(reads(steps)), [], time.perf_counter(), 0.0
     for step in range(steps + 1):
         if step in wanted:
@@ -263,7 +268,10 @@ def main() -> int:
     parser.add_argument("--size", choices=SIZES, default="bench",
                         help="bench: issue 54's setup (the anchors' rows); 12m: andrea-12m-modern's model, 8 x 256 "
                              "tokens a batch (no anchor measured there); wide: 12m's tokens at andrea-120m-modern's "
-                             "width (768), 2 layers")
+                             "width (768), 2 layers; 12m-gpu: andrea-12m-modern's batch of 32, 2,000 steps "
+                             "(with --device cuda)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: the runs on the GPU with andrea's Triton kernels, one at a time (--jobs 1)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (one thread each)")
     parser.add_argument("--json", type=Path, help="also write every curve here")
     parser.add_argument("--only", nargs="*", help="these subjects only")
@@ -303,10 +311,11 @@ def main() -> int:
             print(f"| {name} | {c:.3f} | {c / ref:.2f}× |")
         return 0
     stop = min(args.until or size.steps, size.steps)
-    jobs = [(name, value, (config(size, arch, fixed, key, value, model), train_batches, held_out, stop))
+    jobs = [(name, value, (config(size, arch, fixed, key, value, model), train_batches, held_out, stop, args.device))
             for name, (arch, fixed, model, key, full, quick) in subjects.items()
             for value in (quick if args.quick else full)]
-    with ProcessPoolExecutor(args.jobs) as pool:
+    # cuda: one process at a time, forked before this one touches the device
+    with ProcessPoolExecutor(1 if args.device == "cuda" else args.jobs) as pool:
         results = list(pool.map(train_run, [j for _, _, j in jobs]))
     sweeps: dict[str, list[dict]] = {}
     for (name, value, _), r in zip(jobs, results):
