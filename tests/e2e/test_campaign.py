@@ -94,6 +94,11 @@ RECIPE_REGRESSIONS = [
      "known-good point and rolled back there from 24, where the run that never lost 23 rolled back to 12 (still on "
      "disk, a tentative one in 18's companion); the oldest tentative checkpoint still there is now the known-good "
      "point (control/guard/decisions.py's repoint)"),
+    ("483", "0,1", "a start rank 0 alone refuses is every rank's refusal: sigterm@3 -> flip@12 of .loss.json on two "
+     "ranks (gpt2/adamw): rank 0 refused the changed ledger in its one line, rank 1 went on into the step loop and "
+     "its first collective, broken by rank 0's exit, ended in a traceback; rank 0's start checks (the ledger, "
+     "--init-from's tokenizer, the task audit's file) now raise on every rank (control/parallel/sharing.py's "
+     "leader_only)"),
 ]
 
 
@@ -104,7 +109,8 @@ RECIPE_REGRESSIONS = [
 # tests/unit/control/replica/test_owner.py and (its whole sequence) tests/e2e/test_run_integrity.py's
 # test_a_bit_flipped_in_the_start_marker_keeps_the_runs_id_and_identity_past_the_gap; seed 214, tests/unit/control/parallel/test_sharing.py; seed 58,
 # tests/unit/rundir/test_checksum.py; seed 367 was the harness's own (tests/unit/bench/test_campaign_draw.py's
-# perfect_commands test); seed 400, tests/unit/control/guard/test_rollback.py's oldest-tentative test.
+# perfect_commands test); seed 400, tests/unit/control/guard/test_rollback.py's oldest-tentative test; seed 483,
+# tests/unit/control/run/test_ledger_feed.py's every-rank refusal.
 @pytest.mark.slow
 @pytest.mark.parametrize("seed,events,reason,recipe",
                          [(*r, False) for r in REGRESSIONS] + [(*r, True) for r in RECIPE_REGRESSIONS],

@@ -141,6 +141,20 @@ def leader_decides(world: World, fn: Callable[..., T], *args) -> T:
     return value
 
 
+def leader_only(world: World, fn: Callable[..., T], *args) -> T | None:
+    """fn(*args) run by rank 0 alone, its value kept there (None on the other ranks: nothing is sent), and an
+    exception it raises raised on every rank. For a check only rank 0 makes at the start (the ledger against the
+    checkpoint, --init-from's tokenizer, the task audit's file): its refusal is every rank's one line, never rank 1
+    training on into a collective that rank 0's exit breaks into a traceback (campaign seed 483)."""
+    kept = None
+
+    def run() -> None:
+        nonlocal kept
+        kept = fn(*args)
+    leader_decides(world, run)
+    return kept
+
+
 def json_reader(world: World) -> Callable[[Path], object]:
     """sidecars.read_json as rank 0's view of the run directory answers it (`from_leader`)."""
     return lambda path: from_leader(world, sidecars.read_json, path)

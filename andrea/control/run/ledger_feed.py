@@ -19,7 +19,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from andrea.control.parallel import ranks
+from andrea.control.parallel import ranks, sharing
+from andrea.control.parallel.distributed import World
 from andrea.control.run import resume
 from andrea.rundir import checksum, incidents, names
 from andrea.rundir.ledger import LossLedger, marker
@@ -125,15 +126,19 @@ class ThreadMarkers:
             self.ledger.close()
 
 
-def open_ledger(run_dir: Path, info, held: ExitStack, *, leader: bool, accept_gap: bool,
+def open_ledger(run_dir: Path, info, held: ExitStack, *, world: World, accept_gap: bool,
                 skipped: list[str]) -> tuple[LossLedger | ranks.FollowerLedger, ThreadMarkers, list[dict[str, Any]]]:
     """The ledger at the start, checked first against what the checkpoint resumed from (`info`) recorded of it
-    (rank 0; a refusal leaves the file as it found it), then opened (a crash's torn last line is cut; the other
+    (by rank 0; a refusal leaves the file as it found it and is raised on every rank), then opened (a crash's torn last line is cut; the other
     ranks' appends are dropped), its close registered on `held`. The check's markers (`cut_tail`, `gap`) are
     durable before any other reader (W&B's backfill) reads the file; the lines returned (the incidents of a resume
     below the newest checkpoint, `skipped` saying why) go out through the feed built later."""
-    repairs = resume.check_ledger(run_dir, info, accept_gap) if leader else []
-    moved = resume.set_aside_newer(run_dir, info) if leader and info is not None else []
+    leader = world.leader
+
+    def check() -> tuple[list[dict[str, Any]], list]:  # rank 0's: the other ranks wait for its verdict
+        repairs = resume.check_ledger(run_dir, info, accept_gap)
+        return repairs, resume.set_aside_newer(run_dir, info) if info is not None else []
+    repairs, moved = sharing.leader_only(world, check) or ([], [])
     ledger = (LossLedger if leader else ranks.FollowerLedger)(run_dir / names.LEDGER_NAME)
     if leader and ledger.run is None and info is not None:
         # the id the checkpoint vouches for when no start marker could be read: the checkpoints from here on still

@@ -171,9 +171,10 @@ class TrainingRun:
         loop = asyncio.get_running_loop()
         trainer = await loop.run_in_executor(self.train, trainer_for, self.world, self.cfg, self.device, self.kernels)
         codec, arms = await loop.run_in_executor(self.train, self.prepare_data)
-        if self.init_from is not None and self.world.leader:  # the tokenizer is the run's now: the checkpoint's?
-            identity.check_init_from_tokenizer(self.init_from, identity.run_tokenizer_sha256(self.run_dir, self.cfg))
-        tasks = audit.TaskAudit.configured(self.cfg, codec) if self.world.leader else None
+        if self.init_from is not None:  # rank 0's checks, refused on every rank: the run's tokenizer the checkpoint's?
+            sharing.leader_only(self.world, lambda: identity.check_init_from_tokenizer(
+                self.init_from, identity.run_tokenizer_sha256(self.run_dir, self.cfg)))
+        tasks = sharing.leader_only(self.world, audit.TaskAudit.configured, self.cfg, codec)
         # --init-from weights (safetensors, npz, an exported directory): loaded now, step 0, m = v = 0
         # (model/init_from.py)
         imported = await loop.run_in_executor(self.train, load_init_weights, self.init_from, trainer,
@@ -186,7 +187,7 @@ class TrainingRun:
             found = resume.resume_point(self.run_dir, self.init_from, trainer.n, self.skipped)
             return found[0] if found is not None else None
         info = None if imported else sharing.leader_decides(self.world, pick)
-        ledger, ends, lines = open_ledger(self.run_dir, info, held, leader=self.world.leader,
+        ledger, ends, lines = open_ledger(self.run_dir, info, held, world=self.world,
                                           accept_gap=self.accept_ledger_gap, skipped=self.skipped)
         proxy, writer, guard, meter, heldout, retention = await self.resume_or_begin(trainer, arms, info, found,
                                                                                      imported, lines)

@@ -15,6 +15,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
+from andrea.control.parallel.distributed import World
 from andrea.control.run.ledger_feed import LedgerFeed, ThreadMarkers, open_ledger
 from andrea.rundir.ledger import LossLedger, marker, read_ledger
 from andrea.rundir.names import LEDGER_NAME
@@ -35,7 +36,7 @@ def test_the_lines_a_feed_is_built_with_reach_its_on_flush_and_the_file_at_its_f
 
 def test_a_marker_from_a_thread_goes_through_the_loop_then_directly_then_only_to_the_log(tmp_path, caplog):
     held = ExitStack()
-    ledger, ends, lines = open_ledger(tmp_path, None, held, leader=True, accept_gap=False, skipped=[])
+    ledger, ends, lines = open_ledger(tmp_path, None, held, world=World(), accept_gap=False, skipped=[])
     assert lines == []  # a start from nothing: no incident of a resume
     shown: list[tuple[str, int, threading.Thread]] = []
     at = {"step": 7}
@@ -66,3 +67,25 @@ def test_a_marker_from_a_thread_goes_through_the_loop_then_directly_then_only_to
     assert [(e["event"], e["step"]) for e in entries] == [("replica_down", 7), ("replica_back", 9)]
     assert "replica_down after the run's end: not in the ledger" in caplog.text
     assert len(shown) == 2  # the late one told no one either
+
+
+def test_a_ledger_rank_0_refuses_is_refused_on_every_rank_in_its_one_line(tmp_path):
+    """Campaign seed 483 (two ranks: a flipped bit in `.loss.json` inside the history step 12 vouches for): rank 0
+    alone checks the ledger and refused the start in its one line, while rank 1 went on into the step loop, whose
+    first collective rank 0's exit broke into a traceback. The refusal is now every rank's one line, and the file
+    is left as it was found."""
+    from andrea.rundir.ledger import LedgerError
+    from tests.sharding import run_ranks
+    from tests.unit.control.run.test_resume_ledger import run_with_checkpoint
+    path, info = run_with_checkpoint(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[data.index(b'"loss":1.0') + 9] ^= 1  # 1.0 -> 1.1 in the vouched history: valid JSON, a plausible loss
+    path.write_bytes(data)
+
+    def rank(world):
+        with ExitStack() as held:
+            return open_ledger(tmp_path, info, held, world=world, accept_gap=False, skipped=[])
+    got = run_ranks(2, rank)
+    assert all(isinstance(got[r], LedgerError) for r in (0, 1)), got
+    assert str(got[0]) == str(got[1]) and "changed inside the history" in str(got[1])
+    assert path.read_bytes() == data
