@@ -18,7 +18,7 @@ the two reads around the crossing ("-" if never).
     python bench/recipe.py --ablation --step-cost 10   # CPU time per step only, the subjects interleaved
     python bench/recipe.py --size 12m --ablation --only modern+NorMuon modern+NorMuon+ve+smear --jobs 2
                                                        # at andrea-12m-modern's model (M12: 8 x 256 tokens a batch)
-    python bench/recipe.py --size wide --only modern+NorMuon+ve+smear --grid modern+NorMuon+ve+smear=0.02,0.03
+    python bench/recipe.py --size wide --only modern+NorMuon+ve+smear --grid modern+NorMuon+ve+smear=0.02,0.03,0.04
                                                        # M12's tokens at andrea-120m-modern's width, 2 layers
     python bench/recipe.py --size 12m-gpu --device cuda --only modern+NorMuon+ve+smear \
         --grid modern+NorMuon+ve+smear=0.03,0.04,0.06  # the 12m preset's muon_lr on a GPU at its own batch
@@ -92,8 +92,8 @@ QUICK = Size(1, 2, 32, 32, 300, 4, 12, 2, 2, 60_000)
 M12 = Size(6, 5, 320, 256, 8192, 8, 300, 15, 10, 1_000_000, lr_scale=(128 / 320) ** 0.5, anchors=False,
            baseline=4.018)
 # andrea-120m-modern's width (n_embd 768, 12 heads of 64) at 2 layers, on M12's tokens (the same vocabulary, batches and
-# held-out windows: its losses compare with M12's rows): where NorMuon's best muon_lr goes at the width the 120m
-# preset's 0.02 was chosen for, in a CPU core's half hour a run; the AdamW groups at nanochat's own lrs (width 768)
+# held-out windows: its losses compare with M12's rows): NorMuon's best muon_lr at the 120m preset's width, in
+# 45 minutes of a CPU core a run; the AdamW groups at nanochat's own lrs (width 768)
 WIDE = replace(M12, n_layer=2, n_head=12, n_embd=768, lr_scale=(128 / 768) ** 0.5, baseline=None)
 # andrea-12m-modern as its preset trains it, for a GPU (`--device cuda`, issue 57's sweep): its 32 sequences a batch,
 # 2,000 steps (65 M tokens) over 8 MB of each arm, warmup 100, 20 held-out batches; minutes of an H100 a run
