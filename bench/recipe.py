@@ -287,6 +287,8 @@ def main() -> int:
                         help="stop every run at this step (the schedule unchanged): the curve's start, its steps to "
                              f"{TARGET} and the step cost, for a fraction of the time")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("recipe.py: --device cuda: no CUDA device here")
     size = QUICK if args.quick else SIZES[args.size]
     names = args.only or ([] if args.ablation else DEFAULT)
     if args.ablation and not args.only:

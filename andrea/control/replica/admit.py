@@ -37,10 +37,9 @@ def run_record(run_dir: Path) -> dict | None:
 def vouched_run(run_dir: Path) -> str | None:
     """The run id that this run directory's newest checkpoint with one vouches for (its checksum's `run`); None when
     none does (no checkpoint yet, or a run from before ids)."""
-    sums = sorted(((step_of(p.name[:-len(".sum.json")] + ".bin") or -1, p) for p in run_dir.glob("step_*.sum.json")),
-                  reverse=True)
-    for _, path in sums:
-        run = checksum.run_vouched_by(path.with_name(path.name[:-len(".sum.json")] + ".bin"))
+    checkpoints = [p.with_name(p.name[:-len(".sum.json")] + ".bin") for p in run_dir.glob("step_*.sum.json")]
+    for checkpoint in sorted(checkpoints, key=lambda p: step_of(p) or -1, reverse=True):
+        run = checksum.run_vouched_by(checkpoint)
         if run is not None:
             return run
     return None

@@ -129,8 +129,8 @@ class ThreadMarkers:
 def open_ledger(run_dir: Path, info, held: ExitStack, *, world: World, accept_gap: bool,
                 skipped: list[str]) -> tuple[LossLedger | ranks.FollowerLedger, ThreadMarkers, list[dict[str, Any]]]:
     """The ledger at the start, checked first against what the checkpoint resumed from (`info`) recorded of it
-    (by rank 0; a refusal leaves the file as it found it and is raised on every rank), then opened (a crash's torn last line is cut; the other
-    ranks' appends are dropped), its close registered on `held`. The check's markers (`cut_tail`, `gap`) are
+    (by rank 0; a refusal leaves the file as it found it and is raised on every rank), then opened (a crash's torn
+    last line is cut; the other ranks' appends are dropped), its close registered on `held`. The check's markers (`cut_tail`, `gap`) are
     durable before any other reader (W&B's backfill) reads the file; the lines returned (the incidents of a resume
     below the newest checkpoint, `skipped` saying why) go out through the feed built later."""
     leader = world.leader

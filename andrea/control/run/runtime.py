@@ -171,7 +171,7 @@ class TrainingRun:
         loop = asyncio.get_running_loop()
         trainer = await loop.run_in_executor(self.train, trainer_for, self.world, self.cfg, self.device, self.kernels)
         codec, arms = await loop.run_in_executor(self.train, self.prepare_data)
-        if self.init_from is not None:  # rank 0's checks, refused on every rank: the run's tokenizer the checkpoint's?
+        if self.init_from is not None:  # rank 0 checks the run's tokenizer is the checkpoint's; refused on every rank
             sharing.leader_only(self.world, lambda: identity.check_init_from_tokenizer(
                 self.init_from, identity.run_tokenizer_sha256(self.run_dir, self.cfg)))
         tasks = sharing.leader_only(self.world, audit.TaskAudit.configured, self.cfg, codec)
